@@ -1,0 +1,47 @@
+//! The error type of pmfs-core and of the contracts it defines.
+
+use crate::layout::PmOff;
+
+/// Result alias used throughout pmfs-core.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong below the file system.
+///
+/// Conversion to `errno` happens only in the frontends.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Media content violates an invariant. `what` names the structure, `at` the offset.
+    #[error("corrupt {what} at {at}")]
+    Corrupt {
+        /// The structure that failed validation.
+        what: &'static str,
+        /// Where in the region it lives.
+        at: PmOff,
+    },
+    /// An access outside the region.
+    #[error("access of {len} bytes at {off} is outside the region of {size} bytes")]
+    OutOfBounds {
+        /// Start of the access.
+        off: PmOff,
+        /// Length of the access.
+        len: u64,
+        /// Size of the region.
+        size: u64,
+    },
+    /// An atomic access at an offset that is not 8-byte aligned.
+    #[error("atomic access at unaligned offset {0}")]
+    Unaligned(PmOff),
+    /// No free space left for the request.
+    #[error("no space left")]
+    NoSpace,
+    /// A caller passed an argument outside the contract.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(&'static str),
+    /// The request needs something this platform or build does not have.
+    #[error("unsupported: {0}")]
+    Unsupported(&'static str),
+    /// An operating-system error.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}

@@ -1,0 +1,116 @@
+//! The block-allocator contract.
+
+use crate::error::Result;
+use crate::layout::BlockNo;
+
+/// A run of physically contiguous blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Extent {
+    /// First block.
+    pub start: BlockNo,
+    /// Number of blocks (at least 1 in every extent an allocator hands out).
+    pub len: u64,
+}
+
+impl Extent {
+    /// Builds an extent.
+    pub fn new(start: BlockNo, len: u64) -> Self {
+        Self { start, len }
+    }
+
+    /// One past the last block.
+    pub fn end(&self) -> BlockNo {
+        self.start + self.len
+    }
+
+    /// Whether `b` lies inside the extent.
+    pub fn contains(&self, b: BlockNo) -> bool {
+        b >= self.start && b < self.end()
+    }
+}
+
+/// What an allocation is for, so contiguity-first allocators can place it (CFFS §IV).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AllocKind {
+    /// File data that is likely to keep growing (appends): place it where it can be extended.
+    #[default]
+    Growing,
+    /// File data whose final size is known (e.g. a write into a hole or a preallocation).
+    Fixed,
+    /// Metadata blocks (directory pages, log blocks, mapping nodes): small and scattered use.
+    Metadata,
+}
+
+/// A caller's hint for one allocation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AllocHint {
+    /// What the blocks are for.
+    pub kind: AllocKind,
+    /// The block right after the file's last fragment: if it is free, extending the fragment
+    /// there keeps the file contiguous.
+    pub goal: Option<BlockNo>,
+}
+
+impl AllocHint {
+    /// A hint for metadata blocks.
+    pub fn metadata() -> Self {
+        Self {
+            kind: AllocKind::Metadata,
+            goal: None,
+        }
+    }
+}
+
+/// Hands out and takes back blocks of one managed range.
+///
+/// Contract (checked by the conformance suite):
+/// - [`alloc`](BlockAllocator::alloc) returns between 1 and `want` contiguous blocks, never a
+///   block that is already allocated; with no free block it returns
+///   [`Error::NoSpace`](crate::Error::NoSpace) and changes nothing.
+/// - [`free`](BlockAllocator::free) of blocks that are not all allocated returns
+///   [`Error::InvalidArgument`](crate::Error::InvalidArgument) and changes nothing.
+/// - `free_blocks() + allocated == total_blocks()` at every quiescent point (after
+///   [`flush_caches`](BlockAllocator::flush_caches) for caching allocators).
+/// - [`rebuild`](BlockAllocator::rebuild) makes exactly the given extents allocated and every
+///   other managed block free (recovery after a crash).
+pub trait BlockAllocator: Send + Sync {
+    /// Allocates between 1 and `want` (`want >= 1`) contiguous blocks.
+    fn alloc(&self, want: u64, hint: AllocHint) -> Result<Extent>;
+
+    /// Returns blocks to the free pool.
+    fn free(&self, ext: Extent) -> Result<()>;
+
+    /// Number of blocks currently free (including blocks held in caches).
+    fn free_blocks(&self) -> u64;
+
+    /// Number of blocks this allocator manages.
+    fn total_blocks(&self) -> u64;
+
+    /// Resets the state so that exactly `used` is allocated. Extents must lie in the managed
+    /// range and not overlap, else [`Error::Corrupt`](crate::Error::Corrupt) is returned.
+    fn rebuild(&self, used: &mut dyn Iterator<Item = Extent>) -> Result<()>;
+
+    /// Returns blocks held in per-thread or per-file caches to the shared pool.
+    fn flush_caches(&self) {}
+}
+
+impl<A: BlockAllocator + ?Sized> BlockAllocator for std::sync::Arc<A> {
+    fn alloc(&self, want: u64, hint: AllocHint) -> Result<Extent> {
+        (**self).alloc(want, hint)
+    }
+    fn free(&self, ext: Extent) -> Result<()> {
+        (**self).free(ext)
+    }
+    fn free_blocks(&self) -> u64 {
+        (**self).free_blocks()
+    }
+    fn total_blocks(&self) -> u64 {
+        (**self).total_blocks()
+    }
+    fn rebuild(&self, used: &mut dyn Iterator<Item = Extent>) -> Result<()> {
+        (**self).rebuild(used)
+    }
+    fn flush_caches(&self) {
+        (**self).flush_caches()
+    }
+}

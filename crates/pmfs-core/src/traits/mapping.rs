@@ -1,0 +1,99 @@
+//! The file-mapping contract: logical file blocks to physical blocks.
+
+use crate::error::Result;
+use crate::layout::{BlockNo, PmOff};
+use crate::traits::Extent;
+
+/// The four mapping structures of the HashFS paper (§3), chosen per volume at format time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MappingKind {
+    /// Per-file B-tree of extents.
+    Extent,
+    /// Per-file radix tree of 4 KiB nodes, 9 bits per level.
+    Radix,
+    /// One global cuckoo hash table with ranged entries.
+    Cuckoo,
+    /// One global linear-probing table whose slot index is the physical block.
+    HashFs,
+}
+
+/// A mapped run: logical blocks `[lblk, lblk + len)` of a file live at physical blocks
+/// `[pblk, pblk + len)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Run {
+    /// First logical block.
+    pub lblk: u64,
+    /// First physical block.
+    pub pblk: BlockNo,
+    /// Number of blocks (at least 1).
+    pub len: u64,
+}
+
+impl Run {
+    /// The physical blocks of the run.
+    pub fn extent(&self) -> Extent {
+        Extent::new(self.pblk, self.len)
+    }
+}
+
+/// Identifies a file to a mapping structure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileId {
+    /// The inode number (global tables key their entries by it).
+    pub ino: u64,
+    /// An 8-byte aligned PM word that the caller reserves for this file (in its inode). A
+    /// per-file structure keeps its root there, updated with one atomic store; 0 means an
+    /// empty file. Global tables ignore it.
+    pub root: PmOff,
+}
+
+/// Maps logical blocks of files to physical blocks, on PM, without a page cache.
+///
+/// Contract (checked by the conformance suite against a `BTreeMap` model):
+/// - [`lookup`](FileMapping::lookup) appends the mapped parts of a range as runs in ascending
+///   logical order, non-overlapping, inside the range; holes are omitted.
+/// - [`insert`](FileMapping::insert) allocates fresh physical blocks for a range none of whose
+///   blocks is mapped, and maps them; if any block is mapped it returns
+///   [`Error::InvalidArgument`](crate::Error::InvalidArgument) and changes nothing. Structures
+///   that are not also allocators (all but HashFS) take data blocks and node blocks from the
+///   [`BlockAllocator`](crate::traits::BlockAllocator) they were built with.
+/// - [`remove`](FileMapping::remove) unmaps every mapped block of a range and frees it.
+/// - Every mutating call is atomic across a crash: after [`recover`](FileMapping::recover),
+///   the structure equals its state before or after the call.
+/// - Calls on different files may run concurrently; on one file, lookups may run concurrently
+///   with one another and with a mutation.
+pub trait FileMapping: Send + Sync {
+    /// DRAM state of one open file (cursor of the last path, translation cache). It is a
+    /// cache: dropping it loses nothing.
+    type File: Send + Sync;
+
+    /// Which structure this is.
+    fn kind(&self) -> MappingKind;
+
+    /// Opens a file's mapping. A file whose root word is 0 (or, for global tables, that has no
+    /// entries) is empty.
+    fn open_file(&self, id: FileId) -> Result<Self::File>;
+
+    /// Appends to `out` the runs of `[lblk, lblk + len)` that are mapped.
+    fn lookup(&self, file: &Self::File, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
+
+    /// Allocates and maps `[lblk, lblk + len)`, appending the new runs to `out`.
+    fn insert(&self, file: &Self::File, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
+
+    /// Unmaps and frees every mapped block of `[lblk, lblk + len)`; returns how many blocks
+    /// were freed.
+    fn remove(&self, file: &Self::File, lblk: u64, len: u64) -> Result<u64>;
+
+    /// Unmaps and frees all of a file's blocks, including the structure's own nodes, and
+    /// resets its root word.
+    fn remove_file(&self, file: &Self::File) -> Result<()>;
+
+    /// Calls `visit` for every physical block the file owns: data and structure nodes (for
+    /// allocator rebuild and fsck).
+    fn owned_blocks(&self, file: &Self::File, visit: &mut dyn FnMut(Extent)) -> Result<()>;
+
+    /// Repairs the structure after a crash (rolls back undo logs, finishes or undoes
+    /// half-done operations). Must be called once after opening a region that was not
+    /// closed cleanly, before any other call.
+    fn recover(&self) -> Result<()>;
+}
