@@ -13,6 +13,7 @@
 pub mod error;
 pub mod layout;
 pub mod pm;
+pub mod sim;
 pub mod traits;
 
 pub use error::{Error, Result};

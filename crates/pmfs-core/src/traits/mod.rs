@@ -3,6 +3,8 @@
 //! `testing` feature, a conformance suite every implementation runs.
 
 mod alloc;
+#[cfg(feature = "testing")]
+pub mod conformance;
 mod mapping;
 mod simple_alloc;
 mod simple_mapping;

@@ -1,0 +1,1 @@
+//! The `BlockAllocator` conformance suite.

@@ -1,0 +1,1 @@
+//! The `FileMapping` conformance suite.

@@ -1,0 +1,1 @@
+//! The cuckoo mapping structure.

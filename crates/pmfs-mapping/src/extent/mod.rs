@@ -1,0 +1,1 @@
+//! The extent mapping structure.

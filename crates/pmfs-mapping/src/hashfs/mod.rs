@@ -1,0 +1,1 @@
+//! The hashfs mapping structure.

@@ -1,0 +1,1 @@
+//! The radix mapping structure.
