@@ -1,0 +1,2 @@
+/* The one header the bindings are generated from (Debian: libpmem-dev). */
+#include <libpmem.h>
