@@ -11,3 +11,4 @@ pub mod cuckoo;
 pub mod extent;
 pub mod hashfs;
 pub mod radix;
+pub mod undo;
