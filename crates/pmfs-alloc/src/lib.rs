@@ -1,1 +1,18 @@
 //! # pmfs-alloc
+//!
+//! Block allocators for pmfs, all behind pmfs-core's
+//! [`BlockAllocator`](pmfs_core::traits::BlockAllocator) contract:
+//!
+//! - [`baseline`]: the classic free-extent allocator (an ordered map of free extents) over a
+//!   persistent bitmap, the allocator the HashFS paper compared against.
+//!
+//! This crate owns free-space management only. It knows nothing about files, inodes or
+//! mappings: callers describe what an allocation is for with an
+//! [`AllocHint`](pmfs_core::traits::AllocHint), and after a crash they hand the allocators the
+//! extents that are in use.
+#![forbid(unsafe_code)]
+
+pub mod baseline;
+mod runs;
+
+pub use baseline::FreeExtentAllocator;

@@ -1,0 +1,16 @@
+//! Every allocator of this crate passes the `BlockAllocator` conformance suite.
+
+use pmfs_alloc::FreeExtentAllocator;
+use pmfs_alloc::baseline::bitmap_area_size;
+use pmfs_core::layout::{BlockNo, PmOff};
+use pmfs_core::pm::HeapRegion;
+use pmfs_core::traits::Extent;
+use pmfs_core::traits::conformance::alloc::run_suite;
+
+#[test]
+fn baseline_passes_the_suite() {
+    run_suite(|first: BlockNo, count| {
+        let region = HeapRegion::new(bitmap_area_size(count) + 64).expect("heap region");
+        FreeExtentAllocator::format(region, PmOff(64), Extent::new(first, count)).expect("format")
+    });
+}
