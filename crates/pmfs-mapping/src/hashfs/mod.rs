@@ -1,1 +1,1094 @@
-//! The hashfs mapping structure.
+//! HashFS (HashFS paper §3.2.2): one global linear-probing table whose slot index *is* the
+//! physical block, so that mapping a block and allocating it are one CAS.
+//!
+//! # On-media format
+//!
+//! The structure owns two extents: `meta` (header, intent records, slot table) and `data`
+//! (the blocks it hands out). Slot `i` of the table maps data block `data.start + i`.
+//!
+//! | meta block | content                                                              |
+//! |------------|----------------------------------------------------------------------|
+//! | 0          | header: sixteen `Le64` words (below)                                 |
+//! | 1          | 64 intent records of one cache line each ([`intent`] format)          |
+//! | 2..        | the slot table: one 8-byte slot word per data block ([`slot`] format) |
+//!
+//! | header word | field                                         |
+//! |-------------|-----------------------------------------------|
+//! | 0           | magic `"PMFSHSHF"`                             |
+//! | 1           | format version (1)                            |
+//! | 2, 3        | meta extent: first block, length              |
+//! | 4, 5        | data extent: first block, length (= slots)    |
+//! | 6           | hash salt                                     |
+//! | 7           | number of intent records (64)                 |
+//! | 8..15       | reserved, zero                                |
+//! | 15          | crc32c of words 0..15 (low 32 bits)           |
+//!
+//! A slot word packs `lblk` (32 bits), `ino` (28 bits), a version bit reserved for
+//! copy-on-write and a 3-bit tag: empty (the zero word), tombstone, tentative, committed.
+//! The table therefore keys files with inode numbers up to `2^28 - 1` and logical blocks below
+//! `2^32` (16 TiB per file), and holds fewer than `2^32` slots.
+//!
+//! # Hashing and probing
+//!
+//! `home(ino, lblk)` is a multiply-xorshift hash of the logical block under a per-file seed
+//! (derived from the inode number and a random per-table salt, which keeps adversarial file
+//! offsets from building long chains), reduced to the table size by multiply-shift
+//! ([`simd`] has the exact function). Collisions are resolved by linear probing: a key lives
+//! at the first slot of `home, home + 1, ...` (wrapping) that was free when it was inserted.
+//! Lookups walk from `home` until they find the key or an empty slot. Every walk is bounded
+//! by the table size, so even a table full of garbage ends.
+//!
+//! Lookups of runs hash eight consecutive blocks at a time ([`simd`]: one AVX-512 vector, two
+//! AVX2 vectors or scalar code, chosen at run time and forcible with [`HashFs::set_kernel`]),
+//! prefetch the eight home slots, then walk them. When a batch is not full (the end of a
+//! request), the spare lanes hash the blocks that follow the request, and if such a block is
+//! found within its home slot's cache line its translation goes into the file's
+//! [translation cache](translation_cache), ready for the next sequential request. A range much
+//! larger than the table (a whole-file lookup or truncate) is answered by one sequential scan
+//! of the table instead of one walk per block.
+//!
+//! # Deletion: tombstones
+//!
+//! A removed key's slot becomes a tombstone: free for any later insert, but not the end of a
+//! probe sequence. Backward-shift deletion is not an option here: it moves entries to other
+//! slots, and in HashFS a slot *is* a data block, so moving an entry would move the file's
+//! data. Tombstones also suit PM and concurrency: a removal is one 8-byte CAS (atomic on a
+//! crash, never blocks readers), whereas backward shift rewrites a chain of slots that a
+//! concurrent lookup may be walking. Their cost is longer walks; [`HashFs::purge_tombstones`]
+//! turns every tombstone that directly precedes an empty slot back into an empty slot, which
+//! is safe at any crash point (no live entry lies between such a tombstone and the empty
+//! slot), but needs exclusive access (`&mut self`; at mount or fsck time). Inserts reuse
+//! tombstones, so tombstones never cost space.
+//!
+//! # Crash protocol
+//!
+//! - A single-block insert is one CAS of a free slot to `committed(ino, lblk)`, then flush and
+//!   fence. A single-block remove is one CAS to the tombstone.
+//! - A multi-block insert reserves an intent record and records `(ino, lblk, end)` in state
+//!   *claiming* (one fence). It claims one slot per block by CAS from free to
+//!   `tentative(ino, lblk)` (invisible to lookups), flushes, fences, switches the record to
+//!   *committed* (the commit point), rewrites the slots to `committed`, fences and frees the
+//!   record. [`recover`](FileMapping::recover) turns the tentative slots of a *claiming*
+//!   record into tombstones and those of a *committed* record into committed slots; either
+//!   way they are found by walking each block's probe sequence.
+//! - A multi-block remove records `(ino, lblk, end)` as *removing*, tombstones the slots,
+//!   fences and frees the record; recovery finishes it (redo).
+//! - Out of space in the middle of a multi-block insert rolls back in line (claimed slots
+//!   become tombstones), so the call changes nothing and returns [`Error::NoSpace`].
+//!
+//! # Concurrency
+//!
+//! Everything is lock-free and lives in PM, so it holds across processes sharing the pool:
+//! slots are claimed and released with CAS, intent records are reserved with CAS. Two inserts
+//! never claim the same slot; a lookup walking a chain is never cut short, because nothing
+//! but [`HashFs::purge_tombstones`] (exclusive) ever makes a slot empty. As the
+//! [`FileMapping`] contract allows, mutations of one file are not concurrent with one
+//! another; mutations of different files and lookups of any file run in parallel.
+//!
+//! # Copy-on-write plan (not built yet)
+//!
+//! The data path will write a block out of place while its old version stays readable. Bit 60
+//! of the slot word (the version bit, ignored by the hash) lets both versions of
+//! `(ino, lblk)` live on the same probe sequence: the new version is claimed *tentative* with
+//! the opposite version bit, its data is written to the slot's block, and the file's log
+//! commit is the commit point. Applying the log entry flips the new slot to committed and
+//! tombstones the old one, two CASes; the log entry names the new block, so the readers and
+//! the recovery of that data path resolve the short window with two committed versions from
+//! the log, never from the table alone.
+
+pub(crate) mod intent;
+pub mod simd;
+pub(crate) mod slot;
+pub mod translation_cache;
+
+use std::hash::{BuildHasher, RandomState};
+
+use pmfs_core::layout::{BLOCK_SIZE, BlockNo, CACHE_LINE, Le64, PmOff, Pod, crc32c};
+use pmfs_core::pm::{Media, MediaExt};
+use pmfs_core::traits::{Extent, FileId, FileMapping, MappingKind, Run};
+use pmfs_core::{Error, Result};
+
+use self::intent::IntentTable;
+pub use self::simd::HashKernel;
+use self::simd::{BATCH, file_seed, home_slot, home_slots};
+use self::slot::{Key, Slot, TOMBSTONE};
+pub use self::slot::{LBLK_LIMIT, MAX_INO};
+use self::translation_cache::TranslationCache;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"PMFSHSHF");
+const VERSION: u64 = 1;
+const HEADER_WORDS: usize = 16;
+const INTENT_RECORDS: u64 = 64;
+const SLOTS_PER_BLOCK: u64 = BLOCK_SIZE / 8;
+const SLOTS_PER_LINE: u64 = CACHE_LINE / 8;
+
+const INSERT_CLAIMING: u8 = 2;
+const INSERT_COMMITTED: u8 = 3;
+const REMOVING: u8 = 4;
+
+type Header = [Le64; HEADER_WORDS];
+/// Builds the slot word a walk looks for (or a recovery writes) from a key.
+type WordOf = fn(Key) -> u64;
+const _: () = assert!(size_of::<Header>() == 128);
+const _: () = assert!(INTENT_RECORDS * CACHE_LINE == BLOCK_SIZE);
+
+/// The HashFS table over a [`Media`].
+pub struct HashFs<M> {
+    media: M,
+    meta: Extent,
+    data: Extent,
+    slots: u64,
+    table: PmOff,
+    intents: IntentTable,
+    salt: u64,
+    kernel: HashKernel,
+}
+
+/// The DRAM handle of one file: its inode number, hash seed and translation cache.
+#[derive(Debug)]
+pub struct HashFsFile {
+    ino: u64,
+    seed: u64,
+    cache: TranslationCache,
+}
+
+impl HashFsFile {
+    /// The inode number.
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    /// What the translation cache holds for `lblk` (unvalidated; for tests and diagnostics).
+    pub fn cached_slot(&self, lblk: u64) -> Option<u64> {
+        self.cache.get(lblk)
+    }
+}
+
+/// Slot counts of a table, from a full scan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Occupancy {
+    /// Never-used (or purged) slots.
+    pub empty: u64,
+    /// Freed slots.
+    pub tombstones: u64,
+    /// Slots claimed by an unfinished multi-block insert.
+    pub tentative: u64,
+    /// Mapped slots.
+    pub committed: u64,
+}
+
+impl Occupancy {
+    /// Slots an insert may claim.
+    pub fn free(&self) -> u64 {
+        self.empty + self.tombstones
+    }
+}
+
+impl<M> std::fmt::Debug for HashFs<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HashFs")
+            .field("meta", &self.meta)
+            .field("data", &self.data)
+            .field("kernel", &self.kernel)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Appends block `lblk -> pblk` to `out`, extending the last run if it is contiguous and was
+/// appended by this call (index `first` on).
+fn push_block(out: &mut Vec<Run>, first: usize, lblk: u64, pblk: u64) {
+    if out.len() > first
+        && let Some(last) = out.last_mut()
+        && last.lblk + last.len == lblk
+        && last.pblk.0 + last.len == pblk
+    {
+        last.len += 1;
+        return;
+    }
+    out.push(Run {
+        lblk,
+        pblk: BlockNo(pblk),
+        len: 1,
+    });
+}
+
+fn in_region<M: Media>(media: &M, e: Extent) -> bool {
+    e.start
+        .0
+        .checked_add(e.len)
+        .is_some_and(|end| end <= media.blocks())
+}
+
+impl<M: Media> HashFs<M> {
+    /// Blocks of the `meta` extent for a data region of `data_blocks` blocks.
+    pub fn meta_blocks(data_blocks: u64) -> u64 {
+        2 + data_blocks.div_ceil(SLOTS_PER_BLOCK)
+    }
+
+    /// Formats an empty table with a random hash salt. `meta` must have at least
+    /// [`meta_blocks(data.len)`](Self::meta_blocks) blocks; slot `i` maps block
+    /// `data.start + i`.
+    pub fn format(media: M, meta: Extent, data: Extent) -> Result<Self> {
+        let salt = RandomState::new().hash_one(meta.start.0 ^ data.start.0.rotate_left(32));
+        Self::format_with_salt(media, meta, data, salt)
+    }
+
+    /// [`format`](Self::format) with a chosen hash salt (reproducible tests and benches).
+    pub fn format_with_salt(media: M, meta: Extent, data: Extent, salt: u64) -> Result<Self> {
+        if data.len == 0 || data.len > u32::MAX as u64 {
+            return Err(Error::InvalidArgument(
+                "hashfs data region must hold 1 to 2^32 - 1 blocks",
+            ));
+        }
+        if meta.len < Self::meta_blocks(data.len) {
+            return Err(Error::InvalidArgument("hashfs meta extent too small"));
+        }
+        if !in_region(&media, meta) || !in_region(&media, data) {
+            return Err(Error::InvalidArgument("hashfs extent outside the region"));
+        }
+        if meta.start < data.end() && data.start < meta.end() {
+            return Err(Error::InvalidArgument(
+                "hashfs meta and data extents overlap",
+            ));
+        }
+        let this = Self::new(media, meta, data, salt);
+        this.media.fill_nt(this.table, this.slots * 8, 0)?;
+        this.intents.format(&this.media)?;
+        this.media.fence();
+        let mut h: Header = [Le64::new(0); HEADER_WORDS];
+        let fields = [
+            MAGIC,
+            VERSION,
+            meta.start.0,
+            meta.len,
+            data.start.0,
+            data.len,
+            salt,
+            INTENT_RECORDS,
+        ];
+        for (w, v) in h.iter_mut().zip(fields) {
+            *w = Le64::new(v);
+        }
+        h[HEADER_WORDS - 1] = Le64::new(header_crc(&h) as u64);
+        let at = meta.start.offset();
+        this.media.write_pod(at, &h)?;
+        this.media.persist(at, size_of::<Header>() as u64)?;
+        Ok(this)
+    }
+
+    /// Opens a formatted table; `meta` and `data` must be the extents it was formatted with.
+    pub fn open(media: M, meta: Extent, data: Extent) -> Result<Self> {
+        if !in_region(&media, meta) {
+            return Err(Error::InvalidArgument("hashfs extent outside the region"));
+        }
+        let at = meta.start.offset();
+        let h: Header = media.read_pod(at)?;
+        let corrupt = |what| Error::Corrupt { what, at };
+        if h[0].get() != MAGIC {
+            return Err(corrupt("hashfs header magic"));
+        }
+        if h[HEADER_WORDS - 1].get() != header_crc(&h) as u64 {
+            return Err(corrupt("hashfs header checksum"));
+        }
+        if h[1].get() != VERSION {
+            return Err(Error::Unsupported("hashfs format version"));
+        }
+        let geometry = [meta.start.0, meta.len, data.start.0, data.len];
+        if h[2..6].iter().zip(geometry).any(|(w, v)| w.get() != v)
+            || h[7].get() != INTENT_RECORDS
+            || data.len == 0
+            || data.len > u32::MAX as u64
+            || meta.len < Self::meta_blocks(data.len)
+            || !in_region(&media, data)
+        {
+            return Err(corrupt("hashfs header geometry"));
+        }
+        Ok(Self::new(media, meta, data, h[6].get()))
+    }
+
+    fn new(media: M, meta: Extent, data: Extent, salt: u64) -> Self {
+        Self {
+            media,
+            meta,
+            data,
+            slots: data.len,
+            table: (meta.start + 2).offset(),
+            intents: IntentTable::new((meta.start + 1).offset(), INTENT_RECORDS, CACHE_LINE),
+            salt,
+            kernel: HashKernel::detect(),
+        }
+    }
+
+    /// The media the table lives on.
+    pub fn media(&self) -> &M {
+        &self.media
+    }
+
+    /// The data region whose blocks the table hands out.
+    pub fn data(&self) -> Extent {
+        self.data
+    }
+
+    /// The hashing kernel in use.
+    pub fn kernel(&self) -> HashKernel {
+        self.kernel
+    }
+
+    /// Forces a hashing kernel (e.g. [`HashKernel::Scalar`] to test the portable path).
+    /// Returns [`Error::Unsupported`] if this CPU cannot run it.
+    pub fn set_kernel(&mut self, kernel: HashKernel) -> Result<()> {
+        if !kernel.is_supported() {
+            return Err(Error::Unsupported("hash kernel not supported by this CPU"));
+        }
+        self.kernel = kernel;
+        Ok(())
+    }
+
+    fn slot_off(&self, i: u64) -> PmOff {
+        self.table + 8 * i
+    }
+
+    fn n32(&self) -> u32 {
+        // `slots` is checked to be below 2^32 at format and open.
+        self.slots as u32
+    }
+
+    fn load(&self, i: u64) -> Result<(u64, Slot)> {
+        let off = self.slot_off(i);
+        let w = self.media.load_u64(off)?;
+        let s = Slot::decode(w).ok_or(Error::Corrupt {
+            what: "hashfs slot",
+            at: off,
+        })?;
+        Ok((w, s))
+    }
+
+    fn home(&self, seed: u64, lblk: u64) -> u64 {
+        home_slot(seed, lblk, self.n32())
+    }
+
+    /// Walks the probe sequence of `key` from `home` for a slot whose word is `want`.
+    fn probe(&self, home: u64, want: u64) -> Result<Option<u64>> {
+        let mut i = home;
+        for _ in 0..self.slots {
+            let (w, s) = self.load(i)?;
+            if w == want {
+                return Ok(Some(i));
+            }
+            if s == Slot::Empty {
+                return Ok(None);
+            }
+            i = if i + 1 == self.slots { 0 } else { i + 1 };
+        }
+        Ok(None)
+    }
+
+    /// Looks for committed `key` in the cache line of its home slot only (spare-lane
+    /// read-ahead: cheap because the line was just prefetched).
+    fn probe_line(&self, home: u64, want: u64) -> Result<Option<u64>> {
+        let line_end = ((home / SLOTS_PER_LINE) + 1) * SLOTS_PER_LINE;
+        for i in home..line_end.min(self.slots) {
+            let (w, s) = self.load(i)?;
+            if w == want {
+                return Ok(Some(i));
+            }
+            if s == Slot::Empty {
+                break;
+            }
+        }
+        Ok(None)
+    }
+
+    /// Claims the first free slot on the probe sequence from `home` by CAS to `word`.
+    fn claim(&self, home: u64, word: u64) -> Result<Option<u64>> {
+        let mut i = home;
+        for _ in 0..self.slots {
+            let off = self.slot_off(i);
+            let (mut w, mut s) = self.load(i)?;
+            while s.is_free() {
+                match self.media.cas_u64(off, w, word)? {
+                    Ok(_) => return Ok(Some(i)),
+                    Err(actual) => {
+                        w = actual;
+                        s = Slot::decode(actual).ok_or(Error::Corrupt {
+                            what: "hashfs slot",
+                            at: off,
+                        })?;
+                    }
+                }
+            }
+            i = if i + 1 == self.slots { 0 } else { i + 1 };
+        }
+        Ok(None)
+    }
+
+    /// The slot of committed `(file, lblk)` if the translation cache knows it and PM agrees.
+    fn cached(&self, file: &HashFsFile, lblk: u64) -> Result<Option<u64>> {
+        match file.cache.get(lblk) {
+            Some(i) if i < self.slots => {
+                let w = self.media.load_u64(self.slot_off(i))?;
+                Ok((w == Key::new(file.ino, lblk).committed()).then_some(i))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether a range is better served by one scan of the table than by one walk per block.
+    fn use_scan(&self, lblk: u64, end: u64) -> bool {
+        end - lblk > self.slots / 4
+    }
+
+    /// Calls `f(lblk, slot)` for every slot in `[lblk, end)` of `ino` whose word is
+    /// `word(key)`, in ascending logical order.
+    fn find(
+        &self,
+        ino: u64,
+        seed: u64,
+        lblk: u64,
+        end: u64,
+        word: WordOf,
+        f: &mut dyn FnMut(u64, u64),
+    ) -> Result<()> {
+        if self.use_scan(lblk, end) {
+            let mut hits = Vec::new();
+            for i in 0..self.slots {
+                if i % SLOTS_PER_LINE == 0 {
+                    self.media.prefetch(self.slot_off(i + 4 * SLOTS_PER_LINE));
+                }
+                let (w, s) = self.load(i)?;
+                if let Slot::Committed(k) | Slot::Tentative(k) = s
+                    && k.ino == ino
+                    && (lblk..end).contains(&k.lblk)
+                    && w == word(k)
+                {
+                    hits.push((k.lblk, i));
+                }
+            }
+            hits.sort_unstable();
+            hits.into_iter().for_each(|(l, i)| f(l, i));
+            return Ok(());
+        }
+        let mut l = lblk;
+        while l < end {
+            let homes = home_slots(self.kernel, seed, l, self.n32());
+            let count = BATCH.min((end - l) as usize);
+            for &h in &homes[..count] {
+                self.media.prefetch(self.slot_off(h));
+            }
+            for (j, &h) in homes[..count].iter().enumerate() {
+                let b = l + j as u64;
+                if let Some(i) = self.probe(h, word(Key::new(ino, b)))? {
+                    f(b, i);
+                }
+            }
+            l += count as u64;
+        }
+        Ok(())
+    }
+
+    /// The batched lookup of `[lblk, end)` (no scan), with the translation cache.
+    fn lookup_batched(
+        &self,
+        file: &HashFsFile,
+        lblk: u64,
+        end: u64,
+        out: &mut Vec<Run>,
+    ) -> Result<()> {
+        let first = out.len();
+        let mut l = lblk;
+        while l < end {
+            let count = BATCH.min((end - l) as usize);
+            let mut found = [None; BATCH];
+            let mut misses = 0;
+            for (j, f) in found[..count].iter_mut().enumerate() {
+                *f = self.cached(file, l + j as u64)?;
+                misses += usize::from(f.is_none());
+            }
+            if misses > 0 {
+                let homes = home_slots(self.kernel, file.seed, l, self.n32());
+                let lanes = BATCH.min((LBLK_LIMIT - l) as usize);
+                for (j, &h) in homes[..lanes].iter().enumerate() {
+                    if j >= count || found[j].is_none() {
+                        self.media.prefetch(self.slot_off(h));
+                    }
+                }
+                for j in 0..count {
+                    if found[j].is_none() {
+                        let b = l + j as u64;
+                        found[j] = self.probe(homes[j], Key::new(file.ino, b).committed())?;
+                        if let Some(i) = found[j] {
+                            file.cache.put(b, i);
+                        }
+                    }
+                }
+                for (j, &h) in homes.iter().enumerate().take(lanes).skip(count) {
+                    let b = l + j as u64;
+                    if file.cache.get(b).is_none()
+                        && let Some(i) = self.probe_line(h, Key::new(file.ino, b).committed())?
+                    {
+                        file.cache.put(b, i);
+                    }
+                }
+            }
+            for (j, f) in found[..count].iter().enumerate() {
+                if let Some(i) = f {
+                    push_block(out, first, l + j as u64, self.data.start.0 + i);
+                }
+            }
+            l += count as u64;
+        }
+        Ok(())
+    }
+
+    fn lookup_range(
+        &self,
+        file: &HashFsFile,
+        lblk: u64,
+        end: u64,
+        out: &mut Vec<Run>,
+    ) -> Result<()> {
+        if lblk >= end {
+            return Ok(());
+        }
+        if !self.use_scan(lblk, end) {
+            return self.lookup_batched(file, lblk, end, out);
+        }
+        let first = out.len();
+        let start = self.data.start.0;
+        self.find(
+            file.ino,
+            file.seed,
+            lblk,
+            end,
+            Key::committed,
+            &mut |l, i| push_block(out, first, l, start + i),
+        )
+    }
+
+    /// A single-block insert: one CAS, then flush and fence.
+    fn insert_one(&self, file: &HashFsFile, lblk: u64) -> Result<u64> {
+        let home = self.home(file.seed, lblk);
+        let i = self
+            .claim(home, Key::new(file.ino, lblk).committed())?
+            .ok_or(Error::NoSpace)?;
+        self.media.persist(self.slot_off(i), 8)?;
+        Ok(i)
+    }
+
+    /// A multi-block insert under an intent record (see the module docs).
+    fn insert_many(&self, file: &HashFsFile, lblk: u64, end: u64) -> Result<Vec<u64>> {
+        let mut intent = self.intents.acquire(&self.media)?;
+        intent.begin(INSERT_CLAIMING, [file.ino, lblk, end, 0, 0, 0])?;
+        let mut claimed = Vec::with_capacity((end - lblk) as usize);
+        let mut l = lblk;
+        let mut full = false;
+        'claim: while l < end {
+            let homes = home_slots(self.kernel, file.seed, l, self.n32());
+            let count = BATCH.min((end - l) as usize);
+            for &h in &homes[..count] {
+                self.media.prefetch(self.slot_off(h));
+            }
+            for (j, &h) in homes[..count].iter().enumerate() {
+                match self.claim(h, Key::new(file.ino, l + j as u64).tentative())? {
+                    Some(i) => {
+                        claimed.push(i);
+                        self.media.flush(self.slot_off(i), 8)?;
+                    }
+                    None => {
+                        full = true;
+                        break 'claim;
+                    }
+                }
+            }
+            l += count as u64;
+        }
+        if full {
+            for &i in &claimed {
+                self.media.store_u64(self.slot_off(i), TOMBSTONE)?;
+                self.media.flush(self.slot_off(i), 8)?;
+            }
+            self.media.fence();
+            intent.finish()?;
+            return Err(Error::NoSpace);
+        }
+        self.media.fence();
+        intent.set_kind(INSERT_COMMITTED)?;
+        for (j, &i) in claimed.iter().enumerate() {
+            let key = Key::new(file.ino, lblk + j as u64);
+            self.media.store_u64(self.slot_off(i), key.committed())?;
+            self.media.flush(self.slot_off(i), 8)?;
+        }
+        self.media.fence();
+        intent.finish()?;
+        Ok(claimed)
+    }
+
+    /// Tombstones the given slots (all committed blocks of one remove), atomically.
+    fn tombstone(&self, ino: u64, lblk: u64, end: u64, hits: &[(u64, u64)]) -> Result<u64> {
+        if hits.is_empty() {
+            return Ok(0);
+        }
+        let mut intent = None;
+        if hits.len() > 1 {
+            let mut rec = self.intents.acquire(&self.media)?;
+            rec.begin(REMOVING, [ino, lblk, end, 0, 0, 0])?;
+            intent = Some(rec);
+        }
+        let mut freed = 0;
+        for &(l, i) in hits {
+            let off = self.slot_off(i);
+            if self
+                .media
+                .cas_u64(off, Key::new(ino, l).committed(), TOMBSTONE)?
+                .is_ok()
+            {
+                freed += 1;
+                self.media.flush(off, 8)?;
+            }
+        }
+        self.media.fence();
+        if let Some(rec) = intent {
+            rec.finish()?;
+        }
+        Ok(freed)
+    }
+
+    /// Counts empty, tombstoned, tentative and committed slots (a full scan).
+    pub fn occupancy(&self) -> Result<Occupancy> {
+        let mut o = Occupancy::default();
+        for i in 0..self.slots {
+            match self.load(i)?.1 {
+                Slot::Empty => o.empty += 1,
+                Slot::Tombstone => o.tombstones += 1,
+                Slot::Tentative(_) => o.tentative += 1,
+                Slot::Committed(_) => o.committed += 1,
+            }
+        }
+        Ok(o)
+    }
+
+    /// Number of data blocks an insert may still claim (a full scan).
+    pub fn free_blocks(&self) -> Result<u64> {
+        self.occupancy().map(|o| o.free())
+    }
+
+    /// Turns every tombstone that precedes an empty slot (through a run of tombstones) back
+    /// into an empty slot, shortening probe sequences. Returns how many slots it emptied.
+    ///
+    /// Needs exclusive use of the table: `&mut self` excludes other users in this process;
+    /// the caller must also keep other processes out (mount or fsck time). Crash-safe at every
+    /// point: no live entry lies between a purged tombstone and the empty slot after it.
+    pub fn purge_tombstones(&mut self) -> Result<u64> {
+        let mut start = None;
+        for i in 0..self.slots {
+            if self.load(i)?.1 == Slot::Empty {
+                start = Some(i);
+                break;
+            }
+        }
+        let Some(start) = start else {
+            return Ok(0);
+        };
+        let mut purged = 0;
+        let mut after_empty = true;
+        let mut i = start;
+        for _ in 1..self.slots {
+            i = if i == 0 { self.slots - 1 } else { i - 1 };
+            match self.load(i)?.1 {
+                Slot::Empty => after_empty = true,
+                Slot::Tombstone if after_empty => {
+                    self.media.store_u64(self.slot_off(i), 0)?;
+                    self.media.flush(self.slot_off(i), 8)?;
+                    purged += 1;
+                }
+                _ => after_empty = false,
+            }
+        }
+        self.media.fence();
+        Ok(purged)
+    }
+
+    fn check_recovered(&self, at: PmOff, ino: u64, lblk: u64, end: u64) -> Result<()> {
+        if ino > MAX_INO || lblk > end || end > LBLK_LIMIT {
+            return Err(Error::Corrupt {
+                what: "hashfs intent record",
+                at,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn header_crc(h: &Header) -> u32 {
+    let bytes = h.as_bytes();
+    crc32c(&bytes[..bytes.len() - 8])
+}
+
+impl<M: Media> FileMapping for HashFs<M> {
+    type File = HashFsFile;
+
+    fn kind(&self) -> MappingKind {
+        MappingKind::HashFs
+    }
+
+    fn open_file(&self, id: FileId) -> Result<HashFsFile> {
+        if id.ino > MAX_INO {
+            return Err(Error::InvalidArgument(
+                "inode number too large for a global table",
+            ));
+        }
+        Ok(HashFsFile {
+            ino: id.ino,
+            seed: file_seed(id.ino, self.salt),
+            cache: TranslationCache::default(),
+        })
+    }
+
+    fn lookup(&self, file: &HashFsFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
+        let end = lblk.saturating_add(len).min(LBLK_LIMIT);
+        self.lookup_range(file, lblk, end, out)
+    }
+
+    fn insert(&self, file: &HashFsFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let end =
+            lblk.checked_add(len)
+                .filter(|&e| e <= LBLK_LIMIT)
+                .ok_or(Error::InvalidArgument(
+                    "logical block beyond the 2^32 limit of a global table",
+                ))?;
+        let mut existing = Vec::new();
+        self.lookup_range(file, lblk, end, &mut existing)?;
+        if !existing.is_empty() {
+            return Err(Error::InvalidArgument("insert over mapped blocks"));
+        }
+        if len > self.slots {
+            return Err(Error::NoSpace);
+        }
+        let claimed = if len == 1 {
+            vec![self.insert_one(file, lblk)?]
+        } else {
+            self.insert_many(file, lblk, end)?
+        };
+        let first = out.len();
+        for (j, &i) in claimed.iter().enumerate() {
+            file.cache.put(lblk + j as u64, i);
+            push_block(out, first, lblk + j as u64, self.data.start.0 + i);
+        }
+        Ok(())
+    }
+
+    fn remove(&self, file: &HashFsFile, lblk: u64, len: u64) -> Result<u64> {
+        let end = lblk.saturating_add(len).min(LBLK_LIMIT);
+        if lblk >= end {
+            return Ok(0);
+        }
+        let mut hits = Vec::new();
+        if self.use_scan(lblk, end) {
+            self.find(
+                file.ino,
+                file.seed,
+                lblk,
+                end,
+                Key::committed,
+                &mut |l, i| hits.push((l, i)),
+            )?;
+        } else {
+            let mut runs = Vec::new();
+            self.lookup_batched(file, lblk, end, &mut runs)?;
+            for r in runs {
+                for k in 0..r.len {
+                    hits.push((r.lblk + k, r.pblk.0 - self.data.start.0 + k));
+                }
+            }
+        }
+        let freed = self.tombstone(file.ino, lblk, end, &hits)?;
+        file.cache.invalidate(lblk, end);
+        Ok(freed)
+    }
+
+    fn remove_file(&self, file: &HashFsFile) -> Result<()> {
+        self.remove(file, 0, LBLK_LIMIT).map(drop)
+    }
+
+    fn owned_blocks(&self, file: &HashFsFile, visit: &mut dyn FnMut(Extent)) -> Result<()> {
+        let mut runs = Vec::new();
+        self.lookup_range(file, 0, LBLK_LIMIT, &mut runs)?;
+        runs.iter().for_each(|r| visit(r.extent()));
+        Ok(())
+    }
+
+    fn recover(&self) -> Result<()> {
+        let records = self
+            .intents
+            .scan(&self.media, &[INSERT_CLAIMING, INSERT_COMMITTED, REMOVING])?;
+        for r in records {
+            let [ino, lblk, end, ..] = r.fields;
+            self.check_recovered(self.intents.record(r.index), ino, lblk, end)?;
+            let seed = file_seed(ino, self.salt);
+            let (word, new): (WordOf, WordOf) = match r.kind {
+                INSERT_CLAIMING => (Key::tentative, |_| TOMBSTONE),
+                INSERT_COMMITTED => (Key::tentative, Key::committed),
+                _ => (Key::committed, |_| TOMBSTONE),
+            };
+            let mut hits = Vec::new();
+            self.find(ino, seed, lblk, end, word, &mut |l, i| hits.push((l, i)))?;
+            for (l, i) in hits {
+                let off = self.slot_off(i);
+                self.media.store_u64(off, new(Key::new(ino, l)))?;
+                self.media.flush(off, 8)?;
+            }
+        }
+        self.media.fence();
+        self.intents.reset(&self.media)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use pmfs_core::pm::HeapRegion;
+
+    use super::*;
+
+    const META: Extent = Extent {
+        start: BlockNo(1),
+        len: 3,
+    };
+
+    fn table(slots: u64) -> HashFs<Arc<HeapRegion>> {
+        let data = Extent::new(BlockNo(8), slots);
+        let r = Arc::new(HeapRegion::new((8 + slots) * BLOCK_SIZE).unwrap());
+        HashFs::format_with_salt(r, META, data, 7).unwrap()
+    }
+
+    fn file(t: &HashFs<Arc<HeapRegion>>, ino: u64) -> HashFsFile {
+        t.open_file(FileId {
+            ino,
+            root: PmOff(0),
+        })
+        .unwrap()
+    }
+
+    fn blocks(t: &HashFs<Arc<HeapRegion>>, f: &HashFsFile, lblk: u64, len: u64) -> Vec<(u64, u64)> {
+        let mut runs = Vec::new();
+        t.lookup(f, lblk, len, &mut runs).unwrap();
+        runs.iter()
+            .flat_map(|r| (0..r.len).map(move |k| (r.lblk + k, r.pblk.0 + k)))
+            .collect()
+    }
+
+    #[test]
+    fn format_open_and_header_damage() {
+        let t = table(100);
+        let data = t.data();
+        let media = t.media().clone();
+        let f = file(&t, 3);
+        let mut out = Vec::new();
+        t.insert(&f, 10, 4, &mut out).unwrap();
+        let t2 = HashFs::open(media.clone(), META, data).unwrap();
+        let f2 = file(&t2, 3);
+        assert_eq!(blocks(&t2, &f2, 0, 100), blocks(&t, &f, 0, 100));
+        assert!(matches!(
+            HashFs::open(media.clone(), META, Extent::new(BlockNo(8), 99)),
+            Err(Error::Corrupt { .. })
+        ));
+        media.store_u64(META.start.offset() + 48, 12345).unwrap();
+        assert!(matches!(
+            HashFs::open(media.clone(), META, data),
+            Err(Error::Corrupt { .. })
+        ));
+        media.store_u64(META.start.offset(), 1).unwrap();
+        assert!(matches!(
+            HashFs::open(media, META, data),
+            Err(Error::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn format_rejects_bad_geometry() {
+        let r = Arc::new(HeapRegion::new(64 * BLOCK_SIZE).unwrap());
+        let bad = [
+            (META, Extent::new(BlockNo(8), 0)),
+            (Extent::new(BlockNo(1), 2), Extent::new(BlockNo(8), 10)),
+            (META, Extent::new(BlockNo(2), 10)),
+            (META, Extent::new(BlockNo(60), 10)),
+        ];
+        for (meta, data) in bad {
+            assert!(matches!(
+                HashFs::format(r.clone(), meta, data),
+                Err(Error::InvalidArgument(_))
+            ));
+        }
+        assert_eq!(HashFs::<HeapRegion>::meta_blocks(512), 3);
+        assert_eq!(HashFs::<HeapRegion>::meta_blocks(513), 4);
+    }
+
+    #[test]
+    fn slot_index_is_the_physical_block() {
+        let t = table(64);
+        let f = file(&t, 9);
+        let mut out = Vec::new();
+        t.insert(&f, 0, 20, &mut out).unwrap();
+        for (l, p) in blocks(&t, &f, 0, 20) {
+            let i = p - t.data().start.0;
+            let (_, s) = t.load(i).unwrap();
+            assert_eq!(s, Slot::Committed(Key::new(9, l)));
+        }
+        assert_eq!(t.occupancy().unwrap().committed, 20);
+    }
+
+    #[test]
+    fn full_table_fails_without_change_and_wraps_around() {
+        let t = table(16);
+        let (a, b) = (file(&t, 1), file(&t, 2));
+        let mut out = Vec::new();
+        t.insert(&a, 0, 10, &mut out).unwrap();
+        t.insert(&b, 100, 6, &mut out).unwrap();
+        assert_eq!(t.free_blocks().unwrap(), 0);
+        let before = (blocks(&t, &a, 0, 50), blocks(&t, &b, 0, 200));
+        out.clear();
+        assert!(matches!(t.insert(&a, 20, 1, &mut out), Err(Error::NoSpace)));
+        assert!(matches!(t.insert(&a, 20, 3, &mut out), Err(Error::NoSpace)));
+        assert!(out.is_empty());
+        assert_eq!((blocks(&t, &a, 0, 50), blocks(&t, &b, 0, 200)), before);
+        assert_eq!(t.remove(&b, 100, 6).unwrap(), 6);
+        // Six free slots: a seven-block insert claims six, then rolls them back.
+        assert!(matches!(t.insert(&a, 20, 7, &mut out), Err(Error::NoSpace)));
+        assert_eq!(t.free_blocks().unwrap(), 6);
+        assert_eq!(t.occupancy().unwrap().tentative, 0);
+        t.insert(&a, 20, 6, &mut out).unwrap();
+        assert_eq!(blocks(&t, &a, 0, 50).len(), 16);
+    }
+
+    #[test]
+    fn insert_over_mapped_blocks_is_refused() {
+        let t = table(64);
+        let f = file(&t, 4);
+        let mut out = Vec::new();
+        t.insert(&f, 5, 3, &mut out).unwrap();
+        assert!(matches!(
+            t.insert(&f, 0, 6, &mut out),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            t.insert(&f, LBLK_LIMIT - 1, 2, &mut out),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert_eq!(t.occupancy().unwrap().committed, 3);
+    }
+
+    #[test]
+    fn tombstones_keep_chains_and_purge_restores_empty_slots() {
+        let t = table(32);
+        let f = file(&t, 1);
+        let mut out = Vec::new();
+        t.insert(&f, 0, 28, &mut out).unwrap();
+        let all = blocks(&t, &f, 0, 28);
+        for l in (0..28).step_by(2) {
+            assert_eq!(t.remove(&f, l, 1).unwrap(), 1);
+        }
+        let odd: Vec<_> = all.iter().copied().filter(|(l, _)| l % 2 == 1).collect();
+        assert_eq!(blocks(&t, &f, 0, 28), odd);
+        let g = file(&t, 1);
+        assert_eq!(blocks(&t, &g, 0, 28), odd);
+        let mut t = t;
+        let occ = t.occupancy().unwrap();
+        assert_eq!(occ.tombstones, 14);
+        let purged = t.purge_tombstones().unwrap();
+        assert!(purged > 0);
+        assert_eq!(t.occupancy().unwrap().tombstones, 14 - purged);
+        assert_eq!(blocks(&t, &g, 0, 28), odd);
+        t.remove_file(&g).unwrap();
+        assert_eq!(t.purge_tombstones().unwrap(), 14 - purged + 14);
+        assert_eq!(t.occupancy().unwrap().empty, 32);
+    }
+
+    #[test]
+    fn translation_cache_is_filled_by_spare_lanes_and_validated() {
+        let t = table(256);
+        let f = file(&t, 6);
+        let mut out = Vec::new();
+        t.insert(&f, 0, 16, &mut out).unwrap();
+        let map = blocks(&t, &f, 0, 16);
+        let reader = file(&t, 6);
+        assert_eq!(blocks(&t, &reader, 0, 1), map[..1]);
+        // The seven spare lanes of that one-block lookup translated blocks 1..8, as far as
+        // each was in its home slot's cache line.
+        let ahead = (1..8).filter(|&l| reader.cached_slot(l).is_some()).count();
+        assert!(ahead >= 5, "only {ahead} of 7 blocks read ahead");
+        for l in 1..8 {
+            if let Some(i) = reader.cached_slot(l) {
+                assert_eq!(t.data().start.0 + i, map[l as usize].1);
+            }
+        }
+        // A remove through another handle must not be hidden by the reader's cache.
+        assert_eq!(t.remove(&f, 1, 7).unwrap(), 7);
+        assert_eq!(blocks(&t, &reader, 0, 16), [&map[..1], &map[8..]].concat());
+    }
+
+    #[test]
+    fn recovery_rolls_claims_back_or_forward() {
+        for kind in [INSERT_CLAIMING, INSERT_COMMITTED] {
+            let t = table(64);
+            let f = file(&t, 2);
+            let mut rec = t.intents.acquire(&t.media).unwrap();
+            rec.begin(kind, [2, 10, 13, 0, 0, 0]).unwrap();
+            let mut slots = Vec::new();
+            for l in 10..13 {
+                let h = t.home(f.seed, l);
+                slots.push(t.claim(h, Key::new(2, l).tentative()).unwrap().unwrap());
+            }
+            assert!(blocks(&t, &f, 0, 64).is_empty());
+            std::mem::forget(rec);
+            t.recover().unwrap();
+            let got = blocks(&t, &f, 0, 64);
+            if kind == INSERT_CLAIMING {
+                assert!(got.is_empty());
+                assert_eq!(t.occupancy().unwrap().tombstones, 3);
+            } else {
+                let want: Vec<_> = (10..13)
+                    .zip(&slots)
+                    .map(|(l, &i)| (l, t.data().start.0 + i))
+                    .collect();
+                assert_eq!(got, want);
+            }
+            assert_eq!(t.occupancy().unwrap().tentative, 0);
+            assert!(t.intents.scan(&t.media, &[2, 3, 4]).unwrap().is_empty());
+        }
+    }
+
+    #[test]
+    fn corrupt_slots_are_errors_not_panics() {
+        let t = table(32);
+        let f = file(&t, 1);
+        for i in 0..32 {
+            t.media.store_u64(t.slot_off(i), 7 << 61).unwrap();
+        }
+        let mut out = Vec::new();
+        assert!(matches!(
+            t.lookup(&f, 0, 4, &mut out),
+            Err(Error::Corrupt { .. })
+        ));
+        assert!(matches!(
+            t.lookup(&f, 0, 1000, &mut out),
+            Err(Error::Corrupt { .. })
+        ));
+        assert!(matches!(
+            t.insert(&f, 0, 1, &mut out),
+            Err(Error::Corrupt { .. })
+        ));
+        // A table full of other keys (valid words, no empty slot) ends every walk.
+        for i in 0..32 {
+            t.media
+                .store_u64(t.slot_off(i), Key::new(5, i).committed())
+                .unwrap();
+        }
+        t.lookup(&f, 0, 4, &mut out).unwrap();
+        assert!(out.is_empty());
+        assert!(matches!(t.insert(&f, 0, 1, &mut out), Err(Error::NoSpace)));
+    }
+}

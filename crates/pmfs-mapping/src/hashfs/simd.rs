@@ -1,0 +1,249 @@
+//! Batched hashing of consecutive logical blocks: a scalar kernel and AVX2 / AVX-512 kernels
+//! that compute bit-identical results, chosen at run time.
+//!
+//! # The hash
+//!
+//! A file's 64-bit `seed` is derived once from its inode number and the table's salt
+//! ([`file_seed`]). The home slot of logical block `l` (a `u32`) in a table of `n < 2^32` slots
+//! is computed with operations every kernel has in 64-bit lanes — 32×32→64 multiplies
+//! (`vpmuludq`), shifts, xors and adds — so that AVX2 needs no 64-bit multiply:
+//!
+//! ```text
+//! p = ((l ^ lo32(seed)) * K1) ^ seed        (32x32 -> 64 multiply)
+//! p ^= p >> 29
+//! q = p * K2 mod 2^64                       (two 32x32 multiplies and a shift)
+//! q ^= q >> 32
+//! home = (lo32(q) * n) >> 32                (multiply-shift range reduction)
+//! ```
+//!
+//! # Dispatch
+//!
+//! [`HashKernel::detect`] picks the widest kernel the CPU has; a table can be forced onto any
+//! supported kernel (tests force [`HashKernel::Scalar`] to compare paths). A batch is always
+//! [`BATCH`] consecutive blocks — the size of the translation cache — computed as one 8-lane
+//! AVX-512 vector, two 4-lane AVX2 vectors, or eight scalar rounds. The vector kernels are
+//! `#[target_feature]` functions and are only called after `is_x86_feature_detected!` has
+//! confirmed their feature at the call site.
+
+/// Number of consecutive blocks hashed per batch (and the translation cache's size).
+pub const BATCH: usize = 8;
+
+const K1: u64 = 0x9e37_79b1;
+const K2: u64 = 0x85eb_ca77;
+
+/// A hashing kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HashKernel {
+    /// Portable scalar code, always available.
+    Scalar,
+    /// AVX2: two 4-lane vectors per batch.
+    Avx2,
+    /// AVX-512F: one 8-lane vector per batch.
+    Avx512,
+}
+
+impl HashKernel {
+    /// The widest kernel this CPU supports.
+    pub fn detect() -> Self {
+        [HashKernel::Avx512, HashKernel::Avx2]
+            .into_iter()
+            .find(|k| k.is_supported())
+            .unwrap_or(HashKernel::Scalar)
+    }
+
+    /// Whether this CPU can run the kernel.
+    pub fn is_supported(self) -> bool {
+        match self {
+            HashKernel::Scalar => true,
+            HashKernel::Avx2 => avx2_detected(),
+            HashKernel::Avx512 => avx512_detected(),
+        }
+    }
+
+    /// Vector lanes of the kernel (1 for the scalar kernel).
+    pub fn lanes(self) -> usize {
+        match self {
+            HashKernel::Scalar => 1,
+            HashKernel::Avx2 => 4,
+            HashKernel::Avx512 => 8,
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2_detected() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_detected() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx2_detected() -> bool {
+    false
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_detected() -> bool {
+    false
+}
+
+/// splitmix64's finaliser: a bijective 64-bit mix.
+pub fn mix64(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The per-file hash seed of inode `ino` in a table salted with `salt`.
+pub fn file_seed(ino: u64, salt: u64) -> u64 {
+    mix64(ino ^ mix64(salt))
+}
+
+/// The home slot of logical block `lblk` (only its low 32 bits count) in a table of `n` slots.
+pub fn home_slot(seed: u64, lblk: u64, n: u32) -> u64 {
+    let x = (lblk as u32 ^ seed as u32) as u64;
+    let mut p = (x * K1) ^ seed;
+    p ^= p >> 29;
+    let mut q = p.wrapping_mul(K2);
+    q ^= q >> 32;
+    ((q & 0xffff_ffff) * n as u64) >> 32
+}
+
+/// Home slots of blocks `first, first + 1, ..., first + 7` (low 32 bits, wrapping) with
+/// `kernel`; every kernel returns the same values as [`home_slot`]. A kernel the CPU does not
+/// support falls back to the scalar code.
+pub fn home_slots(kernel: HashKernel, seed: u64, first: u64, n: u32) -> [u64; BATCH] {
+    #[cfg(target_arch = "x86_64")]
+    match kernel {
+        HashKernel::Avx512 if avx512_detected() => {
+            // SAFETY: `is_x86_feature_detected!("avx512f")` just returned true, so the CPU
+            // supports every instruction the avx512f-enabled kernel uses.
+            return unsafe { x86::home_slots_avx512(seed, first as u32, n) };
+        }
+        HashKernel::Avx2 if avx2_detected() => {
+            // SAFETY: `is_x86_feature_detected!("avx2")` just returned true, so the CPU supports
+            // every instruction the avx2-enabled kernel uses.
+            return unsafe { x86::home_slots_avx2(seed, first as u32, n) };
+        }
+        _ => {}
+    }
+    let _ = kernel;
+    std::array::from_fn(|i| home_slot(seed, first.wrapping_add(i as u64), n))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{BATCH, K1, K2};
+
+    /// The AVX2 kernel: two 4-lane vectors of 64-bit lanes.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn home_slots_avx2(seed: u64, first: u32, n: u32) -> [u64; BATCH] {
+        let mut out = [0u64; BATCH];
+        let seed_v = _mm256_set1_epi64x(seed as i64);
+        let seed_lo = _mm256_set1_epi64x(seed as u32 as i64);
+        let k1 = _mm256_set1_epi64x(K1 as i64);
+        let k2 = _mm256_set1_epi64x(K2 as i64);
+        let nv = _mm256_set1_epi64x(n as i64);
+        for (half, chunk) in out.chunks_exact_mut(4).enumerate() {
+            let base = first.wrapping_add(4 * half as u32);
+            let l = _mm256_set_epi64x(
+                base.wrapping_add(3) as i64,
+                base.wrapping_add(2) as i64,
+                base.wrapping_add(1) as i64,
+                base as i64,
+            );
+            let x = _mm256_xor_si256(l, seed_lo);
+            let mut p = _mm256_xor_si256(_mm256_mul_epu32(x, k1), seed_v);
+            p = _mm256_xor_si256(p, _mm256_srli_epi64::<29>(p));
+            let lo = _mm256_mul_epu32(p, k2);
+            let hi = _mm256_mul_epu32(_mm256_srli_epi64::<32>(p), k2);
+            let mut q = _mm256_add_epi64(lo, _mm256_slli_epi64::<32>(hi));
+            q = _mm256_xor_si256(q, _mm256_srli_epi64::<32>(q));
+            let home = _mm256_srli_epi64::<32>(_mm256_mul_epu32(q, nv));
+            // SAFETY: `chunk` is 4 u64 = 32 writable bytes; the unaligned store has no
+            // alignment requirement. AVX2 is enabled on this function and was detected by the
+            // caller before calling it.
+            unsafe { _mm256_storeu_si256(chunk.as_mut_ptr().cast::<__m256i>(), home) };
+        }
+        out
+    }
+
+    /// The AVX-512F kernel: one 8-lane vector of 64-bit lanes.
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn home_slots_avx512(seed: u64, first: u32, n: u32) -> [u64; BATCH] {
+        let mut out = [0u64; BATCH];
+        let l = _mm512_add_epi64(
+            _mm512_set1_epi64(first as i64),
+            _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0),
+        );
+        let x = _mm512_xor_si512(l, _mm512_set1_epi64(seed as u32 as i64));
+        let mut p = _mm512_xor_si512(
+            _mm512_mul_epu32(x, _mm512_set1_epi64(K1 as i64)),
+            _mm512_set1_epi64(seed as i64),
+        );
+        p = _mm512_xor_si512(p, _mm512_srli_epi64::<29>(p));
+        let k2 = _mm512_set1_epi64(K2 as i64);
+        let lo = _mm512_mul_epu32(p, k2);
+        let hi = _mm512_mul_epu32(_mm512_srli_epi64::<32>(p), k2);
+        let mut q = _mm512_add_epi64(lo, _mm512_slli_epi64::<32>(hi));
+        q = _mm512_xor_si512(q, _mm512_srli_epi64::<32>(q));
+        let home = _mm512_srli_epi64::<32>(_mm512_mul_epu32(q, _mm512_set1_epi64(n as i64)));
+        // SAFETY: `out` is 8 u64 = 64 writable bytes; the unaligned store has no alignment
+        // requirement. AVX-512F is enabled on this function and was detected by the caller.
+        unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast::<__m512i>(), home) };
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_kernels() -> Vec<HashKernel> {
+        [HashKernel::Scalar, HashKernel::Avx2, HashKernel::Avx512]
+            .into_iter()
+            .filter(|k| k.is_supported())
+            .collect()
+    }
+
+    #[test]
+    fn kernels_agree_with_the_scalar_hash() {
+        let firsts = [0u64, 1, 7, 1000, u32::MAX as u64 - 3, u32::MAX as u64];
+        for kernel in all_kernels() {
+            for &n in &[1u32, 2, 3, 1000, 4096, u32::MAX] {
+                for &first in &firsts {
+                    for ino in [0u64, 1, 77, (1 << 28) - 1] {
+                        let seed = file_seed(ino, 0x1234_5678);
+                        let got = home_slots(kernel, seed, first, n);
+                        for (i, &h) in got.iter().enumerate() {
+                            assert_eq!(h, home_slot(seed, first.wrapping_add(i as u64), n));
+                            assert!(h < n as u64);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn consecutive_blocks_spread_over_the_table() {
+        // 4096 consecutive blocks of one file into 8192 slots: a decent hash leaves no home
+        // slot with more than a handful of keys (a uniform hash gives a maximum around 6).
+        let n = 8192u32;
+        let mut hits = vec![0u32; n as usize];
+        let seed = file_seed(5, 99);
+        for l in 0..4096 {
+            hits[home_slot(seed, l, n) as usize] += 1;
+        }
+        assert!(hits.iter().copied().max().unwrap() <= 8);
+        let used = hits.iter().filter(|&&h| h > 0).count();
+        assert!(used > 2800, "only {used} distinct home slots");
+    }
+}
