@@ -1,0 +1,158 @@
+//! Cold caches and per-operation timing.
+//!
+//! The paper's "cold cache" case performs one operation and resets the experiment (§4.1). Here
+//! an [`Evictor`] runs between operations, outside the timed section: it writes back and
+//! evicts the structure's metadata lines with [`Media::flush`], then reads a buffer larger
+//! than the last-level cache so that everything else an operation touches in DRAM (the
+//! allocator's state, the open file's cursor or translation cache, page-table entries) is
+//! cold too. Only the operation itself is timed, by an [`OpTimer`].
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use pmfs_core::Result;
+use pmfs_core::layout::{BLOCK_SIZE, CACHE_LINE};
+use pmfs_core::pm::Media;
+use pmfs_core::traits::Extent;
+
+/// Environment variable overriding the size of the eviction buffer, in MiB (0 disables the
+/// buffer; metadata lines are still flushed).
+pub const EVICT_MIB_VAR: &str = "PMFS_BENCH_EVICT_MIB";
+
+/// Eviction buffer size when the last-level cache size cannot be read.
+const DEFAULT_EVICT_BYTES: usize = 64 << 20;
+
+/// Evicts what a mapping operation may touch from the CPU caches.
+#[derive(Debug)]
+pub struct Evictor {
+    buf: Vec<u64>,
+}
+
+impl Evictor {
+    /// An evictor that reads `bytes` bytes of DRAM per eviction.
+    pub fn new(bytes: usize) -> Self {
+        // Distinct values, so the pages are really backed and not the shared zero page.
+        let buf = (0..bytes / 8).map(|i| i as u64).collect();
+        Self { buf }
+    }
+
+    /// An evictor sized from [`EVICT_MIB_VAR`], else one and a half times the last-level
+    /// cache.
+    pub fn from_env() -> Self {
+        let bytes = std::env::var(EVICT_MIB_VAR)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .map(|mib| mib << 20)
+            .or_else(|| llc_bytes().map(|b| b + b / 2))
+            .unwrap_or(DEFAULT_EVICT_BYTES);
+        Self::new(bytes)
+    }
+
+    /// Bytes read per eviction.
+    pub fn buffer_bytes(&self) -> usize {
+        self.buf.len() * 8
+    }
+
+    /// Flushes every line of `areas` (blocks of `media`), fences, and reads the eviction
+    /// buffer.
+    pub fn evict(&mut self, media: &dyn Media, areas: &[Extent]) -> Result<()> {
+        for a in areas {
+            media.flush(a.start.offset(), a.len * BLOCK_SIZE)?;
+        }
+        media.fence();
+        let step = (CACHE_LINE / 8) as usize;
+        let mut sum = 0u64;
+        for i in (0..self.buf.len()).step_by(step) {
+            sum = sum.wrapping_add(self.buf[i]);
+        }
+        black_box(sum);
+        Ok(())
+    }
+}
+
+/// Size of the largest CPU cache of CPU 0 as Linux reports it in sysfs.
+pub fn llc_bytes() -> Option<usize> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read_to_string(e.path().join("size")).ok())
+        .filter_map(|s| parse_cache_size(&s))
+        .max()
+}
+
+/// Parses a sysfs cache size such as `"107520K"` or `"4M"`.
+pub fn parse_cache_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mul) = match s.as_bytes().last()? {
+        b'K' => (&s[..s.len() - 1], 1 << 10),
+        b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok().map(|n| n * mul)
+}
+
+/// Times single operations, net of the cost of reading the clock.
+#[derive(Clone, Copy, Debug)]
+pub struct OpTimer {
+    overhead: Duration,
+}
+
+impl OpTimer {
+    /// Measures the clock's own cost: the smallest of many empty timings.
+    pub fn calibrate() -> Self {
+        let overhead = (0..10_000)
+            .map(|_| {
+                let t = Instant::now();
+                black_box(());
+                t.elapsed()
+            })
+            .min()
+            .unwrap_or_default();
+        Self { overhead }
+    }
+
+    /// The clock cost subtracted from every timing.
+    pub fn overhead(&self) -> Duration {
+        self.overhead
+    }
+
+    /// Runs `op` and returns how long it took, net of the clock's cost, with its result.
+    #[inline]
+    pub fn time<R>(&self, op: impl FnOnce() -> R) -> (Duration, R) {
+        let t = Instant::now();
+        let r = black_box(op());
+        (t.elapsed().saturating_sub(self.overhead), r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pmfs_core::layout::BlockNo;
+    use pmfs_core::pm::HeapRegion;
+
+    #[test]
+    fn cache_sizes_parse() {
+        assert_eq!(parse_cache_size("107520K\n"), Some(107520 << 10));
+        assert_eq!(parse_cache_size("4M"), Some(4 << 20));
+        assert_eq!(parse_cache_size("64"), Some(64));
+        assert_eq!(parse_cache_size("x"), None);
+        assert_eq!(parse_cache_size(""), None);
+    }
+
+    #[test]
+    fn eviction_flushes_areas_inside_the_region_only() {
+        let region = HeapRegion::new(8 * BLOCK_SIZE).unwrap();
+        let mut ev = Evictor::new(1 << 16);
+        assert_eq!(ev.buffer_bytes(), 1 << 16);
+        ev.evict(&region, &[Extent::new(BlockNo(2), 3)]).unwrap();
+        assert!(ev.evict(&region, &[Extent::new(BlockNo(7), 2)]).is_err());
+    }
+
+    #[test]
+    fn timer_returns_the_operation_result() {
+        let t = OpTimer::calibrate();
+        let (_, r) = t.time(|| 6 * 7);
+        assert_eq!(r, 42);
+    }
+}

@@ -1,0 +1,81 @@
+//! The structures under test, built uniformly so one bench body runs against each of them.
+
+use std::sync::Arc;
+
+use pmfs_core::Result;
+use pmfs_core::traits::{Extent, FileMapping, SimpleMapping};
+
+use super::volume::{BaselineAlloc, Region};
+
+/// A file-mapping structure the benches can format on a fresh volume.
+pub trait Structure {
+    /// The mapping type.
+    type Mapping: FileMapping;
+
+    /// Name used in benchmark ids and reports (`extent`, `radix`, `cuckoo`, `hashfs`).
+    const NAME: &'static str;
+
+    /// Blocks of the static metadata area (undo log, global table) the structure needs to map a
+    /// data area of `data_blocks` blocks.
+    fn meta_blocks(data_blocks: u64) -> u64;
+
+    /// Formats an empty structure. `meta` is the area sized by
+    /// [`meta_blocks`](Structure::meta_blocks); `data` the data area, which `alloc` manages for
+    /// structures that draw blocks from an allocator.
+    fn format(
+        region: Arc<Region>,
+        meta: Extent,
+        data: Extent,
+        alloc: Arc<BaselineAlloc>,
+    ) -> Result<Self::Mapping>;
+}
+
+/// pmfs-core's DRAM reference mapping: a `BTreeMap` behind a mutex. Not one of the paper's
+/// structures; it exercises the harness in unit tests.
+#[derive(Debug)]
+pub struct Simple;
+
+impl Structure for Simple {
+    type Mapping = SimpleMapping<BaselineAlloc>;
+    const NAME: &'static str = "simple";
+
+    fn meta_blocks(_data_blocks: u64) -> u64 {
+        0
+    }
+
+    fn format(
+        _region: Arc<Region>,
+        _meta: Extent,
+        _data: Extent,
+        alloc: Arc<BaselineAlloc>,
+    ) -> Result<Self::Mapping> {
+        Ok(SimpleMapping::new(alloc))
+    }
+}
+
+/// Code run once per structure, with the structure as a type parameter.
+pub trait Visitor {
+    /// Runs for structure `S`.
+    fn visit<S: Structure>(&mut self) -> Result<()>;
+}
+
+/// Names of the structures [`for_each_structure`] runs, in order.
+pub const STRUCTURES: &[&str] = &[Simple::NAME];
+
+/// Calls `v` for every structure of the paper that exists, in the order of
+/// [`STRUCTURES`], skipping those not named in `PMFS_BENCH_STRUCTURES` (a comma-separated
+/// list) when that variable is set.
+pub fn for_each_structure(v: &mut impl Visitor) -> Result<()> {
+    if selected(Simple::NAME) {
+        v.visit::<Simple>()?;
+    }
+    Ok(())
+}
+
+/// Whether `PMFS_BENCH_STRUCTURES` (if set) names `name`.
+pub fn selected(name: &str) -> bool {
+    match std::env::var("PMFS_BENCH_STRUCTURES") {
+        Ok(list) => list.split(',').any(|s| s.trim() == name),
+        Err(_) => true,
+    }
+}
