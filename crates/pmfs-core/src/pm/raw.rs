@@ -98,6 +98,7 @@ impl RawRegion {
         Ok(())
     }
 
+    /// Bounds-checks, then flushes (nothing in eADR mode).
     pub(crate) fn flush(&self, off: PmOff, len: u64) -> Result<()> {
         let p = self.ptr(off, len)?;
         // SAFETY: `p..p+len` is in bounds and mapped.
@@ -154,11 +155,7 @@ macro_rules! media_via_raw {
                 self.raw().fill_nt(off, len, byte)
             }
             fn flush(&self, off: PmOff, len: u64) -> Result<()> {
-                if $crate::pm::persist::needs_flush() {
-                    self.raw().flush(off, len)
-                } else {
-                    self.raw().ptr(off, len).map(drop)
-                }
+                self.raw().flush(off, len)
             }
             fn fence(&self) {
                 $crate::pm::persist::fence()
