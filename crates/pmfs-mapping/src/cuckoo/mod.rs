@@ -1,1 +1,1240 @@
-//! The cuckoo mapping structure.
+//! The global cuckoo hash table with ranged entries (HashFS paper §3.2.1): one table for all
+//! files, sized at format time, mapping `(ino, lblk)` to a physical block taken from a
+//! [`BlockAllocator`].
+//!
+//! # On-media format
+//!
+//! | meta block | content                                                              |
+//! |------------|----------------------------------------------------------------------|
+//! | 0          | header: sixteen `Le64` words (below); the lock epoch at byte 512     |
+//! | 1, 2       | 64 intent records of two cache lines (operation, entry move)         |
+//! | 3..        | buckets of one cache line each ([`bucket`] format), 64 per block     |
+//!
+//! | header word | field                                       |
+//! |-------------|---------------------------------------------|
+//! | 0           | magic `"PMFSCUCK"`                           |
+//! | 1           | format version (1)                          |
+//! | 2, 3        | meta extent: first block, length            |
+//! | 4           | number of buckets                           |
+//! | 5           | hash salt                                   |
+//! | 6           | number of intent records (64)               |
+//! | 7..15       | reserved, zero                              |
+//! | 15          | crc32c of words 0..15 (low 32 bits)         |
+//!
+//! Each bucket holds a seqlock word and three 16-byte entries. An entry maps one logical block
+//! and is *ranged*: besides its physical block it stores `size`, the number of blocks from it
+//! to the end of its run of physically contiguous blocks, and `rev`, the number of blocks of
+//! the run before it. Logical blocks 21..24 mapped to 100..103 are four entries
+//! `21 -> 100 (size 3, rev 0)`, `22 -> 101 (2, 1)`, `23 -> 102 (1, 2)`. A lookup of a long
+//! range therefore needs one probe per run, not per block; `rev` finds the start of a run
+//! when a remove cuts it. Runs are at most [`RUN_MAX`](bucket::RUN_MAX) blocks (one
+//! allocation each), which bounds the entries a cut has to rewrite.
+//!
+//! # Hashing
+//!
+//! Two hash functions: the HashFS multiply-xorshift hash ([`crate::hashfs::simd`]) under two
+//! per-file seeds derived from the inode number and the table's salt, each reduced to the
+//! bucket count. A key may live in either of its two buckets, so a lookup reads at most two
+//! cache lines. An insert whose two buckets are full searches breadth first (at most
+//! [`MAX_DEPTH`] levels) for a chain of entries that can each move to their other bucket,
+//! ending at a free way, and moves them one by one from the end of the chain.
+//!
+//! # Crash protocol
+//!
+//! - Insert: the data blocks are allocated first, then `(ino, lblk, end)` is recorded in the
+//!   thread's intent record (one fence), the entries are written and flushed, one fence, and
+//!   the record is freed durably (the commit point). Recovery of a live insert record removes
+//!   every entry of the range, which was unmapped before the call. The allocator is volatile:
+//!   after a crash it is rebuilt from [`owned_blocks`](FileMapping::owned_blocks).
+//! - Remove: the record stores the range and the parts of the runs it cuts (`[left, lblk)`
+//!   whose `size` must shrink, `[end, right)` whose `rev` must shrink), then the entries are
+//!   rewritten and deleted; recovery redoes all of it (the rewrites are idempotent). The data
+//!   blocks go back to the allocator only after the record is freed.
+//! - An entry move (displacement) is recorded in the record's second line (`src`, `dst`,
+//!   key), then the entry is copied to `dst`, fenced, cleared at `src`, fenced, and the line is
+//!   freed durably. A crash leaves the entry at `src`, at `dst`, or at both with identical
+//!   content; recovery removes the copy at `dst` when both hold the key. Moves are resolved
+//!   before operation records, so a rolled-back insert never leaves a duplicate behind.
+//!
+//! # Concurrency: seqlocks in PM
+//!
+//! The paper isolates displacement chains with Intel TSX, which current CPUs no longer have.
+//! Each bucket instead carries a seqlock word in its own cache line: writers (insert, remove,
+//! move) lock the two buckets of the key they change, in index order, with a CAS; readers
+//! take no lock, read both buckets and retry if either seqlock word was locked or changed,
+//! so a reader never misses an entry that is halfway through a move. Writers never hold more
+//! than two locks and take them in order, so they cannot deadlock.
+//!
+//! The locks live in PM, not in DRAM, because several processes may map the same pool and a
+//! DRAM lock would not exclude another process. The price: a process that dies while holding
+//! a bucket lock leaves it locked, and other users of that bucket wait until
+//! [`recover`](FileMapping::recover) runs. Recovery does not have to find such locks: each
+//! lock word carries the *epoch* in which it was taken, recovery increments the epoch kept in
+//! the header block, and a lock of an older epoch counts as free. (HashFS, whose every update
+//! is a single CAS, has no such window; this is one of the costs the paper's comparison of the
+//! two tables does not show.) Mutations of one file are not concurrent with one another (the
+//! [`FileMapping`] contract), so a key is only ever inserted or removed by one thread at a
+//! time; moves of other files' entries are serialised by the bucket locks.
+
+pub mod bucket;
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+
+use pmfs_core::layout::{BLOCK_SIZE, BlockNo, CACHE_LINE, Le64, PmOff, Pod, crc32c};
+use pmfs_core::pm::{Media, MediaExt};
+use pmfs_core::traits::{AllocHint, BlockAllocator, Extent, FileId, FileMapping, MappingKind, Run};
+use pmfs_core::{Error, Result};
+
+use self::bucket::{Bucket, RUN_MAX, SeqLock, Value, WAYS, key_off, value_off};
+use crate::hashfs::intent::{Intent, IntentTable};
+use crate::hashfs::simd::{file_seed, home_slot};
+use crate::hashfs::slot::{Key, LBLK_LIMIT, MAX_INO};
+
+const MAGIC: u64 = u64::from_le_bytes(*b"PMFSCUCK");
+const VERSION: u64 = 1;
+const HEADER_WORDS: usize = 16;
+const EPOCH_OFF: u64 = 512;
+const INTENT_RECORDS: u64 = 64;
+const INTENT_LINES: u64 = 2;
+const FIRST_BUCKET_BLOCK: u64 = 3;
+const BUCKETS_PER_BLOCK: u64 = BLOCK_SIZE / CACHE_LINE;
+/// Target load factor of [`CuckooMapping::meta_blocks`], in percent.
+const LOAD_PERCENT: u64 = 85;
+/// Levels of the breadth-first search for a displacement chain.
+pub const MAX_DEPTH: usize = 5;
+/// Entries the displacement search may visit.
+const MAX_NODES: usize = 1024;
+/// Attempts of one entry insert when concurrent writers keep invalidating its chain.
+const MAX_ATTEMPTS: usize = 32;
+const SECOND_SEED: u64 = 0x5bd1_e995_c2b2_ae35;
+
+const OP_INSERT: u8 = 2;
+const OP_REMOVE: u8 = 3;
+const OP_MOVE: u8 = 4;
+
+type Header = [Le64; HEADER_WORDS];
+const EMPTY_BUCKET: Bucket = Bucket {
+    lock: 0,
+    entries: [None; WAYS],
+};
+const _: () = assert!(size_of::<Header>() == 128);
+const _: () = assert!(INTENT_RECORDS * INTENT_LINES * CACHE_LINE == 2 * BLOCK_SIZE);
+
+/// The global cuckoo table over a [`Media`], drawing data blocks from a [`BlockAllocator`].
+pub struct CuckooMapping<M, A> {
+    media: M,
+    alloc: Arc<A>,
+    meta: Extent,
+    buckets: u64,
+    first_bucket: PmOff,
+    intents: IntentTable,
+    salt: u64,
+    epoch: AtomicU64,
+}
+
+/// The DRAM handle of one file: its inode number and its two hash seeds.
+#[derive(Debug, Clone, Copy)]
+pub struct CuckooFile {
+    ino: u64,
+    seeds: [u64; 2],
+}
+
+impl<M, A> std::fmt::Debug for CuckooMapping<M, A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CuckooMapping")
+            .field("meta", &self.meta)
+            .field("buckets", &self.buckets)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A step of a displacement chain: the entry `key` at `(bucket, way)`.
+#[derive(Clone, Copy, Debug)]
+struct Hop {
+    bucket: u64,
+    way: usize,
+    key: Key,
+    parent: Option<usize>,
+    depth: usize,
+}
+
+/// A displacement chain and the free `(bucket, way)` its last entry moves to.
+type Chain = (Vec<Hop>, (u64, usize));
+
+/// Appends `[lblk, lblk + len) -> [pblk, ..)` to `out`, merging with the last run appended by
+/// this call (index `first` on) when contiguous.
+fn push_run(out: &mut Vec<Run>, first: usize, lblk: u64, pblk: u64, len: u64) {
+    if out.len() > first
+        && let Some(last) = out.last_mut()
+        && last.lblk + last.len == lblk
+        && last.pblk.0 + last.len == pblk
+    {
+        last.len += len;
+        return;
+    }
+    out.push(Run {
+        lblk,
+        pblk: BlockNo(pblk),
+        len,
+    });
+}
+
+fn header_crc(h: &Header) -> u32 {
+    let bytes = h.as_bytes();
+    crc32c(&bytes[..bytes.len() - 8])
+}
+
+fn in_region<M: Media>(media: &M, e: Extent) -> bool {
+    e.start
+        .0
+        .checked_add(e.len)
+        .is_some_and(|end| end <= media.blocks())
+}
+
+fn seeds(ino: u64, salt: u64) -> [u64; 2] {
+    [file_seed(ino, salt), file_seed(ino, salt ^ SECOND_SEED)]
+}
+
+impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
+    /// Blocks of the `meta` extent for a table that maps up to `capacity` blocks at an 85%
+    /// load factor.
+    pub fn meta_blocks(capacity: u64) -> u64 {
+        let buckets = (capacity * 100).div_ceil(WAYS as u64 * LOAD_PERCENT).max(2);
+        FIRST_BUCKET_BLOCK + buckets.div_ceil(BUCKETS_PER_BLOCK)
+    }
+
+    /// Formats an empty table filling `meta` (its size decides the capacity) with a random
+    /// hash salt.
+    pub fn format(media: M, meta: Extent, alloc: Arc<A>) -> Result<Self> {
+        let salt = RandomState::new().hash_one(meta.start.0);
+        Self::format_with_salt(media, meta, alloc, salt)
+    }
+
+    /// [`format`](Self::format) with a chosen hash salt (reproducible tests and benches).
+    pub fn format_with_salt(media: M, meta: Extent, alloc: Arc<A>, salt: u64) -> Result<Self> {
+        if meta.len <= FIRST_BUCKET_BLOCK {
+            return Err(Error::InvalidArgument("cuckoo meta extent too small"));
+        }
+        if meta.len - FIRST_BUCKET_BLOCK > u32::MAX as u64 / BUCKETS_PER_BLOCK {
+            return Err(Error::InvalidArgument("cuckoo meta extent too large"));
+        }
+        if !in_region(&media, meta) {
+            return Err(Error::InvalidArgument("cuckoo extent outside the region"));
+        }
+        let buckets = (meta.len - FIRST_BUCKET_BLOCK) * BUCKETS_PER_BLOCK;
+        let this = Self::new(media, alloc, meta, buckets, salt, 1);
+        this.media
+            .fill_nt(this.first_bucket, buckets * CACHE_LINE, 0)?;
+        this.intents.format(&this.media)?;
+        this.media.fence();
+        let mut h: Header = [Le64::new(0); HEADER_WORDS];
+        let fields = [
+            MAGIC,
+            VERSION,
+            meta.start.0,
+            meta.len,
+            buckets,
+            salt,
+            INTENT_RECORDS,
+        ];
+        for (w, v) in h.iter_mut().zip(fields) {
+            *w = Le64::new(v);
+        }
+        h[HEADER_WORDS - 1] = Le64::new(header_crc(&h) as u64);
+        let at = meta.start.offset();
+        this.media.write_pod(at, &h)?;
+        this.media.store_u64(at + EPOCH_OFF, 1)?;
+        this.media.flush(at, size_of::<Header>() as u64)?;
+        this.media.persist(at + EPOCH_OFF, 8)?;
+        Ok(this)
+    }
+
+    /// Opens a formatted table.
+    pub fn open(media: M, meta: Extent, alloc: Arc<A>) -> Result<Self> {
+        if !in_region(&media, meta) || meta.len <= FIRST_BUCKET_BLOCK {
+            return Err(Error::InvalidArgument("cuckoo extent outside the region"));
+        }
+        let at = meta.start.offset();
+        let h: Header = media.read_pod(at)?;
+        let corrupt = |what| Error::Corrupt { what, at };
+        if h[0].get() != MAGIC {
+            return Err(corrupt("cuckoo header magic"));
+        }
+        if h[HEADER_WORDS - 1].get() != header_crc(&h) as u64 {
+            return Err(corrupt("cuckoo header checksum"));
+        }
+        if h[1].get() != VERSION {
+            return Err(Error::Unsupported("cuckoo format version"));
+        }
+        let buckets = (meta.len - FIRST_BUCKET_BLOCK) * BUCKETS_PER_BLOCK;
+        if h[2].get() != meta.start.0
+            || h[3].get() != meta.len
+            || h[4].get() != buckets
+            || h[6].get() != INTENT_RECORDS
+            || buckets > u32::MAX as u64
+        {
+            return Err(corrupt("cuckoo header geometry"));
+        }
+        let epoch = media.load_u64(at + EPOCH_OFF)?;
+        Ok(Self::new(media, alloc, meta, buckets, h[5].get(), epoch))
+    }
+
+    fn new(media: M, alloc: Arc<A>, meta: Extent, buckets: u64, salt: u64, epoch: u64) -> Self {
+        Self {
+            media,
+            alloc,
+            meta,
+            buckets,
+            first_bucket: (meta.start + FIRST_BUCKET_BLOCK).offset(),
+            intents: IntentTable::new((meta.start + 1).offset(), INTENT_RECORDS, INTENT_LINES),
+            salt,
+            epoch: AtomicU64::new(epoch),
+        }
+    }
+
+    /// The media the table lives on.
+    pub fn media(&self) -> &M {
+        &self.media
+    }
+
+    /// The allocator data blocks come from.
+    pub fn allocator(&self) -> &Arc<A> {
+        &self.alloc
+    }
+
+    /// Number of entries (mapped blocks) the table can hold at most.
+    pub fn slots(&self) -> u64 {
+        self.buckets * WAYS as u64
+    }
+
+    fn lock_rule(&self) -> SeqLock {
+        SeqLock {
+            epoch: self.epoch.load(Ordering::Acquire),
+        }
+    }
+
+    fn bucket_off(&self, b: u64) -> PmOff {
+        self.first_bucket + b * CACHE_LINE
+    }
+
+    /// The two buckets of `key` (distinct).
+    fn buckets_of(&self, seeds: [u64; 2], lblk: u64) -> (u64, u64) {
+        let n = self.buckets as u32;
+        let b1 = home_slot(seeds[0], lblk, n);
+        let mut b2 = home_slot(seeds[1], lblk, n);
+        if b2 == b1 {
+            b2 = (b1 + 1) % self.buckets;
+        }
+        (b1, b2)
+    }
+
+    fn key_buckets(&self, key: Key) -> (u64, u64) {
+        self.buckets_of(seeds(key.ino, self.salt), key.lblk)
+    }
+
+    /// Reads and decodes a bucket line as it is (no seqlock check).
+    fn read_raw(&self, b: u64) -> Result<std::result::Result<Bucket, PmOff>> {
+        let off = self.bucket_off(b);
+        let mut line = [0u8; CACHE_LINE as usize];
+        self.media.read(off, &mut line)?;
+        Ok(Bucket::decode(&line).ok_or(off))
+    }
+
+    fn wait(spins: &mut u32) {
+        *spins += 1;
+        if *spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Reads buckets `bs` as one consistent snapshot (seqlock read side).
+    fn read_snapshot<const N: usize>(&self, bs: [u64; N]) -> Result<[Bucket; N]> {
+        let rule = self.lock_rule();
+        let mut spins = 0;
+        'retry: loop {
+            let mut before = [0u64; N];
+            for (v, &b) in before.iter_mut().zip(&bs) {
+                *v = self.media.load_u64(self.bucket_off(b))?;
+                if rule.is_locked(*v) {
+                    Self::wait(&mut spins);
+                    continue 'retry;
+                }
+            }
+            let mut raw = [Err(PmOff(0)); N];
+            for (r, &b) in raw.iter_mut().zip(&bs) {
+                *r = self.read_raw(b)?;
+            }
+            fence(Ordering::Acquire);
+            for (v, &b) in before.iter().zip(&bs) {
+                if self.media.load_u64(self.bucket_off(b))? != *v {
+                    Self::wait(&mut spins);
+                    continue 'retry;
+                }
+            }
+            let mut out = [EMPTY_BUCKET; N];
+            for (o, r) in out.iter_mut().zip(raw) {
+                *o = r.map_err(|at| Error::Corrupt {
+                    what: "cuckoo bucket",
+                    at,
+                })?;
+            }
+            return Ok(out);
+        }
+    }
+
+    /// Locks buckets `a` and `b` (possibly equal) in index order; returns the guard.
+    fn lock_pair(&self, a: u64, b: u64) -> Result<PairGuard<'_, M, A>> {
+        let (lo, hi) = (a.min(b), a.max(b));
+        let first = self.lock_one(lo)?;
+        let second = if hi == lo {
+            None
+        } else {
+            match self.lock_one(hi) {
+                Ok(w) => Some((hi, w)),
+                Err(e) => {
+                    self.unlock_one(lo, first);
+                    return Err(e);
+                }
+            }
+        };
+        Ok(PairGuard {
+            table: self,
+            first: (lo, first),
+            second,
+        })
+    }
+
+    fn lock_one(&self, b: u64) -> Result<u64> {
+        let off = self.bucket_off(b);
+        let mut spins = 0;
+        loop {
+            let rule = self.lock_rule();
+            let w = self.media.load_u64(off)?;
+            if !rule.is_locked(w) {
+                let locked = rule.locked(w);
+                if self.media.cas_u64(off, w, locked)?.is_ok() {
+                    return Ok(locked);
+                }
+            }
+            Self::wait(&mut spins);
+        }
+    }
+
+    fn unlock_one(&self, b: u64, locked: u64) {
+        // A failed store leaves the bucket locked until recovery starts a new epoch; the error
+        // itself is reported by the operation that failed first.
+        let _ = self
+            .media
+            .store_u64(self.bucket_off(b), self.lock_rule().unlocked(locked));
+    }
+
+    /// Decodes a bucket the caller has locked.
+    fn locked_bucket(&self, b: u64) -> Result<Bucket> {
+        self.read_raw(b)?.map_err(|at| Error::Corrupt {
+            what: "cuckoo bucket",
+            at,
+        })
+    }
+
+    fn write_entry(&self, b: u64, way: usize, key: Key, v: Value) -> Result<()> {
+        let at = self.bucket_off(b);
+        self.media.store_u64(value_off(at, way), v.encode())?;
+        self.media.store_u64(key_off(at, way), key.committed())?;
+        self.media.flush(at, CACHE_LINE)
+    }
+
+    fn clear_entry(&self, b: u64, way: usize) -> Result<()> {
+        let at = self.bucket_off(b);
+        self.media.store_u64(key_off(at, way), 0)?;
+        self.media.store_u64(value_off(at, way), 0)?;
+        self.media.flush(at, CACHE_LINE)
+    }
+
+    /// The value of `key`, read without locks.
+    fn get(&self, file: &CuckooFile, lblk: u64) -> Result<Option<Value>> {
+        let (b1, b2) = self.buckets_of(file.seeds, lblk);
+        let [x, y] = self.read_snapshot([b1, b2])?;
+        let key = Key::new(file.ino, lblk);
+        Ok(x.find(key).or_else(|| y.find(key)).map(|(_, v)| v))
+    }
+
+    /// Applies `f` to the entry of `key` under its bucket locks; `f` returns the new value,
+    /// or `None` to delete the entry. Returns the old value.
+    fn update(&self, key: Key, f: impl FnOnce(Value) -> Option<Value>) -> Result<Option<Value>> {
+        let (b1, b2) = self.key_buckets(key);
+        let _guard = self.lock_pair(b1, b2)?;
+        for b in [b1, b2] {
+            if let Some((way, old)) = self.locked_bucket(b)?.find(key) {
+                match f(old) {
+                    Some(new) if new == old => {}
+                    Some(new) => self.write_entry(b, way, key, new)?,
+                    None => self.clear_entry(b, way)?,
+                }
+                return Ok(Some(old));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Inserts a new entry, displacing others if both buckets are full.
+    fn insert_entry(&self, intent: &Intent<'_, M>, key: Key, v: Value) -> Result<()> {
+        let (b1, b2) = self.key_buckets(key);
+        for _ in 0..MAX_ATTEMPTS {
+            {
+                let _guard = self.lock_pair(b1, b2)?;
+                for b in [b1, b2] {
+                    if let Some(way) = self.locked_bucket(b)?.free_way() {
+                        return self.write_entry(b, way, key, v);
+                    }
+                }
+            }
+            let Some((chain, free)) = self.find_chain(b1, b2)? else {
+                return Err(Error::NoSpace);
+            };
+            self.run_chain(intent, &chain, free)?;
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// The other bucket of the entry `key` stored in bucket `b`.
+    fn alternate(&self, key: Key, b: u64) -> Result<u64> {
+        let (k1, k2) = self.key_buckets(key);
+        match b {
+            _ if b == k1 => Ok(k2),
+            _ if b == k2 => Ok(k1),
+            _ => Err(Error::Corrupt {
+                what: "cuckoo entry in a foreign bucket",
+                at: self.bucket_off(b),
+            }),
+        }
+    }
+
+    /// Breadth-first search from buckets `b1`, `b2` for a chain of entries ending next to a
+    /// free way. Returns the chain (first hop in `b1` or `b2`) and the free `(bucket, way)`.
+    fn find_chain(&self, b1: u64, b2: u64) -> Result<Option<Chain>> {
+        let mut hops: Vec<Hop> = Vec::new();
+        for b in [b1, b2] {
+            let [bucket] = self.read_snapshot([b])?;
+            for (way, e) in bucket.entries.iter().enumerate() {
+                if let Some((key, _)) = e {
+                    hops.push(Hop {
+                        bucket: b,
+                        way,
+                        key: *key,
+                        parent: None,
+                        depth: 1,
+                    });
+                }
+            }
+        }
+        let mut next = 0;
+        while next < hops.len() && hops.len() < MAX_NODES {
+            let hop = hops[next];
+            let alt = self.alternate(hop.key, hop.bucket)?;
+            let [bucket] = self.read_snapshot([alt])?;
+            if let Some(way) = bucket.free_way() {
+                let mut chain = vec![hop];
+                let mut at = hop.parent;
+                while let Some(p) = at {
+                    chain.push(hops[p]);
+                    at = hops[p].parent;
+                }
+                chain.reverse();
+                return Ok(Some((chain, (alt, way))));
+            }
+            if hop.depth < MAX_DEPTH {
+                for (way, e) in bucket.entries.iter().enumerate() {
+                    if let Some((key, _)) = e {
+                        hops.push(Hop {
+                            bucket: alt,
+                            way,
+                            key: *key,
+                            parent: Some(next),
+                            depth: hop.depth + 1,
+                        });
+                    }
+                }
+            }
+            next += 1;
+        }
+        Ok(None)
+    }
+
+    /// Moves the entries of `chain` one step each, from its end; stops early (without error)
+    /// if a concurrent writer changed a bucket on the way.
+    fn run_chain(&self, intent: &Intent<'_, M>, chain: &[Hop], free: (u64, usize)) -> Result<()> {
+        let mut dst = free;
+        for hop in chain.iter().rev() {
+            if !self.move_entry(intent, *hop, dst)? {
+                return Ok(());
+            }
+            dst = (hop.bucket, hop.way);
+        }
+        Ok(())
+    }
+
+    /// Moves `hop.key` from `(hop.bucket, hop.way)` to the free way `dst` under both locks and
+    /// a move record. Returns false if the source or destination changed meanwhile.
+    fn move_entry(&self, intent: &Intent<'_, M>, hop: Hop, dst: (u64, usize)) -> Result<bool> {
+        let _guard = self.lock_pair(hop.bucket, dst.0)?;
+        let src = self.locked_bucket(hop.bucket)?;
+        let Some((_, value)) = src.entries[hop.way].filter(|(k, _)| *k == hop.key) else {
+            return Ok(false);
+        };
+        if self.locked_bucket(dst.0)?.entries[dst.1].is_some() {
+            return Ok(false);
+        }
+        let mut rec = intent.line(1)?;
+        rec.begin(
+            OP_MOVE,
+            [
+                hop.bucket,
+                hop.way as u64,
+                dst.0,
+                dst.1 as u64,
+                hop.key.committed(),
+                0,
+            ],
+        )?;
+        self.write_entry(dst.0, dst.1, hop.key, value)?;
+        self.media.fence();
+        self.clear_entry(hop.bucket, hop.way)?;
+        self.media.fence();
+        rec.finish()?;
+        Ok(true)
+    }
+
+    /// Whether a range is better served by one scan of all buckets.
+    fn use_scan(&self, lblk: u64, end: u64) -> bool {
+        end - lblk > self.slots() / 4
+    }
+
+    /// Every mapped block of `ino` in `[lblk, end)` from a scan of all buckets, ascending.
+    fn scan_blocks(&self, ino: u64, lblk: u64, end: u64) -> Result<Vec<(u64, Value)>> {
+        let mut hits = Vec::new();
+        for b in 0..self.buckets {
+            if b % 8 == 0 {
+                self.media.prefetch(self.bucket_off(b + 16));
+            }
+            let [bucket] = self.read_snapshot([b])?;
+            for (key, v) in bucket.entries.iter().flatten() {
+                if key.ino == ino && (lblk..end).contains(&key.lblk) {
+                    self.alternate(*key, b)?;
+                    hits.push((key.lblk, *v));
+                }
+            }
+        }
+        hits.sort_unstable_by_key(|h| h.0);
+        Ok(hits)
+    }
+
+    /// Appends the mapped runs of `[lblk, end)`.
+    fn lookup_range(
+        &self,
+        file: &CuckooFile,
+        lblk: u64,
+        end: u64,
+        out: &mut Vec<Run>,
+    ) -> Result<()> {
+        let first = out.len();
+        if lblk >= end {
+            return Ok(());
+        }
+        if self.use_scan(lblk, end) {
+            for (l, v) in self.scan_blocks(file.ino, lblk, end)? {
+                push_run(out, first, l, v.pblk, 1);
+            }
+            return Ok(());
+        }
+        let mut l = lblk;
+        while l < end {
+            match self.get(file, l)? {
+                Some(v) => {
+                    let len = v.size.min(end - l);
+                    push_run(out, first, l, v.pblk, len);
+                    l += len;
+                }
+                None => l += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocates `len` blocks as runs of at most [`RUN_MAX`]; frees them all on failure.
+    fn allocate(&self, len: u64) -> Result<Vec<Extent>> {
+        let mut got: Vec<Extent> = Vec::new();
+        let mut done = 0;
+        while done < len {
+            let hint = AllocHint {
+                goal: got.last().map(Extent::end),
+                ..AllocHint::default()
+            };
+            let r = self
+                .alloc
+                .alloc((len - done).min(RUN_MAX), hint)
+                .and_then(|e| {
+                    if e.len == 0 || e.len > RUN_MAX || e.end().0 > bucket::PBLK_LIMIT {
+                        Err(Error::InvalidArgument(
+                            "allocator returned an unusable extent",
+                        ))
+                    } else {
+                        Ok(e)
+                    }
+                });
+            match r {
+                Ok(e) => {
+                    done += e.len;
+                    got.push(e);
+                }
+                Err(err) => {
+                    for e in got {
+                        self.alloc.free(e)?;
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Ok(got)
+    }
+
+    /// Deletes every entry of `ino` in `[lblk, end)` (insert rollback); returns how many.
+    fn delete_range(&self, ino: u64, lblk: u64, end: u64) -> Result<u64> {
+        let keys: Vec<u64> = if self.use_scan(lblk, end) {
+            self.scan_blocks(ino, lblk, end)?
+                .into_iter()
+                .map(|h| h.0)
+                .collect()
+        } else {
+            (lblk..end).collect()
+        };
+        let mut n = 0;
+        for l in keys {
+            if self.update(Key::new(ino, l), |_| None)?.is_some() {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// The run repairs and deletions of a remove; idempotent (also the recovery redo).
+    fn apply_remove(&self, ino: u64, fields: [u64; 4]) -> Result<()> {
+        let [lblk, end, left, right] = fields;
+        for l in left..lblk {
+            self.update(Key::new(ino, l), |v| {
+                Some(Value {
+                    size: v.size.min(lblk - l),
+                    ..v
+                })
+            })?;
+        }
+        for l in end..right {
+            self.update(Key::new(ino, l), |v| {
+                let rev = v.rev.min(l - end);
+                Some(Value { rev, ..v })
+            })?;
+        }
+        self.delete_range(ino, lblk, end)?;
+        Ok(())
+    }
+
+    /// Checks the whole table (fsck): every entry sits in one of its two buckets, no key and
+    /// no physical block appears twice, and the run fields of neighbouring entries agree
+    /// (`size` and `rev` of `lblk + 1` follow from those of `lblk`). Returns the number of
+    /// entries.
+    pub fn verify(&self) -> Result<u64> {
+        let mut keys: HashMap<Key, Value> = HashMap::new();
+        let mut pblks = HashSet::new();
+        for b in 0..self.buckets {
+            let [bucket] = self.read_snapshot([b])?;
+            for (key, v) in bucket.entries.iter().flatten() {
+                self.alternate(*key, b)?;
+                if keys.insert(*key, *v).is_some() || !pblks.insert(v.pblk) {
+                    return Err(Error::Corrupt {
+                        what: "cuckoo key or block mapped twice",
+                        at: self.bucket_off(b),
+                    });
+                }
+            }
+        }
+        for (key, v) in &keys {
+            let next = (v.size > 1).then(|| {
+                keys.get(&Key::new(key.ino, key.lblk + 1)).copied()
+                    == Some(Value {
+                        pblk: v.pblk + 1,
+                        size: v.size - 1,
+                        rev: v.rev + 1,
+                    })
+            });
+            let prev = (v.rev > 0).then(|| {
+                key.lblk > 0
+                    && keys.get(&Key::new(key.ino, key.lblk - 1)).copied()
+                        == Some(Value {
+                            pblk: v.pblk - 1,
+                            size: v.size + 1,
+                            rev: v.rev - 1,
+                        })
+            });
+            if next == Some(false) || prev == Some(false) {
+                return Err(Error::Corrupt {
+                    what: "cuckoo run fields",
+                    at: self.first_bucket,
+                });
+            }
+        }
+        Ok(keys.len() as u64)
+    }
+
+    /// The epoch bucket locks are currently taken in.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    fn check_recovered(&self, at: PmOff, ok: bool) -> Result<()> {
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::Corrupt {
+                what: "cuckoo intent record",
+                at,
+            })
+        }
+    }
+}
+
+/// Both bucket locks of one key, released on drop.
+struct PairGuard<'a, M: Media, A: BlockAllocator> {
+    table: &'a CuckooMapping<M, A>,
+    first: (u64, u64),
+    second: Option<(u64, u64)>,
+}
+
+impl<M: Media, A: BlockAllocator> Drop for PairGuard<'_, M, A> {
+    fn drop(&mut self) {
+        if let Some((b, w)) = self.second {
+            self.table.unlock_one(b, w);
+        }
+        self.table.unlock_one(self.first.0, self.first.1);
+    }
+}
+
+impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
+    type File = CuckooFile;
+
+    fn kind(&self) -> MappingKind {
+        MappingKind::Cuckoo
+    }
+
+    fn open_file(&self, id: FileId) -> Result<CuckooFile> {
+        if id.ino > MAX_INO {
+            return Err(Error::InvalidArgument(
+                "inode number too large for a global table",
+            ));
+        }
+        Ok(CuckooFile {
+            ino: id.ino,
+            seeds: seeds(id.ino, self.salt),
+        })
+    }
+
+    fn lookup(&self, file: &CuckooFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
+        let end = lblk.saturating_add(len).min(LBLK_LIMIT);
+        self.lookup_range(file, lblk, end, out)
+    }
+
+    fn insert(&self, file: &CuckooFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let end =
+            lblk.checked_add(len)
+                .filter(|&e| e <= LBLK_LIMIT)
+                .ok_or(Error::InvalidArgument(
+                    "logical block beyond the 2^32 limit of a global table",
+                ))?;
+        let mut existing = Vec::new();
+        self.lookup_range(file, lblk, end, &mut existing)?;
+        if !existing.is_empty() {
+            return Err(Error::InvalidArgument("insert over mapped blocks"));
+        }
+        if len > self.slots() {
+            return Err(Error::NoSpace);
+        }
+        let runs = self.allocate(len)?;
+        let free_runs =
+            |runs: &[Extent]| -> Result<()> { runs.iter().try_for_each(|&e| self.alloc.free(e)) };
+        let mut intent = match self.intents.acquire(&self.media) {
+            Ok(i) => i,
+            Err(e) => {
+                free_runs(&runs)?;
+                return Err(e);
+            }
+        };
+        intent.begin(OP_INSERT, [file.ino, lblk, end, 0, 0, 0])?;
+        let mut l = lblk;
+        for e in &runs {
+            for k in 0..e.len {
+                let v = Value {
+                    pblk: e.start.0 + k,
+                    size: e.len - k,
+                    rev: k,
+                };
+                match self.insert_entry(&intent, Key::new(file.ino, l + k), v) {
+                    Ok(()) => {}
+                    Err(Error::NoSpace) => {
+                        self.delete_range(file.ino, lblk, end)?;
+                        self.media.fence();
+                        intent.finish()?;
+                        free_runs(&runs)?;
+                        return Err(Error::NoSpace);
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+            l += e.len;
+        }
+        self.media.fence();
+        intent.finish()?;
+        let first = out.len();
+        let mut l = lblk;
+        for e in &runs {
+            push_run(out, first, l, e.start.0, e.len);
+            l += e.len;
+        }
+        Ok(())
+    }
+
+    fn remove(&self, file: &CuckooFile, lblk: u64, len: u64) -> Result<u64> {
+        let end = lblk.saturating_add(len).min(LBLK_LIMIT);
+        if lblk >= end {
+            return Ok(0);
+        }
+        let mut runs = Vec::new();
+        self.lookup_range(file, lblk, end, &mut runs)?;
+        if runs.is_empty() {
+            return Ok(0);
+        }
+        let corrupt = || Error::Corrupt {
+            what: "cuckoo run fields",
+            at: self.meta.start.offset(),
+        };
+        let left = match self.get(file, lblk)? {
+            Some(v) => lblk.checked_sub(v.rev).ok_or_else(corrupt)?,
+            None => lblk,
+        };
+        let right = match self.get(file, end - 1)? {
+            Some(v) => (end - 1 + v.size).min(LBLK_LIMIT),
+            None => end,
+        };
+        let mut intent = self.intents.acquire(&self.media)?;
+        intent.begin(OP_REMOVE, [file.ino, lblk, end, left, right, 0])?;
+        self.apply_remove(file.ino, [lblk, end, left, right])?;
+        self.media.fence();
+        intent.finish()?;
+        for r in &runs {
+            self.alloc.free(r.extent())?;
+        }
+        Ok(runs.iter().map(|r| r.len).sum())
+    }
+
+    fn remove_file(&self, file: &CuckooFile) -> Result<()> {
+        self.remove(file, 0, LBLK_LIMIT).map(drop)
+    }
+
+    fn owned_blocks(&self, file: &CuckooFile, visit: &mut dyn FnMut(Extent)) -> Result<()> {
+        let mut runs = Vec::new();
+        self.lookup_range(file, 0, LBLK_LIMIT, &mut runs)?;
+        runs.iter().for_each(|r| visit(r.extent()));
+        Ok(())
+    }
+
+    fn recover(&self) -> Result<()> {
+        let epoch_at = self.meta.start.offset() + EPOCH_OFF;
+        let epoch = (self.media.load_u64(epoch_at)? + 1) & 0xffff_ffff;
+        self.media.store_u64_persist(epoch_at, epoch)?;
+        self.epoch.store(epoch, Ordering::Release);
+        let records = self
+            .intents
+            .scan(&self.media, &[OP_INSERT, OP_REMOVE, OP_MOVE])?;
+        for r in records.iter().filter(|r| r.line == 1) {
+            let at = self.intents.record(r.index) + CACHE_LINE;
+            let [sb, sw, db, dw, key, _] = r.fields;
+            self.check_recovered(
+                at,
+                r.kind == OP_MOVE
+                    && sb < self.buckets
+                    && db < self.buckets
+                    && sw < WAYS as u64
+                    && dw < WAYS as u64,
+            )?;
+            let src = self
+                .media
+                .load_u64(key_off(self.bucket_off(sb), sw as usize))?;
+            let dst = self
+                .media
+                .load_u64(key_off(self.bucket_off(db), dw as usize))?;
+            if src == key && dst == key {
+                self.clear_entry(db, dw as usize)?;
+            }
+        }
+        self.media.fence();
+        for r in records.iter().filter(|r| r.line == 0) {
+            let at = self.intents.record(r.index);
+            let [ino, lblk, end, left, right, _] = r.fields;
+            let range_ok = ino <= MAX_INO && lblk <= end && end <= LBLK_LIMIT;
+            match r.kind {
+                OP_INSERT => {
+                    self.check_recovered(at, range_ok)?;
+                    self.delete_range(ino, lblk, end)?;
+                }
+                OP_REMOVE => {
+                    self.check_recovered(
+                        at,
+                        range_ok
+                            && left <= lblk
+                            && lblk - left < RUN_MAX
+                            && end <= right
+                            && right - end < RUN_MAX
+                            && right <= LBLK_LIMIT,
+                    )?;
+                    self.apply_remove(ino, [lblk, end, left, right])?;
+                }
+                _ => self.check_recovered(at, false)?,
+            }
+        }
+        self.media.fence();
+        self.intents.reset(&self.media)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pmfs_core::pm::HeapRegion;
+    use pmfs_core::traits::SimpleAllocator;
+
+    use super::*;
+
+    type Table = CuckooMapping<Arc<HeapRegion>, SimpleAllocator>;
+
+    /// A table of 64 buckets (192 entries) over `data` blocks starting at block 16.
+    fn table(data: u64) -> Table {
+        let r = Arc::new(HeapRegion::new((16 + data) * BLOCK_SIZE).unwrap());
+        let alloc = Arc::new(SimpleAllocator::new(BlockNo(16), data));
+        CuckooMapping::format_with_salt(r, Extent::new(BlockNo(1), 4), alloc, 3).unwrap()
+    }
+
+    fn file(t: &Table, ino: u64) -> CuckooFile {
+        t.open_file(FileId {
+            ino,
+            root: PmOff(0),
+        })
+        .unwrap()
+    }
+
+    fn runs(t: &Table, f: &CuckooFile, lblk: u64, len: u64) -> Vec<Run> {
+        let mut out = Vec::new();
+        t.lookup(f, lblk, len, &mut out).unwrap();
+        out
+    }
+
+    fn blocks(t: &Table, f: &CuckooFile) -> Vec<(u64, u64)> {
+        runs(t, f, 0, 1000)
+            .iter()
+            .flat_map(|r| (0..r.len).map(move |k| (r.lblk + k, r.pblk.0 + k)))
+            .collect()
+    }
+
+    #[test]
+    fn meta_blocks_sizes_the_table_for_its_capacity() {
+        assert_eq!(Table::meta_blocks(1), 4);
+        let t = table(10);
+        assert_eq!(t.slots(), 192);
+        assert!(Table::meta_blocks(163) == 4 && Table::meta_blocks(164) == 5);
+    }
+
+    #[test]
+    fn ranged_entries_describe_runs_and_survive_cuts() {
+        let t = table(1000);
+        let f = file(&t, 5);
+        let mut out = Vec::new();
+        t.insert(&f, 20, 10, &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        let p = out[0].pblk.0;
+        assert_eq!(
+            t.get(&f, 23).unwrap(),
+            Some(Value {
+                pblk: p + 3,
+                size: 7,
+                rev: 3
+            })
+        );
+        assert_eq!(t.verify().unwrap(), 10);
+        assert_eq!(t.remove(&f, 24, 2).unwrap(), 2);
+        assert_eq!(t.verify().unwrap(), 8);
+        assert_eq!(
+            t.get(&f, 23).unwrap(),
+            Some(Value {
+                pblk: p + 3,
+                size: 1,
+                rev: 3
+            })
+        );
+        assert_eq!(
+            t.get(&f, 26).unwrap(),
+            Some(Value {
+                pblk: p + 6,
+                size: 4,
+                rev: 0
+            })
+        );
+        let got = runs(&t, &f, 0, 100);
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            (got[0].lblk, got[0].len, got[1].lblk, got[1].len),
+            (20, 4, 26, 4)
+        );
+        assert_eq!(runs(&t, &f, 22, 6).iter().map(|r| r.len).sum::<u64>(), 4);
+        assert_eq!(t.allocator().free_blocks(), 1000 - 8);
+    }
+
+    #[test]
+    fn long_inserts_split_into_runs_of_at_most_run_max() {
+        let r = Arc::new(HeapRegion::new(2100 * BLOCK_SIZE).unwrap());
+        let alloc = Arc::new(SimpleAllocator::new(BlockNo(40), 2000));
+        let meta = Extent::new(BlockNo(1), Table::meta_blocks(2000));
+        let t = CuckooMapping::format_with_salt(r, meta, alloc, 1).unwrap();
+        let f = file(&t, 1);
+        let mut out = Vec::new();
+        t.insert(&f, 0, 1500, &mut out).unwrap();
+        assert_eq!(out.len(), 1, "one physically contiguous run");
+        assert_eq!(t.get(&f, 0).unwrap().unwrap().size, RUN_MAX);
+        assert_eq!(t.get(&f, RUN_MAX).unwrap().unwrap().rev, 0);
+        assert_eq!(t.verify().unwrap(), 1500);
+        assert_eq!(t.remove(&f, 100, 1000).unwrap(), 1000);
+        assert_eq!(t.verify().unwrap(), 500);
+    }
+
+    #[test]
+    fn displacement_fills_the_table_and_nospace_changes_nothing() {
+        let t = table(400);
+        let files: Vec<_> = (1..=8).map(|i| file(&t, i)).collect();
+        let mut inserted = 0;
+        let mut out = Vec::new();
+        'fill: for round in 0..100 {
+            for f in &files {
+                match t.insert(f, round * 3, 1, &mut out) {
+                    Ok(()) => inserted += 1,
+                    Err(Error::NoSpace) => break 'fill,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        // Two hash functions and three ways per bucket reach well over 90% load.
+        assert!(inserted > 175, "only {inserted} of 192 entries");
+        assert_eq!(t.verify().unwrap(), inserted);
+        let before: Vec<_> = files.iter().map(|f| blocks(&t, f)).collect();
+        let free = t.allocator().free_blocks();
+        for _ in 0..3 {
+            let e = t.insert(&files[0], 900, 30, &mut out);
+            assert!(matches!(e, Err(Error::NoSpace)));
+        }
+        assert_eq!(t.allocator().free_blocks(), free);
+        let after: Vec<_> = files.iter().map(|f| blocks(&t, f)).collect();
+        assert_eq!(before, after);
+        assert_eq!(t.verify().unwrap(), inserted);
+    }
+
+    #[test]
+    fn recovery_resolves_moves_rolls_back_inserts_and_redoes_removes() {
+        let t = table(100);
+        let (a, b) = (file(&t, 1), file(&t, 2));
+        let mut out = Vec::new();
+        t.insert(&a, 0, 6, &mut out).unwrap();
+        t.insert(&b, 0, 1, &mut out).unwrap();
+        let before_a = blocks(&t, &a);
+        // A move of b's entry that crashed after the copy: the entry is in both buckets.
+        let key = Key::new(2, 0);
+        let (b1, b2) = t.key_buckets(key);
+        let (src, way, v) = [b1, b2]
+            .into_iter()
+            .find_map(|bk| {
+                t.locked_bucket(bk)
+                    .unwrap()
+                    .find(key)
+                    .map(|(w, v)| (bk, w, v))
+            })
+            .unwrap();
+        let dst = if src == b1 { b2 } else { b1 };
+        let dway = t.locked_bucket(dst).unwrap().free_way().unwrap();
+        let rec = t.intents.acquire(&t.media).unwrap();
+        let mut mv = rec.line(1).unwrap();
+        mv.begin(
+            OP_MOVE,
+            [src, way as u64, dst, dway as u64, key.committed(), 0],
+        )
+        .unwrap();
+        t.write_entry(dst, dway, key, v).unwrap();
+        assert!(t.verify().is_err());
+        // An insert of a's blocks 10..12 that crashed after one entry.
+        let mut ins = t.intents.acquire(&t.media).unwrap();
+        ins.begin(OP_INSERT, [1, 10, 12, 0, 0, 0]).unwrap();
+        t.insert_entry(
+            &ins,
+            Key::new(1, 10),
+            Value {
+                pblk: 99,
+                size: 2,
+                rev: 0,
+            },
+        )
+        .unwrap();
+        // A remove of a's block 2 that crashed before touching anything.
+        let mut rm = t.intents.acquire(&t.media).unwrap();
+        rm.begin(OP_REMOVE, [1, 2, 3, 0, 6, 0]).unwrap();
+        // A bucket lock held by a process that died.
+        let w = t.media.load_u64(t.bucket_off(b1)).unwrap();
+        t.media
+            .store_u64(t.bucket_off(b1), t.lock_rule().locked(w))
+            .unwrap();
+        std::mem::forget((rec, mv, ins, rm));
+        t.recover().unwrap();
+        assert_eq!(t.verify().unwrap(), 6);
+        assert_eq!(blocks(&t, &b).len(), 1);
+        let want: Vec<_> = before_a.iter().copied().filter(|&(l, _)| l != 2).collect();
+        assert_eq!(blocks(&t, &a), want);
+        assert!(t.intents.scan(&t.media, &[2, 3, 4]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn corrupt_buckets_and_headers_are_errors() {
+        let t = table(100);
+        let f = file(&t, 1);
+        let mut out = Vec::new();
+        t.insert(&f, 0, 3, &mut out).unwrap();
+        let media = t.media().clone();
+        let alloc = t.allocator().clone();
+        let meta = Extent::new(BlockNo(1), 4);
+        for b in 0..t.buckets {
+            media
+                .store_u64(key_off(t.bucket_off(b), 2), 6 << 61)
+                .unwrap();
+        }
+        assert!(matches!(
+            t.lookup(&f, 0, 3, &mut out),
+            Err(Error::Corrupt { .. })
+        ));
+        assert!(matches!(
+            t.lookup(&f, 0, 1 << 20, &mut out),
+            Err(Error::Corrupt { .. })
+        ));
+        media.store_u64(meta.start.offset() + 32, 7).unwrap();
+        assert!(matches!(
+            CuckooMapping::open(media, meta, alloc),
+            Err(Error::Corrupt { .. })
+        ));
+    }
+}

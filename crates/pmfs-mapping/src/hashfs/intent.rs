@@ -9,6 +9,9 @@
 //! | 1..7 | six operation fields                                                       |
 //! | 7    | crc32c of `seq` and the six fields (low 32 bits)                           |
 //!
+//! A record may own further lines right after it (same format, see [`Intent::line`]) for
+//! sub-steps of its operation, such as the cuckoo table's entry moves.
+//!
 //! A thread reserves a free record with one CAS on its state word (so records also work across
 //! processes sharing the pool), then [`begin`](Intent::begin)s it: fields, checksum and the
 //! active state are stored together and made durable with a single fence. The checksum covers
@@ -39,7 +42,7 @@ const MAX_ROUNDS: u32 = 1 << 16;
 pub struct IntentTable {
     base: PmOff,
     count: u64,
-    stride: u64,
+    lines: u64,
 }
 
 /// A record a thread has reserved. Dropping it without [`finish`](Intent::finish) before
@@ -58,6 +61,8 @@ pub struct Intent<'a, M: Media> {
 pub struct Recovered {
     /// Index of the record.
     pub index: u64,
+    /// Which of the record's lines (0 for the record itself).
+    pub line: u64,
     /// The user kind stored in its state word.
     pub kind: u8,
     /// Its fields.
@@ -90,25 +95,20 @@ fn checksum(seq: u64, fields: &[u64; FIELDS]) -> u64 {
 }
 
 impl IntentTable {
-    /// Records at `base`, `count` of them, `stride` bytes apart (a multiple of a cache line;
-    /// users may keep further lines of their own after each record).
-    pub fn new(base: PmOff, count: u64, stride: u64) -> Self {
-        debug_assert!(base.is_aligned(CACHE_LINE) && stride.is_multiple_of(CACHE_LINE));
-        Self {
-            base,
-            count,
-            stride,
-        }
+    /// `count` records at `base`, each `lines` cache lines long (at least 1).
+    pub fn new(base: PmOff, count: u64, lines: u64) -> Self {
+        debug_assert!(base.is_aligned(CACHE_LINE) && lines >= 1);
+        Self { base, count, lines }
     }
 
     /// Bytes the table covers.
     pub fn bytes(&self) -> u64 {
-        self.count * self.stride
+        self.count * self.lines * CACHE_LINE
     }
 
     /// Offset of record `i`.
     pub fn record(&self, i: u64) -> PmOff {
-        self.base + i * self.stride
+        self.base + i * self.lines * CACHE_LINE
     }
 
     /// Zeroes every record (at format time); durable after the caller's next fence.
@@ -146,44 +146,47 @@ impl IntentTable {
         Err(Error::NoSpace)
     }
 
-    /// The valid active records (after a crash). Records whose kind is not in `kinds` but
-    /// whose checksum validates are corrupt.
+    /// The valid active lines of all records (after a crash), in record order. A line whose
+    /// checksum validates but whose kind is not in `kinds` is corrupt.
     pub fn scan<M: Media>(&self, media: &M, kinds: &[u8]) -> Result<Vec<Recovered>> {
         let mut out = Vec::new();
         for index in 0..self.count {
-            let off = self.record(index);
-            let state = media.load_u64(off)?;
-            let kind = state & KIND_MASK;
-            if kind == KIND_FREE || kind == KIND_RESERVED {
-                continue;
-            }
-            let mut fields = [0u64; FIELDS];
-            for (j, f) in fields.iter_mut().enumerate() {
-                *f = media.load_u64(off + 8 * (j as u64 + 1))?;
-            }
-            let crc = media.load_u64(off + 8 * (FIELDS as u64 + 1))?;
-            if crc != checksum(state >> 8, &fields) {
-                continue;
-            }
-            if !kinds.contains(&(kind as u8)) {
-                return Err(Error::Corrupt {
-                    what: "intent record kind",
-                    at: off,
+            for line in 0..self.lines {
+                let off = self.record(index) + line * CACHE_LINE;
+                let state = media.load_u64(off)?;
+                let kind = state & KIND_MASK;
+                if kind == KIND_FREE || kind == KIND_RESERVED {
+                    continue;
+                }
+                let mut fields = [0u64; FIELDS];
+                for (j, f) in fields.iter_mut().enumerate() {
+                    *f = media.load_u64(off + 8 * (j as u64 + 1))?;
+                }
+                let crc = media.load_u64(off + 8 * (FIELDS as u64 + 1))?;
+                if crc != checksum(state >> 8, &fields) {
+                    continue;
+                }
+                if !kinds.contains(&(kind as u8)) {
+                    return Err(Error::Corrupt {
+                        what: "intent record kind",
+                        at: off,
+                    });
+                }
+                out.push(Recovered {
+                    index,
+                    line,
+                    kind: kind as u8,
+                    fields,
                 });
             }
-            out.push(Recovered {
-                index,
-                kind: kind as u8,
-                fields,
-            });
         }
         Ok(out)
     }
 
     /// Frees every record and makes that durable (end of recovery, single-threaded).
     pub fn reset<M: Media>(&self, media: &M) -> Result<()> {
-        for i in 0..self.count {
-            let off = self.record(i);
+        for i in 0..self.count * self.lines {
+            let off = self.base + i * CACHE_LINE;
             let w = media.load_u64(off)?;
             if w & KIND_MASK != KIND_FREE {
                 media.store_u64(off, (w >> 8) << 8)?;
@@ -195,7 +198,21 @@ impl IntentTable {
     }
 }
 
-impl<M: Media> Intent<'_, M> {
+impl<'a, M: Media> Intent<'a, M> {
+    /// Line `n` (>= 1) of this record, which the holder of the record owns as well.
+    pub fn line(&self, n: u64) -> Result<Intent<'a, M>> {
+        debug_assert!(n >= 1);
+        let off = self.off + n * CACHE_LINE;
+        let seq = (self.media.load_u64(off)? >> 8).wrapping_add(1) & (u64::MAX >> 8);
+        Ok(Intent {
+            media: self.media,
+            off,
+            seq,
+            begun: false,
+            done: false,
+        })
+    }
+
     /// Stores `fields` under user kind `kind` (>= 2) and makes the record durable.
     pub fn begin(&mut self, kind: u8, fields: [u64; FIELDS]) -> Result<()> {
         debug_assert!(kind as u64 > KIND_RESERVED);
@@ -246,7 +263,7 @@ mod tests {
     #[test]
     fn only_begun_records_with_a_valid_checksum_are_recovered() {
         let r = HeapRegion::new(4096).unwrap();
-        let t = IntentTable::new(PmOff(0), 4, 128);
+        let t = IntentTable::new(PmOff(0), 4, 2);
         t.format(&r).unwrap();
         let mut a = t.acquire(&r).unwrap();
         let b = t.acquire(&r).unwrap();
@@ -256,6 +273,12 @@ mod tests {
         let mut c = t.acquire(&r).unwrap();
         c.begin(8, [9; FIELDS]).unwrap();
         c.set_kind(9).unwrap();
+        let mut m = c.line(1).unwrap();
+        m.begin(7, [3; FIELDS]).unwrap();
+        let found = t.scan(&r, &[7, 9]).unwrap();
+        assert_eq!(found.len(), 3);
+        assert!(found.iter().any(|x| x.line == 1 && x.fields == [3; FIELDS]));
+        m.finish().unwrap();
         let found = t.scan(&r, &[7, 9]).unwrap();
         assert_eq!(found.len(), 2);
         assert!(
