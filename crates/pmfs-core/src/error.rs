@@ -41,6 +41,28 @@ pub enum Error {
     /// The request needs something this platform or build does not have.
     #[error("unsupported: {0}")]
     Unsupported(&'static str),
+    /// The pool file to open does not exist.
+    #[error("pool file {} does not exist", .0.display())]
+    PoolNotFound(std::path::PathBuf),
+    /// A pool file was to be created where a file already exists.
+    #[error("pool file {} already exists", .0.display())]
+    PoolExists(std::path::PathBuf),
+    /// A pool (or a requested pool size) below the minimum size.
+    #[error("pool size {size} is below the minimum of {min} bytes")]
+    PoolTooSmall {
+        /// The size found or requested.
+        size: u64,
+        /// The minimum pool size.
+        min: u64,
+    },
+    /// A pool size that is not a whole number of blocks.
+    #[error("pool size {size} is not a multiple of the {block}-byte block size")]
+    PoolSizeUnaligned {
+        /// The size found or requested.
+        size: u64,
+        /// The block size it must be a multiple of.
+        block: u64,
+    },
     /// An operating-system error.
     #[error(transparent)]
     Io(#[from] std::io::Error),

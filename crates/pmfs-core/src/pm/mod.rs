@@ -1,12 +1,20 @@
 //! Persistent-memory regions and persistence primitives.
 //!
-//! [`Media`] is the contract every backend implements; [`HeapRegion`] is the volatile heap
-//! backend. [`persist`] holds the raw flush/fence/non-temporal-copy primitives.
+//! - [`Media`] is the contract every backend implements: bounds-checked reads and writes,
+//!   explicit flush/fence/persist, 8-byte atomics.
+//! - [`PmRegion`] maps a pool file (2 MiB aligned, `MAP_SYNC` when the file system is DAX on
+//!   persistent memory), with an `mmap` backend and, behind the `libpmem` feature, a libpmem
+//!   backend; see [`region`](PmRegion) for what "real PM" means and how the fallback works.
+//! - [`HeapRegion`] is a volatile heap buffer for tests and tools.
+//! - [`persist`] holds the raw primitives: `clwb` > `clflushopt` > `clflush` and AVX-512 >
+//!   AVX2 > SSE2 streaming stores chosen at run time, `sfence`, and the eADR switch.
 
 mod heap;
 mod media;
 pub mod persist;
 mod raw;
+mod region;
 
 pub use heap::HeapRegion;
 pub use media::{Media, MediaExt};
+pub use region::{Backend, MIN_POOL_SIZE, PmRegion};
