@@ -5,6 +5,9 @@
 //!
 //! - [`baseline`]: the classic free-extent allocator (an ordered map of free extents) over a
 //!   persistent bitmap, the allocator the HashFS paper compared against.
+//! - [`cffs`]: CFFS contiguity-first allocation — greedy buddy lists over groups of 2 MiB
+//!   pages, growing- and fixed-size allocators, implicit preallocation by fragment extension,
+//!   the extension LRU and NMRU placement; volatile, rebuilt from the used extents.
 //!
 //! This crate owns free-space management only. It knows nothing about files, inodes or
 //! mappings: callers describe what an allocation is for with an
@@ -13,6 +16,8 @@
 #![forbid(unsafe_code)]
 
 pub mod baseline;
+pub mod cffs;
 mod runs;
 
 pub use baseline::FreeExtentAllocator;
+pub use cffs::{CffsAllocator, CffsConfig};

@@ -1,7 +1,7 @@
 //! Every allocator of this crate passes the `BlockAllocator` conformance suite.
 
-use pmfs_alloc::FreeExtentAllocator;
 use pmfs_alloc::baseline::bitmap_area_size;
+use pmfs_alloc::{CffsAllocator, CffsConfig, FreeExtentAllocator};
 use pmfs_core::layout::{BlockNo, PmOff};
 use pmfs_core::pm::HeapRegion;
 use pmfs_core::traits::Extent;
@@ -12,5 +12,17 @@ fn baseline_passes_the_suite() {
     run_suite(|first: BlockNo, count| {
         let region = HeapRegion::new(bitmap_area_size(count) + 64).expect("heap region");
         FreeExtentAllocator::format(region, PmOff(64), Extent::new(first, count)).expect("format")
+    });
+}
+
+#[test]
+fn cffs_passes_the_suite() {
+    run_suite(CffsAllocator::new);
+}
+
+#[test]
+fn cffs_without_lru_passes_the_suite() {
+    run_suite(|first, count| {
+        CffsAllocator::with_config(first, count, CffsConfig { lru_capacity: 0 })
     });
 }
