@@ -2,7 +2,8 @@
 //! from the definition: at a crash, each line holds its cache content at some moment `t` no
 //! earlier than its last fenced flush, plus every store guaranteed durable after `t`
 //! (fenced non-temporal stores; every store under eADR). With store prefixes and no sampling
-//! the explorer offers exactly these states; without prefixes a subset of them; and the
+//! the explorer offers exactly these states (while logs stay short enough not to be
+//! compacted); without prefixes, when sampling or after compaction a subset of them; and the
 //! program's view always matches.
 
 use std::cell::RefCell;
@@ -33,6 +34,11 @@ enum Op {
         len: usize,
     },
     Fence,
+    /// `count` stores of increasing values to one word (a hot counter).
+    Burst {
+        word: usize,
+        count: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -43,6 +49,15 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..SIZE, 1..=128usize)
             .prop_map(|(off, len)| Op::Flush { off, len: len.min(SIZE - off) }),
         2 => Just(Op::Fence),
+    ]
+}
+
+/// [`op`] plus long bursts of stores to one word, which make the simulator compact its logs
+/// (forgetting some intermediate states, so only legality can be checked).
+fn op_with_bursts() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => op(),
+        1 => (0..SIZE / 8, 260..400u64).prop_map(|(word, count)| Op::Burst { word, count }),
     ]
 }
 
@@ -216,6 +231,14 @@ fn check_against_model(ops: &[Op], eadr: bool, explorer: &Explorer, complete: bo
                         pm.fence();
                         model.borrow_mut().fence();
                     }
+                    Op::Burst { word, count } => {
+                        for val in 1..=count {
+                            pm.store_u64(PmOff(word as u64 * 8), val).unwrap();
+                            model
+                                .borrow_mut()
+                                .store(word * 8, &val.to_le_bytes(), false);
+                        }
+                    }
                 }
             }
         },
@@ -263,7 +286,7 @@ proptest! {
 
     #[test]
     fn whole_line_and_sampled_states_are_legal(
-        ops in prop::collection::vec(op(), 1..24),
+        ops in prop::collection::vec(op_with_bursts(), 1..24),
         eadr in any::<bool>(),
         prefixes in any::<bool>(),
         seed in any::<u64>(),

@@ -283,12 +283,14 @@ where
     fn sample(&self, fence: u64, end: bool, pending: &[Pending]) -> Vec<Vec<usize>> {
         let want = self.explorer.samples;
         let mut rng = SplitMix64::for_point(self.explorer.seed, fence, end);
+        // Combinations are told apart by a 64-bit fingerprint; a collision only costs one
+        // sample.
         let mut seen = HashSet::new();
         let mut out = Vec::with_capacity(want);
         let durable = vec![0; pending.len()];
         let latest: Vec<usize> = pending.iter().map(|p| p.latest).collect();
         for c in [durable, latest] {
-            if seen.insert(c.clone()) {
+            if seen.insert(fingerprint(&c)) {
                 out.push(c);
             }
         }
@@ -298,7 +300,7 @@ where
         while out.len() < want && attempts > 0 {
             attempts -= 1;
             let c: Vec<usize> = pending.iter().map(|p| rng.below(p.choices.len())).collect();
-            if seen.insert(c.clone()) {
+            if seen.insert(fingerprint(&c)) {
                 out.push(c);
             }
         }
@@ -352,6 +354,13 @@ where
             }
         }
     }
+}
+
+/// A 64-bit fingerprint of a combination of line states.
+fn fingerprint(combo: &[usize]) -> u64 {
+    combo.iter().fold(0x243f_6a88_85a3_08d3, |h, &c| {
+        SplitMix64(h ^ c as u64).next_u64()
+    })
 }
 
 /// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast and the same on every platform and

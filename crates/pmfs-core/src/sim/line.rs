@@ -44,11 +44,16 @@ impl Event {
 
     fn apply(&self, line: &mut LineBytes) {
         let w = usize::from(self.word) * WORD;
-        for (i, &b) in self.val.iter().enumerate() {
-            if self.mask & (1 << i) != 0 {
-                line[w + i] = b;
-            }
-        }
+        let word: &mut [u8; WORD] = (&mut line[w..w + WORD])
+            .try_into()
+            .expect("a word lies inside its line");
+        // Byte `i` of the mask selects byte `i` of the value (all little-endian).
+        let keep = u64::from_le_bytes(std::array::from_fn::<u8, WORD, _>(|i| {
+            0xff * (self.mask >> i & 1)
+        }));
+        let old = u64::from_le_bytes(*word);
+        let new = u64::from_le_bytes(self.val);
+        *word = (old & !keep | new & keep).to_le_bytes();
     }
 }
 
@@ -68,7 +73,16 @@ pub(crate) struct LineLog {
     /// `Some(f)`: the line was flushed after `events[..f]` and no fence followed yet, so at the
     /// next fence `c(f)` (or a later snapshot) is guaranteed on media.
     flushed: Option<usize>,
+    /// Non-temporal stores in `events` not yet fenced.
+    unfenced_nt: usize,
+    /// Whether the region's fence queue holds this line (see [`LineLog::awaits_fence`]).
+    pub(crate) queued: bool,
+    /// Log length at which [`LineLog::compact`] runs next.
+    compact_at: usize,
 }
+
+/// Log length beyond which runs of stores overwriting the same word are merged.
+pub(crate) const COMPACT_THRESHOLD: usize = 256;
 
 impl LineLog {
     /// A log for a line whose durable content is `base` (the content before the first event).
@@ -77,15 +91,29 @@ impl LineLog {
             base,
             events: Vec::new(),
             flushed: None,
+            unfenced_nt: 0,
+            queued: false,
+            compact_at: COMPACT_THRESHOLD,
         }
     }
 
     /// Appends a store. Returns `true` if the line is clean afterwards (only possible for a
     /// forced store to a line without other pending stores).
     pub(crate) fn push(&mut self, e: Event) -> bool {
+        self.unfenced_nt += usize::from(e.nt && !e.forced);
         self.events.push(e);
         self.fold_forced_head();
+        if self.events.len() >= self.compact_at {
+            self.compact();
+            self.compact_at = COMPACT_THRESHOLD.max(2 * self.events.len());
+        }
         self.events.is_empty()
+    }
+
+    /// Whether the next fence changes the line: it was flushed or holds non-temporal stores
+    /// since the last fence. A fence leaves every other line as it is.
+    pub(crate) fn awaits_fence(&self) -> bool {
+        self.flushed.is_some() || self.unfenced_nt > 0
     }
 
     /// Whether media surely equals the program's view (no store pending).
@@ -102,6 +130,7 @@ impl LineLog {
     /// Applies a fence: pending non-temporal stores and the last flushed snapshot become
     /// durable. Returns `true` if the line is clean (media equals the program's view).
     pub(crate) fn fence(&mut self) -> bool {
+        self.unfenced_nt = 0;
         let mut any_forced = false;
         for e in &mut self.events {
             e.forced |= e.nt;
@@ -200,18 +229,41 @@ impl LineLog {
                 }
             }
         }
-        let flushed = self.flushed;
-        let mut removed_before_flush = 0;
+        self.retain(&keep);
+    }
+
+    /// Keeps the events whose `keep` entry is set, moving the flush point along.
+    fn retain(&mut self, keep: &[bool]) {
         let mut idx = 0;
         self.events.retain(|_| {
-            let k = keep[idx];
-            if !k && flushed.is_some_and(|f| idx < f) {
-                removed_before_flush += 1;
-            }
             idx += 1;
-            k
+            keep[idx - 1]
         });
-        self.flushed = flushed.map(|f| f - removed_before_flush);
+        self.flushed = self
+            .flushed
+            .map(|f| keep[..f].iter().filter(|&&k| k).count());
+    }
+
+    /// Bounds the log of a line stored to over and over without a write-back (a counter kept
+    /// in PM but never flushed): drops every ordinary store that the very next store
+    /// overwrites (same word, a superset of its bytes), unless a flush lies between the two.
+    /// This forgets only the states right between such two stores; every state that remains
+    /// is one the line really had, so no illegal image appears.
+    fn compact(&mut self) {
+        let f = self.flushed;
+        let n = self.events.len();
+        let mut keep = vec![true; n];
+        for i in 1..n {
+            let (prev, next) = (&self.events[i - 1], &self.events[i]);
+            let mergeable = !prev.nt
+                && !prev.forced
+                && !next.forced
+                && prev.word == next.word
+                && prev.mask & !next.mask == 0
+                && f != Some(i);
+            keep[i - 1] = !mergeable;
+        }
+        self.retain(&keep);
     }
 
     /// Folds leading forced events: a snapshot before them can no longer be on media.
@@ -341,6 +393,38 @@ mod tests {
         assert_eq!(log.choices(true), (vec![line(0), once], 0));
         store(&mut log, 1, 4, false);
         assert_eq!(log.choices(true).0.len(), 3);
+    }
+
+    #[test]
+    fn hot_word_log_is_compacted_to_real_states() {
+        let mut log = LineLog::new(line(0));
+        store(&mut log, 1, 77, false);
+        log.flush();
+        for v in 1..=1000u64 {
+            store(&mut log, 0, v, false);
+        }
+        assert!(log.pending() < COMPACT_THRESHOLD, "{}", log.pending());
+        let (c, latest) = log.choices(true);
+        // Every state is one the line really had: word 0 holds a counter value.
+        let w0 = |l: &LineBytes| u64::from_le_bytes(l[..8].try_into().unwrap());
+        assert_eq!(w0(&c[latest]), 1000);
+        assert!(c.iter().all(|l| w0(l) <= 1000));
+        // The flush point survives compaction: the fence makes word 1 durable, not word 0.
+        assert!(!log.fence());
+        assert_eq!(log.durable(), with(line(0), 8, &77u64.to_le_bytes()));
+    }
+
+    #[test]
+    fn only_flushed_or_nt_lines_await_the_fence() {
+        let mut log = LineLog::new(line(0));
+        store(&mut log, 0, 1, false);
+        assert!(!log.awaits_fence());
+        store(&mut log, 1, 1, true);
+        assert!(log.awaits_fence());
+        log.fence();
+        assert!(!log.awaits_fence());
+        log.flush();
+        assert!(log.awaits_fence());
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub(crate) struct State {
     cache: Vec<u8>,
     /// Lines whose media content may differ from `cache`, by line index.
     lines: BTreeMap<u64, LineLog>,
+    /// Lines a fence may change (their logs have `queued` set); may hold stale entries.
+    fence_queue: Vec<u64>,
     /// Lines stored to since the last [`State::snapshot`] (each once), and their bitmap.
     touched: Vec<u64>,
     touched_bits: Vec<u64>,
@@ -119,6 +121,7 @@ impl SimRegion {
             state: Mutex::new(State {
                 cache,
                 lines: BTreeMap::new(),
+                fence_queue: Vec::new(),
                 touched: Vec::new(),
                 touched_bits: vec![0; bitmap_words],
                 run: None,
@@ -146,7 +149,9 @@ impl SimRegion {
     /// Makes everything the program sees durable, as a clean shutdown would (write back
     /// every line, then fence). Not a crash point.
     pub fn persist_all(&self) {
-        self.lock().lines.clear();
+        let mut st = self.lock();
+        st.lines.clear();
+        st.fence_queue.clear();
     }
 
     /// Number of cache lines whose media content may differ from what the program sees.
@@ -230,6 +235,9 @@ impl State {
             }
             if log.is_clean() {
                 self.lines.remove(&line);
+            } else if !log.queued && log.awaits_fence() {
+                log.queued = true;
+                self.fence_queue.push(line);
             }
         }
     }
@@ -240,13 +248,24 @@ impl State {
         }
         let first = off / LINE as u64;
         let last = (off + len - 1) / LINE as u64;
-        for log in self.lines.range_mut(first..=last).map(|(_, l)| l) {
+        for (&line, log) in self.lines.range_mut(first..=last) {
             log.flush();
+            if !log.queued {
+                log.queued = true;
+                self.fence_queue.push(line);
+            }
         }
     }
 
     fn fence(&mut self) {
-        self.lines.retain(|_, log| !log.fence());
+        for line in std::mem::take(&mut self.fence_queue) {
+            if let Some(log) = self.lines.get_mut(&line) {
+                log.queued = false;
+                if log.fence() {
+                    self.lines.remove(&line);
+                }
+            }
+        }
     }
 
     fn touch(&mut self, line: u64) {
