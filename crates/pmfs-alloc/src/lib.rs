@@ -8,6 +8,7 @@
 //! - [`cffs`]: CFFS contiguity-first allocation — greedy buddy lists over groups of 2 MiB
 //!   pages, growing- and fixed-size allocators, implicit preallocation by fragment extension,
 //!   the extension LRU and NMRU placement; volatile, rebuilt from the used extents.
+//! - [`cache`]: per-thread free-block caches (MadFS) in front of any of them.
 //!
 //! This crate owns free-space management only. It knows nothing about files, inodes or
 //! mappings: callers describe what an allocation is for with an
@@ -16,8 +17,10 @@
 #![forbid(unsafe_code)]
 
 pub mod baseline;
+pub mod cache;
 pub mod cffs;
 mod runs;
 
 pub use baseline::FreeExtentAllocator;
+pub use cache::{CacheConfig, ThreadCached};
 pub use cffs::{CffsAllocator, CffsConfig};
