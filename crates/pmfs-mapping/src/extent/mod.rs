@@ -1,1 +1,1182 @@
-//! The extent mapping structure.
+//! The extent tree (HashFS paper §3.1.1): a per-file B-tree of extents that lives on PM and is
+//! read and updated in place, without a page cache.
+//!
+//! # On-media format
+//!
+//! **Root word** — the 8-byte word [`FileId::root`] in the caller's inode:
+//!
+//! | bits | field |
+//! |---|---|
+//! | 0..48 | block of the root node |
+//! | 48..56 | height: number of levels, 1 ..= [`MAX_HEIGHT`] (1: the root is a leaf) |
+//! | 56..64 | tag `0xE7` |
+//!
+//! 0 is an empty file (no node at all). The root moves (grows, shrinks, disappears) with one
+//! atomic store of this word.
+//!
+//! **Node** — one 4 KiB block:
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 8 | header word: magic `0x5845` (bits 0..16), version 1 (16..24), level (24..32; 0 = leaf), `nr` = live entries (32..48), zero (48..64) |
+//! | 8 | 56 | reserved, zero |
+//! | 64 + 16·i | 16 | entry `i`, for `i` < 252 (at most the `fanout` chosen at format) |
+//!
+//! **Entry** — two little-endian words:
+//!
+//! | word | bits | leaf entry | index entry |
+//! |---|---|---|---|
+//! | 0 | 0..64 | first logical block | separator key |
+//! | 1 | 0..48 | first physical block | child node |
+//! | 1 | 48..63 | length, 1 ..= [`MAX_EXTENT_LEN`] | 0 |
+//! | 1 | 63 | valid bit | valid bit |
+//!
+//! Entries `[0, nr)` are live, sorted by key, and each carries the valid bit (set when the
+//! entry is written, before `nr` makes it live; a live entry without it is corruption).
+//! Entries at or past `nr` are dead whatever they hold, so new entries are written there
+//! first and published by one store of the header word.
+//!
+//! Child `i` of an index node covers `[key_i, key_{i+1})`; `key_0` is not used for routing
+//! (child 0 covers from the node's own lower bound) and the last child extends to the node's
+//! upper bound. Every extent of a leaf lies entirely inside the leaf's range, so the leaf a
+//! descent for block `x` reaches holds every extent that could contain `x`. Non-root nodes
+//! are never empty; the root is never an index node with one child.
+//!
+//! **Meta area** — [`crate::undo`]'s header (magic `pmfsEXTT`, version [`EXTENT_VERSION`],
+//! `params[0]` = fanout) and its undo-log slots; [`meta_blocks`](ExtentTree::meta_blocks)
+//! gives its size.
+//!
+//! # Updates and the undo log
+//!
+//! Every mutating call is one [`Tx`]: before a live entry, a header word, or the root word is
+//! changed in place its old content is logged; new nodes and dead entry space are written
+//! without logging. Commit flushes everything the call wrote and invalidates the log with one
+//! store, so after a crash [`recover`](FileMapping::recover) puts back the state before the
+//! call. A call that fails (out of space, corruption found midway) rolls back the same way
+//! before returning. Blocks are freed to the allocator only after commit.
+//!
+//! - insert: allocates the data first, checks that the range is unmapped, merges with the
+//!   preceding extent when the allocation continues it, otherwise splices the new entries into
+//!   the leaf. A full node splits into itself plus fresh nodes (filled up completely when the
+//!   entries were appended at the node's end, evenly otherwise); the new separators go into
+//!   the parent, up to a new root. If the range crosses the leaf's upper bound, the separator
+//!   that defines the bound is raised to the end of the range (the next subtree starts beyond
+//!   the unmapped range).
+//! - remove: walks the subtrees overlapping the range; subtrees inside it are dropped whole,
+//!   boundary extents are shortened or split (a punched hole may split a node); emptied nodes
+//!   leave their parent, an underfull boundary child merges with a sibling when both fit into
+//!   one node, and a root with a single child is replaced by that child.
+//! - remove_file: stores 0 into the root word (one atomic commit), then frees every block.
+//!
+//! # Concurrency
+//!
+//! A file's [`ExtentFile`] handle holds a reader-writer lock: lookups and `owned_blocks` take
+//! it shared, mutations exclusive, so lookups run concurrently with each other and wait for a
+//! mutation of the same file. Different files share nothing but the allocator and the undo
+//! slots (a transaction takes any free slot). Only one handle per inode may exist at a time
+//! (two handles would not exclude each other).
+//!
+//! The handle also holds the DRAM cursor of the last leaf a lookup reached (its block and
+//! range). It is used only if the root word read now equals the one it was built under and no
+//! mutation went through the handle since; otherwise the lookup descends from the root.
+
+#![forbid(unsafe_code)]
+
+mod node;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use pmfs_core::layout::{BlockNo, PmOff};
+use pmfs_core::pm::{Media, MediaExt};
+use pmfs_core::traits::{
+    AllocHint, AllocKind, BlockAllocator, Extent, FileId, FileMapping, MappingKind, Run,
+};
+use pmfs_core::{Error, Result};
+
+use node::{Entry, Node, Root, encode_entries, encode_node, header_word};
+pub use node::{MAX_EXTENT_LEN, MAX_FANOUT, MAX_HEIGHT};
+
+use crate::undo::{AreaKind, Tx, UndoGeometry, UndoLog, format_area, open_area};
+
+/// Magic of the extent tree's meta area.
+pub const EXTENT_MAGIC: u64 = u64::from_le_bytes(*b"pmfsEXTT");
+/// Version of the extent tree's on-media format.
+pub const EXTENT_VERSION: u32 = 1;
+const AREA: AreaKind = AreaKind {
+    magic: EXTENT_MAGIC,
+    version: EXTENT_VERSION,
+};
+/// Smallest fanout a tree may be formatted with.
+pub const MIN_FANOUT: usize = 4;
+
+/// Format-time choices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExtentOptions {
+    /// Most entries per node, [`MIN_FANOUT`] ..= [`MAX_FANOUT`]. Nodes are always 4 KiB; a
+    /// small fanout makes trees deep with few extents (tests of splits and merges).
+    pub fanout: usize,
+    /// Undo-log slots of the meta area.
+    pub undo: UndoGeometry,
+}
+
+impl Default for ExtentOptions {
+    fn default() -> Self {
+        Self {
+            fanout: MAX_FANOUT,
+            undo: UndoGeometry::DEFAULT,
+        }
+    }
+}
+
+impl ExtentOptions {
+    /// Blocks of the meta area these options need.
+    pub fn meta_blocks(&self) -> u64 {
+        self.undo.area_blocks()
+    }
+}
+
+/// The extent-tree mapping over media `M`, drawing blocks from allocator `A`.
+pub struct ExtentTree<M, A> {
+    media: M,
+    meta: Extent,
+    alloc: Arc<A>,
+    undo: UndoLog,
+    fanout: usize,
+    blocks: u64,
+}
+
+impl<M, A> std::fmt::Debug for ExtentTree<M, A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtentTree")
+            .field("meta", &self.meta)
+            .field("fanout", &self.fanout)
+            .field("blocks", &self.blocks)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The DRAM state of one open file: its lock and lookup cursor. See the module docs.
+#[derive(Debug)]
+pub struct ExtentFile {
+    id: FileId,
+    lock: RwLock<()>,
+    cursor: Mutex<Option<Cursor>>,
+    generation: AtomicU64,
+}
+
+/// The last leaf a lookup reached.
+#[derive(Clone, Copy, Debug)]
+struct Cursor {
+    root: u64,
+    generation: u64,
+    leaf: BlockNo,
+    lo: u64,
+    hi: u64,
+}
+
+/// One level of a descent: the node, the child taken and the node's key range `[lo, hi)`.
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    node: Node,
+    idx: usize,
+    lo: u64,
+    hi: u64,
+}
+
+/// Blocks a call allocated (freed if it fails), blocks it releases (freed after commit), and
+/// the live counts nodes had before the call first changed them.
+#[derive(Debug, Default)]
+struct OpCtx {
+    fresh: Vec<BlockNo>,
+    release: Vec<Extent>,
+    first_nr: Vec<(BlockNo, usize)>,
+}
+
+impl OpCtx {
+    fn is_fresh(&self, b: BlockNo) -> bool {
+        self.fresh.contains(&b)
+    }
+
+    /// How many entries of `node` may be live in the state a rollback restores: its count
+    /// when the transaction began, or now if that is more. Entries past it are dead both in
+    /// that state and now, so they may be written without logging.
+    fn live_bound(&self, node: &Node) -> usize {
+        self.first_nr
+            .iter()
+            .find(|(b, _)| *b == node.block)
+            .map_or(node.nr, |&(_, n)| n.max(node.nr))
+    }
+}
+
+impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
+    /// Blocks of the meta area for the default options.
+    pub fn meta_blocks() -> u64 {
+        ExtentOptions::default().meta_blocks()
+    }
+
+    /// Formats an empty structure with the default options in `meta`.
+    pub fn format(media: M, meta: Extent, alloc: Arc<A>) -> Result<Self> {
+        Self::format_with(media, meta, alloc, ExtentOptions::default())
+    }
+
+    /// Formats an empty structure with chosen options.
+    pub fn format_with(media: M, meta: Extent, alloc: Arc<A>, opts: ExtentOptions) -> Result<Self> {
+        if !(MIN_FANOUT..=MAX_FANOUT).contains(&opts.fanout) {
+            return Err(Error::InvalidArgument("extent tree fanout out of range"));
+        }
+        let mut params = [0u64; 8];
+        params[0] = opts.fanout as u64;
+        let undo = format_area(&media, meta, AREA, opts.undo, params)?;
+        Ok(Self::assemble(media, meta, alloc, undo, opts.fanout))
+    }
+
+    /// Opens a formatted structure. Call [`recover`](FileMapping::recover) before use if the
+    /// region was not closed cleanly.
+    pub fn open(media: M, meta: Extent, alloc: Arc<A>) -> Result<Self> {
+        let (undo, params) = open_area(&media, meta, AREA)?;
+        let fanout = usize::try_from(params[0]).unwrap_or(0);
+        if !(MIN_FANOUT..=MAX_FANOUT).contains(&fanout) {
+            return Err(Error::Corrupt {
+                what: "extent tree fanout",
+                at: meta.start.offset(),
+            });
+        }
+        Ok(Self::assemble(media, meta, alloc, undo, fanout))
+    }
+
+    fn assemble(media: M, meta: Extent, alloc: Arc<A>, undo: UndoLog, fanout: usize) -> Self {
+        let blocks = media.blocks();
+        Self {
+            media,
+            meta,
+            alloc,
+            undo,
+            fanout,
+            blocks,
+        }
+    }
+
+    /// The fanout the tree was formatted with.
+    pub fn fanout(&self) -> usize {
+        self.fanout
+    }
+
+    /// Height of a file's tree (0 for an empty file).
+    pub fn height(&self, file: &ExtentFile) -> Result<u8> {
+        let _g = file.lock.read().unwrap_or_else(|e| e.into_inner());
+        Ok(self.root(file)?.map_or(0, |r| r.height))
+    }
+
+    fn root(&self, file: &ExtentFile) -> Result<Option<Root>> {
+        Root::unpack(self.media.load_u64(file.id.root)?, file.id.root)
+    }
+
+    fn check_node_block(&self, b: u64) -> Result<BlockNo> {
+        if b >= self.blocks || self.meta.contains(BlockNo(b)) {
+            return Err(Error::Corrupt {
+                what: "extent node pointer",
+                at: PmOff(b.saturating_mul(pmfs_core::layout::BLOCK_SIZE)),
+            });
+        }
+        Ok(BlockNo(b))
+    }
+
+    fn check_data(&self, e: &Entry, at: PmOff) -> Result<()> {
+        let end = e.block.checked_add(e.len);
+        let overlaps_meta =
+            e.block < self.meta.end().0 && end.unwrap_or(u64::MAX) > self.meta.start.0;
+        if end.is_none_or(|end| end > self.blocks) || overlaps_meta {
+            return Err(Error::Corrupt {
+                what: "extent data pointer",
+                at,
+            });
+        }
+        Ok(())
+    }
+
+    fn read_node(&self, b: u64, level: u8) -> Result<Node> {
+        let b = self.check_node_block(b)?;
+        Node::read(&self.media, b, level, self.fanout)
+    }
+
+    /// Descends from the root to the leaf whose range holds `key`, recording every level.
+    fn descend(&self, root: Root, key: u64, path: &mut Vec<Step>) -> Result<()> {
+        path.clear();
+        let (mut block, mut lo, mut hi) = (root.block.0, 0u64, u64::MAX);
+        for level in (0..root.height).rev() {
+            let node = self.read_node(block, level)?;
+            if level == 0 {
+                path.push(Step {
+                    node,
+                    idx: 0,
+                    lo,
+                    hi,
+                });
+                return Ok(());
+            }
+            if node.nr == 0 {
+                return Err(Error::Corrupt {
+                    what: "empty extent index node",
+                    at: node.header_off(),
+                });
+            }
+            let i = node.search(&self.media, key)?.unwrap_or(0);
+            let e = node.entry(&self.media, i)?;
+            let clo = if i == 0 { lo } else { e.key };
+            let chi = if i + 1 < node.nr {
+                node.entry(&self.media, i + 1)?.key
+            } else {
+                hi
+            };
+            if clo < lo || chi > hi || clo >= chi {
+                return Err(Error::Corrupt {
+                    what: "extent index keys",
+                    at: node.entry_off(i),
+                });
+            }
+            path.push(Step {
+                node,
+                idx: i,
+                lo,
+                hi,
+            });
+            block = e.block;
+            lo = clo;
+            hi = chi;
+        }
+        Err(Error::Corrupt {
+            what: "extent tree height",
+            at: root.block.offset(),
+        })
+    }
+
+    /// The leaf for `key` and its range, from the cursor if it is valid, else by descent.
+    fn leaf_for(
+        &self,
+        file: &ExtentFile,
+        root_word: u64,
+        root: Root,
+        key: u64,
+        path: &mut Vec<Step>,
+    ) -> Result<(Node, u64, u64)> {
+        let generation = file.generation.load(Ordering::Acquire);
+        if let Ok(guard) = file.cursor.try_lock()
+            && let Some(c) = *guard
+            && c.root == root_word
+            && c.generation == generation
+            && c.lo <= key
+            && key < c.hi
+        {
+            return Ok((self.read_node(c.leaf.0, 0)?, c.lo, c.hi));
+        }
+        self.descend(root, key, path)?;
+        let leaf = path.last().copied().ok_or(Error::Corrupt {
+            what: "extent tree height",
+            at: root.block.offset(),
+        })?;
+        if let Ok(mut guard) = file.cursor.try_lock() {
+            *guard = Some(Cursor {
+                root: root_word,
+                generation,
+                leaf: leaf.node.block,
+                lo: leaf.lo,
+                hi: leaf.hi,
+            });
+        }
+        Ok((leaf.node, leaf.lo, leaf.hi))
+    }
+
+    /// Appends the mapped runs of `[a, b)` (the caller holds the file lock).
+    fn lookup_locked(&self, file: &ExtentFile, a: u64, b: u64, out: &mut Vec<Run>) -> Result<()> {
+        let root_word = self.media.load_u64(file.id.root)?;
+        let Some(root) = Root::unpack(root_word, file.id.root)? else {
+            return Ok(());
+        };
+        let mut path = Vec::new();
+        let mut at = a;
+        let mut rounds = 0u64;
+        while at < b {
+            let (leaf, lo, hi) = self.leaf_for(file, root_word, root, at, &mut path)?;
+            self.scan_leaf(&leaf, lo, hi, at, b, out)?;
+            if hi >= b {
+                break;
+            }
+            at = hi;
+            rounds += 1;
+            if rounds > self.blocks {
+                return Err(Error::Corrupt {
+                    what: "extent tree ranges",
+                    at: root.block.offset(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends the parts of the leaf's extents inside `[at, b)`, validating order and range.
+    fn scan_leaf(
+        &self,
+        leaf: &Node,
+        lo: u64,
+        hi: u64,
+        at: u64,
+        b: u64,
+        out: &mut Vec<Run>,
+    ) -> Result<()> {
+        let m = &self.media;
+        let start = match leaf.search(m, at)? {
+            Some(i) if leaf.entry(m, i)?.end() > at => i,
+            Some(i) => i + 1,
+            None => 0,
+        };
+        let mut prev = lo;
+        for i in start..leaf.nr {
+            let e = leaf.entry(m, i)?;
+            if e.key >= b {
+                break;
+            }
+            if e.key < prev || e.end() > hi {
+                return Err(Error::Corrupt {
+                    what: "extent leaf order",
+                    at: leaf.entry_off(i),
+                });
+            }
+            self.check_data(&e, leaf.entry_off(i))?;
+            let s = e.key.max(at);
+            let t = e.end().min(b);
+            if s < t {
+                out.push(Run {
+                    lblk: s,
+                    pblk: BlockNo(e.block + (s - e.key)),
+                    len: t - s,
+                });
+            }
+            prev = e.end();
+        }
+        Ok(())
+    }
+
+    fn invalidate(&self, file: &ExtentFile) {
+        file.generation.fetch_add(1, Ordering::AcqRel);
+        if let Ok(mut c) = file.cursor.lock() {
+            *c = None;
+        }
+    }
+
+    /// Frees extents to the allocator, merging neighbours; reports the first failure.
+    fn release(&self, extents: &[Extent]) -> Result<()> {
+        let mut sorted = extents.to_vec();
+        sorted.sort();
+        let mut merged: Vec<Extent> = Vec::with_capacity(sorted.len());
+        for e in sorted {
+            match merged.last_mut() {
+                Some(last) if last.end() == e.start => last.len += e.len,
+                _ => merged.push(e),
+            }
+        }
+        let mut first = Ok(());
+        for e in merged {
+            if let Err(err) = self.alloc.free(e)
+                && first.is_ok()
+            {
+                first = Err(err);
+            }
+        }
+        first
+    }
+
+    fn alloc_node(&self, ctx: &mut OpCtx) -> Result<BlockNo> {
+        let e = self.alloc.alloc(1, AllocHint::metadata())?;
+        if e.len != 1 || e.end().0 > self.blocks || self.meta.contains(e.start) {
+            let _ = self.alloc.free(e);
+            return Err(Error::InvalidArgument(
+                "allocator returned a block outside the region",
+            ));
+        }
+        ctx.fresh.push(e.start);
+        Ok(e.start)
+    }
+
+    /// Allocates `len` data blocks in as few extents as the allocator gives, trying to
+    /// continue at `goal`. All or nothing.
+    fn alloc_data(&self, len: u64, goal: Option<BlockNo>) -> Result<Vec<Extent>> {
+        let mut got: Vec<Extent> = Vec::new();
+        let mut done = 0;
+        while done < len {
+            let hint = AllocHint {
+                kind: AllocKind::Growing,
+                goal: got.last().map(Extent::end).or(goal),
+            };
+            let r = self.alloc.alloc(len - done, hint).and_then(|e| {
+                let bad = e.len == 0
+                    || e.len > len - done
+                    || e.start
+                        .0
+                        .checked_add(e.len)
+                        .is_none_or(|end| end > self.blocks)
+                    || (e.start < self.meta.end() && e.end() > self.meta.start);
+                if bad {
+                    let _ = self.alloc.free(e);
+                    Err(Error::InvalidArgument(
+                        "allocator returned blocks outside the data area",
+                    ))
+                } else {
+                    Ok(e)
+                }
+            });
+            match r {
+                Ok(e) => {
+                    done += e.len;
+                    got.push(e);
+                }
+                Err(err) => {
+                    let _ = self.release(&got);
+                    return Err(err);
+                }
+            }
+        }
+        Ok(got)
+    }
+
+    /// Writes `entries` at `from..` of `node` (whose current live count is `node.nr`): the
+    /// part below [`OpCtx::live_bound`] is logged unless the node is fresh; the rest is dead
+    /// space and written directly.
+    fn put(
+        &self,
+        tx: &mut Tx<'_, M>,
+        ctx: &OpCtx,
+        node: &Node,
+        from: usize,
+        entries: &[Entry],
+    ) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let split = if ctx.is_fresh(node.block) {
+            0
+        } else {
+            ctx.live_bound(node).saturating_sub(from).min(entries.len())
+        };
+        let (logged, dead) = entries.split_at(split);
+        if !logged.is_empty() {
+            tx.write(node.entry_off(from), &encode_entries(logged))?;
+        }
+        if !dead.is_empty() {
+            tx.write_fresh(node.entry_off(from + split), &encode_entries(dead))?;
+        }
+        Ok(())
+    }
+
+    /// Stores a new live count into `node`'s header (`node.nr` is the current one).
+    fn set_nr(&self, tx: &mut Tx<'_, M>, ctx: &mut OpCtx, node: &Node, nr: usize) -> Result<()> {
+        let w = header_word(node.level, nr);
+        if ctx.is_fresh(node.block) {
+            return tx.store_fresh_u64(node.header_off(), w);
+        }
+        if !ctx.first_nr.iter().any(|(b, _)| *b == node.block) {
+            ctx.first_nr.push((node.block, node.nr));
+        }
+        tx.store_u64(node.header_off(), w)
+    }
+
+    /// Chunk sizes for `total` entries over several nodes: full nodes when appending at the
+    /// end, even shares otherwise.
+    fn chunk_sizes(&self, total: usize, append: bool) -> Vec<usize> {
+        if append {
+            let mut v = Vec::new();
+            let mut left = total;
+            while left > 0 {
+                let n = left.min(self.fanout);
+                v.push(n);
+                left -= n;
+            }
+            v
+        } else {
+            let m = total.div_ceil(self.fanout);
+            (0..m)
+                .map(|i| total / m + usize::from(i < total % m))
+                .collect()
+        }
+    }
+
+    /// Replaces live entries `[i0, i1)` of `node` with `repl`. Returns the node's new live
+    /// count and, if it had to split, the index entries of its new right siblings (fresh
+    /// nodes), which belong right after the node's own entry in its parent.
+    fn splice(
+        &self,
+        tx: &mut Tx<'_, M>,
+        ctx: &mut OpCtx,
+        node: Node,
+        i0: usize,
+        i1: usize,
+        repl: &[Entry],
+    ) -> Result<(usize, Vec<Entry>)> {
+        let m = &self.media;
+        let nr = node.nr;
+        let new_nr = nr - (i1 - i0) + repl.len();
+        if new_nr <= self.fanout {
+            if repl.len() == i1 - i0 {
+                self.put(tx, ctx, &node, i0, repl)?;
+            } else {
+                let mut region = repl.to_vec();
+                region.extend(node.entries(m, i1, nr)?);
+                self.put(tx, ctx, &node, i0, &region)?;
+                self.set_nr(tx, ctx, &node, new_nr)?;
+            }
+            return Ok((new_nr, Vec::new()));
+        }
+        let mut all = node.entries(m, 0, i0)?;
+        all.extend_from_slice(repl);
+        all.extend(node.entries(m, i1, nr)?);
+        let chunks = self.chunk_sizes(all.len(), i0 == nr);
+        let first = chunks[0];
+        let from = i0.min(first);
+        self.put(tx, ctx, &node, from, &all[from..first])?;
+        self.set_nr(tx, ctx, &node, first)?;
+        let mut siblings = Vec::with_capacity(chunks.len() - 1);
+        let mut at = first;
+        for &n in &chunks[1..] {
+            let blk = self.alloc_node(ctx)?;
+            tx.write_fresh(blk.offset(), &encode_node(node.level, &all[at..at + n]))?;
+            siblings.push(Entry::child(all[at].key, blk.0));
+            at += n;
+        }
+        Ok((first, siblings))
+    }
+
+    /// Puts new levels above `root` for the siblings a root split produced.
+    fn grow(
+        &self,
+        tx: &mut Tx<'_, M>,
+        ctx: &mut OpCtx,
+        root: Root,
+        siblings: Vec<Entry>,
+    ) -> Result<Root> {
+        let mut level_entries = vec![Entry::child(0, root.block.0)];
+        level_entries.extend(siblings);
+        let mut height = root.height;
+        loop {
+            if height >= MAX_HEIGHT {
+                return Err(Error::InvalidArgument(
+                    "extent tree would exceed its height limit",
+                ));
+            }
+            height += 1;
+            let level = height - 1;
+            if level_entries.len() <= self.fanout {
+                let blk = self.alloc_node(ctx)?;
+                tx.write_fresh(blk.offset(), &encode_node(level, &level_entries))?;
+                return Ok(Root { block: blk, height });
+            }
+            let mut next = Vec::new();
+            let mut at = 0;
+            for n in self.chunk_sizes(level_entries.len(), false) {
+                let blk = self.alloc_node(ctx)?;
+                tx.write_fresh(
+                    blk.offset(),
+                    &encode_node(level, &level_entries[at..at + n]),
+                )?;
+                let key = if at == 0 { 0 } else { level_entries[at].key };
+                next.push(Entry::child(key, blk.0));
+                at += n;
+            }
+            level_entries = next;
+        }
+    }
+
+    /// The body of an insert, inside its transaction.
+    #[allow(clippy::too_many_arguments)]
+    fn insert_tx(
+        &self,
+        tx: &mut Tx<'_, M>,
+        ctx: &mut OpCtx,
+        root_off: PmOff,
+        root: Option<Root>,
+        a: u64,
+        b: u64,
+        mut entries: Vec<Entry>,
+    ) -> Result<()> {
+        let m = &self.media;
+        let root = match root {
+            Some(r) => r,
+            None => {
+                let blk = self.alloc_node(ctx)?;
+                tx.write_fresh(blk.offset(), &encode_node(0, &[]))?;
+                let r = Root {
+                    block: blk,
+                    height: 1,
+                };
+                tx.store_u64(root_off, r.pack())?;
+                r
+            }
+        };
+        let mut path = Vec::new();
+        self.descend(root, a, &mut path)?;
+        let leaf = path[path.len() - 1];
+        let pos = leaf.node.search(m, a)?.map_or(0, |i| i + 1);
+        if pos > 0 {
+            let p = leaf.node.entry(m, pos - 1)?;
+            let f = entries[0];
+            if p.end() == a && p.block + p.len == f.block && p.len + f.len <= MAX_EXTENT_LEN {
+                let merged = Entry::extent(p.key, p.block, p.len + f.len);
+                self.put(tx, ctx, &leaf.node, pos - 1, &[merged])?;
+                entries.remove(0);
+            }
+        }
+        if b > leaf.hi {
+            // The range runs past the leaf's upper bound: raise the separator that defines it.
+            let k = (0..path.len() - 1)
+                .rev()
+                .find(|&k| path[k].idx + 1 < path[k].node.nr)
+                .ok_or(Error::Corrupt {
+                    what: "extent index keys",
+                    at: leaf.node.header_off(),
+                })?;
+            let sep_node = path[k].node;
+            let j = path[k].idx + 1;
+            let sep = sep_node.entry(m, j)?;
+            if sep.key != leaf.hi {
+                return Err(Error::Corrupt {
+                    what: "extent index keys",
+                    at: sep_node.entry_off(j),
+                });
+            }
+            self.put(tx, ctx, &sep_node, j, &[Entry::child(b, sep.block)])?;
+        }
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let (_, mut pending) = self.splice(tx, ctx, leaf.node, pos, pos, &entries)?;
+        for k in (0..path.len() - 1).rev() {
+            if pending.is_empty() {
+                break;
+            }
+            let step = path[k];
+            pending = self
+                .splice(tx, ctx, step.node, step.idx + 1, step.idx + 1, &pending)?
+                .1;
+        }
+        if !pending.is_empty() {
+            let new_root = self.grow(tx, ctx, root, pending)?;
+            tx.store_u64(root_off, new_root.pack())?;
+        }
+        Ok(())
+    }
+
+    /// Records every block of the subtree at `block` (nodes and data) for release; returns the
+    /// number of data blocks.
+    fn release_subtree(&self, block: u64, level: u8, ctx: &mut OpCtx) -> Result<u64> {
+        let mut count = 0;
+        self.walk(block, level, &mut HashSet::new(), &mut |e, is_data| {
+            if is_data {
+                count += e.len;
+            }
+            ctx.release.push(e);
+        })?;
+        Ok(count)
+    }
+
+    /// Visits every node (as a 1-block extent) and data extent below `block`. A node reached
+    /// twice (a cycle or a shared subtree) is corruption.
+    fn walk(
+        &self,
+        block: u64,
+        level: u8,
+        seen: &mut HashSet<u64>,
+        visit: &mut dyn FnMut(Extent, bool),
+    ) -> Result<()> {
+        let mut stack = vec![(block, level)];
+        while let Some((blk, lvl)) = stack.pop() {
+            let node = self.read_node(blk, lvl)?;
+            if !seen.insert(blk) {
+                return Err(Error::Corrupt {
+                    what: "extent node reachable twice",
+                    at: node.header_off(),
+                });
+            }
+            for i in 0..node.nr {
+                let e = node.entry(&self.media, i)?;
+                if lvl == 0 {
+                    self.check_data(&e, node.entry_off(i))?;
+                    visit(Extent::new(BlockNo(e.block), e.len), true);
+                } else {
+                    stack.push((e.block, lvl - 1));
+                }
+            }
+            visit(Extent::new(BlockNo(blk), 1), false);
+        }
+        Ok(())
+    }
+
+    /// Removes `[a, b)` below `block` (a node at `level` covering `[lo, hi)`). Returns the
+    /// node's new live count and the index entries of siblings it split into.
+    #[allow(clippy::too_many_arguments)]
+    fn remove_node(
+        &self,
+        tx: &mut Tx<'_, M>,
+        ctx: &mut OpCtx,
+        block: u64,
+        level: u8,
+        lo: u64,
+        hi: u64,
+        a: u64,
+        b: u64,
+        count: &mut u64,
+    ) -> Result<(usize, Vec<Entry>)> {
+        let m = &self.media;
+        let node = self.read_node(block, level)?;
+        if level == 0 {
+            let i0 = match node.search(m, a)? {
+                Some(i) if node.entry(m, i)?.end() > a => i,
+                Some(i) => i + 1,
+                None => 0,
+            };
+            let mut repl = Vec::new();
+            let mut i1 = i0;
+            let mut prev = lo;
+            while i1 < node.nr {
+                let e = node.entry(m, i1)?;
+                if e.key >= b {
+                    break;
+                }
+                if e.key < prev || e.end() > hi {
+                    return Err(Error::Corrupt {
+                        what: "extent leaf order",
+                        at: node.entry_off(i1),
+                    });
+                }
+                self.check_data(&e, node.entry_off(i1))?;
+                prev = e.end();
+                if e.key < a {
+                    repl.push(Entry::extent(e.key, e.block, a - e.key));
+                }
+                if e.end() > b {
+                    repl.push(Entry::extent(b, e.block + (b - e.key), e.end() - b));
+                }
+                let s = e.key.max(a);
+                let t = e.end().min(b);
+                *count += t - s;
+                ctx.release
+                    .push(Extent::new(BlockNo(e.block + (s - e.key)), t - s));
+                i1 += 1;
+            }
+            if i0 == i1 {
+                return Ok((node.nr, Vec::new()));
+            }
+            return self.splice(tx, ctx, node, i0, i1, &repl);
+        }
+        if node.nr == 0 {
+            return Err(Error::Corrupt {
+                what: "empty extent index node",
+                at: node.header_off(),
+            });
+        }
+        let c0 = node.search(m, a)?.unwrap_or(0);
+        let mut c = c0;
+        let mut replacement = Vec::new();
+        let mut changed = false;
+        let mut partial: Vec<(u64, usize)> = Vec::new();
+        let mut e = node.entry(m, c0)?;
+        while c < node.nr {
+            let clo = if c == 0 { lo } else { e.key };
+            if clo >= b {
+                break;
+            }
+            let next = if c + 1 < node.nr {
+                Some(node.entry(m, c + 1)?)
+            } else {
+                None
+            };
+            let chi = next.map_or(hi, |n| n.key);
+            if clo < lo || chi > hi || clo >= chi {
+                return Err(Error::Corrupt {
+                    what: "extent index keys",
+                    at: node.entry_off(c),
+                });
+            }
+            if a <= clo && chi <= b {
+                self.check_node_block(e.block)?;
+                *count += self.release_subtree(e.block, level - 1, ctx)?;
+                changed = true;
+            } else {
+                let (nr_c, siblings) =
+                    self.remove_node(tx, ctx, e.block, level - 1, clo, chi, a, b, count)?;
+                if nr_c == 0 && siblings.is_empty() {
+                    ctx.release.push(Extent::new(BlockNo(e.block), 1));
+                    changed = true;
+                } else {
+                    replacement.push(e);
+                    if siblings.is_empty() {
+                        partial.push((e.block, nr_c));
+                    } else {
+                        changed = true;
+                        replacement.extend(siblings);
+                    }
+                }
+            }
+            c += 1;
+            match next {
+                Some(n) => e = n,
+                None => break,
+            }
+        }
+        if !changed {
+            let mut node = node;
+            for (child, nr_c) in partial {
+                if nr_c * 2 < self.fanout {
+                    node = self.try_merge(tx, ctx, node, child)?;
+                }
+            }
+            return Ok((node.nr, Vec::new()));
+        }
+        let (nr, siblings) = self.splice(tx, ctx, node, c0, c, &replacement)?;
+        if !siblings.is_empty() {
+            return Ok((nr, siblings));
+        }
+        let mut node = Node { nr, ..node };
+        for (child, nr_c) in partial {
+            if nr_c * 2 < self.fanout {
+                node = self.try_merge(tx, ctx, node, child)?;
+            }
+        }
+        Ok((node.nr, Vec::new()))
+    }
+
+    /// Merges the child `child` of `node` with its right (else left) sibling if both fit into
+    /// one node. Returns the parent with its new count.
+    fn try_merge(
+        &self,
+        tx: &mut Tx<'_, M>,
+        ctx: &mut OpCtx,
+        node: Node,
+        child: u64,
+    ) -> Result<Node> {
+        let m = &self.media;
+        if node.nr < 2 {
+            return Ok(node);
+        }
+        let mut j = None;
+        for i in 0..node.nr {
+            if node.entry(m, i)?.block == child {
+                j = Some(i);
+                break;
+            }
+        }
+        let Some(j) = j else {
+            return Ok(node);
+        };
+        let (l, r) = if j + 1 < node.nr {
+            (j, j + 1)
+        } else {
+            (j - 1, j)
+        };
+        let le = node.entry(m, l)?;
+        let re = node.entry(m, r)?;
+        let level = node.level - 1;
+        let ln = self.read_node(le.block, level)?;
+        let rn = self.read_node(re.block, level)?;
+        if ln.nr + rn.nr > self.fanout || rn.nr == 0 {
+            return Ok(node);
+        }
+        let mut moved = rn.entries(m, 0, rn.nr)?;
+        if level > 0 {
+            // The right node's first key was not a routing key; in the left node it is.
+            moved[0].key = re.key;
+        }
+        self.put(tx, ctx, &ln, ln.nr, &moved)?;
+        self.set_nr(tx, ctx, &ln, ln.nr + rn.nr)?;
+        let (nr, siblings) = self.splice(tx, ctx, node, r, r + 1, &[])?;
+        debug_assert!(siblings.is_empty());
+        ctx.release.push(Extent::new(rn.block, 1));
+        Ok(Node { nr, ..node })
+    }
+
+    /// The body of a remove, inside its transaction. Returns the number of data blocks
+    /// unmapped.
+    fn remove_tx(
+        &self,
+        tx: &mut Tx<'_, M>,
+        ctx: &mut OpCtx,
+        root_off: PmOff,
+        root: Root,
+        a: u64,
+        b: u64,
+    ) -> Result<u64> {
+        let mut count = 0;
+        let (nr, siblings) = self.remove_node(
+            tx,
+            ctx,
+            root.block.0,
+            root.height - 1,
+            0,
+            u64::MAX,
+            a,
+            b,
+            &mut count,
+        )?;
+        let new_root = if !siblings.is_empty() {
+            Some(self.grow(tx, ctx, root, siblings)?)
+        } else if nr == 0 {
+            ctx.release.push(Extent::new(root.block, 1));
+            None
+        } else {
+            let mut r = root;
+            let mut nr = nr;
+            while r.height > 1 && nr == 1 {
+                let node = self.read_node(r.block.0, r.height - 1)?;
+                let child = node.entry(&self.media, 0)?.block;
+                let child = self.read_node(child, r.height - 2)?;
+                ctx.release.push(Extent::new(r.block, 1));
+                r = Root {
+                    block: child.block,
+                    height: r.height - 1,
+                };
+                nr = child.nr;
+            }
+            Some(r)
+        };
+        let word = new_root.map_or(0, |r| r.pack());
+        if word != root.pack() {
+            tx.store_u64(root_off, word)?;
+        }
+        Ok(count)
+    }
+}
+
+impl<M: Media, A: BlockAllocator> FileMapping for ExtentTree<M, A> {
+    type File = ExtentFile;
+
+    fn kind(&self) -> MappingKind {
+        MappingKind::Extent
+    }
+
+    fn open_file(&self, id: FileId) -> Result<ExtentFile> {
+        Root::unpack(self.media.load_u64(id.root)?, id.root)?;
+        Ok(ExtentFile {
+            id,
+            lock: RwLock::new(()),
+            cursor: Mutex::new(None),
+            generation: AtomicU64::new(0),
+        })
+    }
+
+    fn lookup(&self, file: &ExtentFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
+        let _g = file.lock.read().unwrap_or_else(|e| e.into_inner());
+        self.lookup_locked(file, lblk, lblk.saturating_add(len), out)
+    }
+
+    fn insert(&self, file: &ExtentFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let b = lblk
+            .checked_add(len)
+            .ok_or(Error::InvalidArgument("logical range overflows"))?;
+        let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
+        let root = self.root(file)?;
+        let mut goal = None;
+        if root.is_some() {
+            let mut probe = Vec::new();
+            self.lookup_locked(file, lblk, b, &mut probe)?;
+            if !probe.is_empty() {
+                return Err(Error::InvalidArgument("insert over mapped blocks"));
+            }
+            if lblk > 0 {
+                self.lookup_locked(file, lblk - 1, lblk, &mut probe)?;
+                goal = probe.first().map(|r| r.pblk + r.len);
+            }
+        }
+        let data = self.alloc_data(len, goal)?;
+        let mut entries = Vec::with_capacity(data.len());
+        let mut l = lblk;
+        for e in &data {
+            let mut done = 0;
+            while done < e.len {
+                let n = (e.len - done).min(MAX_EXTENT_LEN);
+                entries.push(Entry::extent(l, e.start.0 + done, n));
+                l += n;
+                done += n;
+            }
+        }
+        let mut ctx = OpCtx::default();
+        let mut tx = self.undo.begin(&self.media, file.id.ino);
+        if let Err(e) = self.insert_tx(&mut tx, &mut ctx, file.id.root, root, lblk, b, entries) {
+            let _ = tx.abort();
+            self.invalidate(file);
+            let fresh: Vec<Extent> = ctx.fresh.iter().map(|&b| Extent::new(b, 1)).collect();
+            let _ = self.release(&fresh);
+            let _ = self.release(&data);
+            return Err(e);
+        }
+        tx.commit()?;
+        self.invalidate(file);
+        let mut l = lblk;
+        for e in data {
+            out.push(Run {
+                lblk: l,
+                pblk: e.start,
+                len: e.len,
+            });
+            l += e.len;
+        }
+        Ok(())
+    }
+
+    fn remove(&self, file: &ExtentFile, lblk: u64, len: u64) -> Result<u64> {
+        if len == 0 {
+            return Ok(0);
+        }
+        let b = lblk.saturating_add(len);
+        let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
+        let Some(root) = self.root(file)? else {
+            return Ok(0);
+        };
+        let mut ctx = OpCtx::default();
+        let mut tx = self.undo.begin(&self.media, file.id.ino);
+        let count = match self.remove_tx(&mut tx, &mut ctx, file.id.root, root, lblk, b) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = tx.abort();
+                self.invalidate(file);
+                let fresh: Vec<Extent> = ctx.fresh.iter().map(|&b| Extent::new(b, 1)).collect();
+                let _ = self.release(&fresh);
+                return Err(e);
+            }
+        };
+        tx.commit()?;
+        self.invalidate(file);
+        self.release(&ctx.release)?;
+        Ok(count)
+    }
+
+    fn remove_file(&self, file: &ExtentFile) -> Result<()> {
+        let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
+        let Some(root) = self.root(file)? else {
+            return Ok(());
+        };
+        let mut ctx = OpCtx::default();
+        self.release_subtree(root.block.0, root.height - 1, &mut ctx)?;
+        self.media.store_u64_persist(file.id.root, 0)?;
+        self.invalidate(file);
+        self.release(&ctx.release)
+    }
+
+    fn owned_blocks(&self, file: &ExtentFile, visit: &mut dyn FnMut(Extent)) -> Result<()> {
+        let _g = file.lock.read().unwrap_or_else(|e| e.into_inner());
+        let Some(root) = self.root(file)? else {
+            return Ok(());
+        };
+        self.walk(
+            root.block.0,
+            root.height - 1,
+            &mut HashSet::new(),
+            &mut |e, _| visit(e),
+        )
+    }
+
+    fn recover(&self) -> Result<()> {
+        self.undo.recover(&self.media).map(drop)
+    }
+}

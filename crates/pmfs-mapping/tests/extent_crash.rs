@@ -1,0 +1,148 @@
+//! Every mutating extent-tree call is atomic across a crash: for every post-crash image the
+//! crash simulator produces during inserts that split nodes and grow the root, removes that
+//! merge nodes and shrink the tree, punched holes, truncates and whole-file removal, opening
+//! and recovering yields exactly the state before or after the call in progress (after, once
+//! it returned), with a consistent set of owned blocks and a tree that keeps working.
+
+mod tree_common;
+
+use std::sync::Arc;
+
+use pmfs_core::pm::HeapRegion;
+use pmfs_core::sim::{Explorer, SimRegion};
+use pmfs_core::traits::{BlockAllocator, FileMapping, SimpleAllocator};
+use pmfs_mapping::extent::{ExtentOptions, ExtentTree};
+use pmfs_mapping::undo::UndoGeometry;
+use tree_common::{CrashOp, Geometry, apply, crash_check};
+
+const OPTS: ExtentOptions = ExtentOptions {
+    fanout: 4,
+    undo: UndoGeometry {
+        slots: 1,
+        slot_blocks: 4,
+    },
+};
+
+/// Formats a fanout-4 tree, applies `setup` (with every other data block reserved when
+/// `fragmented`), then crash-checks `ops`.
+fn run(explorer: Explorer, files: usize, fragmented: bool, setup: &[CrashOp], ops: &[CrashOp]) {
+    let g = Geometry::new(files, OPTS.meta_blocks(), 256);
+    let region = SimRegion::new(g.bytes()).unwrap();
+    let reserved = if fragmented {
+        g.odd_blocks()
+    } else {
+        Vec::new()
+    };
+    {
+        let alloc = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
+        alloc.rebuild(&mut reserved.clone().into_iter()).unwrap();
+        let tree = ExtentTree::format_with(&region, g.meta, alloc, OPTS).unwrap();
+        let handles: Vec<_> = g
+            .ids()
+            .iter()
+            .map(|id| tree.open_file(*id).unwrap())
+            .collect();
+        for &op in setup {
+            apply(&tree, &handles, op).unwrap();
+        }
+    }
+    let stats = crash_check(
+        explorer,
+        &region,
+        &g,
+        &reserved,
+        ops,
+        |r, a| ExtentTree::open(r, g.meta, a),
+        |r: HeapRegion, a: Arc<SimpleAllocator>| ExtentTree::open(r, g.meta, a),
+    );
+    assert!(stats.fences > ops.len() as u64, "{stats:?}");
+}
+
+fn height_after(fragmented: bool, setup: &[CrashOp]) -> u8 {
+    let g = Geometry::new(1, OPTS.meta_blocks(), 256);
+    let region = HeapRegion::new(g.bytes()).unwrap();
+    let alloc = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
+    if fragmented {
+        alloc.rebuild(&mut g.odd_blocks().into_iter()).unwrap();
+    }
+    let tree = ExtentTree::format_with(&region, g.meta, alloc, OPTS).unwrap();
+    let h = tree.open_file(g.ids()[0]).unwrap();
+    for &op in setup {
+        apply(&tree, std::slice::from_ref(&h), op).unwrap();
+    }
+    tree.height(&h).unwrap()
+}
+
+#[test]
+fn inserts_that_split_nodes_and_grow_the_root_are_atomic() {
+    use CrashOp::*;
+    let setup = [Insert(0, 0, 3)];
+    let ops = [
+        Insert(0, 3, 1),    // fills the root leaf
+        Insert(0, 4, 1),    // splits it: height 2
+        Insert(0, 10, 6),   // six extents at once: several new leaves
+        Insert(0, 100, 20), // twenty extents: new levels
+        Insert(0, 7, 2),    // into the middle of a full leaf
+        Insert(0, 5, 2),    // crosses a leaf boundary: raises a separator
+    ];
+    assert_eq!(height_after(true, &setup), 1);
+    assert!(height_after(true, &[setup.as_slice(), &ops].concat()) >= 3);
+    run(Explorer::new(1), 1, true, &setup, &ops);
+}
+
+#[test]
+fn removes_that_merge_and_shrink_are_atomic() {
+    use CrashOp::*;
+    let setup = [Insert(0, 0, 40)];
+    let ops = [
+        Remove(0, 10, 1),  // underfull leaf merges with a sibling
+        Remove(0, 12, 10), // whole leaves dropped, boundaries merged
+        Remove(0, 30, 10), // the tail
+        Remove(0, 0, 9),   // the head
+        Truncate(0, 0),    // everything: the tree disappears
+    ];
+    assert!(height_after(true, &setup) >= 3);
+    run(Explorer::new(2), 1, true, &setup, &ops);
+}
+
+#[test]
+fn removes_are_atomic_even_when_stores_inside_a_line_reach_media_in_part() {
+    use CrashOp::*;
+    let setup = [Insert(0, 0, 24)];
+    let ops = [Remove(0, 5, 1), Remove(0, 7, 9), Truncate(0, 2)];
+    run(Explorer::new(5).store_prefixes(true), 1, true, &setup, &ops);
+}
+
+#[test]
+fn punching_a_hole_that_splits_a_full_leaf_is_atomic() {
+    use CrashOp::*;
+    let setup = [
+        Insert(0, 0, 4),
+        Insert(0, 10, 4),
+        Insert(0, 20, 4),
+        Insert(0, 30, 4),
+    ];
+    let ops = [
+        Remove(0, 11, 2), // one extent becomes two: the full leaf splits
+        Remove(0, 21, 1),
+        Truncate(0, 3),
+        Remove(0, 0, 2),
+    ];
+    assert_eq!(height_after(false, &setup), 1);
+    run(Explorer::new(3), 1, false, &setup, &ops);
+}
+
+#[test]
+fn interleaved_files_truncate_and_remove_file_are_atomic() {
+    use CrashOp::*;
+    let setup = [Insert(0, 0, 12), Insert(1, 0, 12)];
+    let ops = [
+        Insert(1, 50, 5),
+        Truncate(0, 4),
+        Insert(0, 20, 6),
+        RemoveFile(1),
+        Insert(1, 7, 3),
+        RemoveFile(0),
+    ];
+    run(Explorer::new(4), 2, true, &setup, &ops);
+}

@@ -1,0 +1,245 @@
+//! Extent-tree behaviour beyond the shared suite: trees grow and shrink level by level,
+//! damaged nodes and root words are reported as `Error::Corrupt` (never a panic or an endless
+//! walk), and a call whose undo record does not fit fails without changing anything.
+
+use std::sync::Arc;
+
+use pmfs_core::Error;
+use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
+use pmfs_core::pm::{HeapRegion, Media};
+use pmfs_core::traits::{AllocHint, BlockAllocator, Extent, FileId, FileMapping, SimpleAllocator};
+use pmfs_mapping::extent::{ExtentFile, ExtentOptions, ExtentTree};
+use pmfs_mapping::undo::UndoGeometry;
+use proptest::prelude::*;
+
+type Tree = ExtentTree<Arc<HeapRegion>, SimpleAllocator>;
+
+const ROOT: PmOff = PmOff(0);
+const ID: FileId = FileId { ino: 1, root: ROOT };
+
+struct Fixture {
+    region: Arc<HeapRegion>,
+    alloc: Arc<SimpleAllocator>,
+    tree: Tree,
+    file: ExtentFile,
+    meta: Extent,
+}
+
+/// A tree whose data area has every other block reserved, so each block is its own extent.
+fn fixture(fanout: usize, slot_blocks: u32) -> Fixture {
+    let opts = ExtentOptions {
+        fanout,
+        undo: UndoGeometry {
+            slots: 2,
+            slot_blocks,
+        },
+    };
+    let meta = Extent::new(BlockNo(1), opts.meta_blocks());
+    let data = 2048;
+    let region = Arc::new(HeapRegion::new((meta.end().0 + data) * BLOCK_SIZE).unwrap());
+    let alloc = Arc::new(SimpleAllocator::new(meta.end(), data));
+    let all = alloc.alloc(data, AllocHint::default()).unwrap();
+    for i in (0..data).step_by(2) {
+        alloc.free(Extent::new(all.start + i, 1)).unwrap();
+    }
+    let tree = ExtentTree::format_with(region.clone(), meta, alloc.clone(), opts).unwrap();
+    let file = tree.open_file(ID).unwrap();
+    Fixture {
+        region,
+        alloc,
+        tree,
+        file,
+        meta,
+    }
+}
+
+fn all_runs(f: &Fixture) -> Result<Vec<pmfs_core::traits::Run>, Error> {
+    let mut v = Vec::new();
+    f.tree.lookup(&f.file, 0, u64::MAX, &mut v)?;
+    Ok(v)
+}
+
+/// The root node's block, from the root word.
+fn root_block(f: &Fixture) -> u64 {
+    f.region.load_u64(ROOT).unwrap() & ((1 << 48) - 1)
+}
+
+/// Entry `i`'s second word (valid | len | block) in `block`.
+fn entry_word1(i: u64, block: u64) -> PmOff {
+    PmOff(block * BLOCK_SIZE + 64 + 16 * i + 8)
+}
+
+#[test]
+fn trees_grow_and_shrink_one_level_at_a_time() {
+    let f = fixture(4, 4);
+    let mut heights = Vec::new();
+    for i in 0..100 {
+        f.tree.insert(&f.file, i, 1, &mut Vec::new()).unwrap();
+        heights.push(f.tree.height(&f.file).unwrap());
+    }
+    assert!(heights.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1));
+    assert_eq!(heights[0], 1);
+    assert_eq!(heights[99], 4, "{heights:?}");
+    assert_eq!(all_runs(&f).unwrap().len(), 100);
+    let mut shrinking = Vec::new();
+    for i in (0..100).rev() {
+        assert_eq!(f.tree.remove(&f.file, i, 1).unwrap(), 1);
+        shrinking.push(f.tree.height(&f.file).unwrap());
+    }
+    assert!(shrinking.windows(2).all(|w| w[1] <= w[0]));
+    assert_eq!(*shrinking.last().unwrap(), 0);
+    assert_eq!(f.region.load_u64(ROOT).unwrap(), 0);
+    // Every block went back to the allocator: data and nodes.
+    assert_eq!(f.alloc.free_blocks(), 1024);
+}
+
+#[test]
+fn appends_fill_nodes_completely() {
+    let f = fixture(252, 16);
+    f.tree.insert(&f.file, 0, 1000, &mut Vec::new()).unwrap();
+    let mut nodes = 0;
+    f.tree
+        .owned_blocks(&f.file, &mut |e| {
+            if e.len == 1 {
+                nodes += 1;
+            }
+        })
+        .unwrap();
+    // 1000 data blocks of one block each plus ceil(1000 / 252) = 4 leaves and one root.
+    assert_eq!(nodes, 1000 + 4 + 1);
+    assert_eq!(f.tree.height(&f.file).unwrap(), 2);
+}
+
+#[test]
+fn damaged_root_words_and_headers_are_corrupt() {
+    let f = fixture(4, 4);
+    f.tree.insert(&f.file, 0, 20, &mut Vec::new()).unwrap();
+    let good = f.region.load_u64(ROOT).unwrap();
+
+    // A root word without the tag.
+    f.region.store_u64(ROOT, good & ((1 << 56) - 1)).unwrap();
+    assert!(matches!(all_runs(&f), Err(Error::Corrupt { .. })));
+    assert!(matches!(f.tree.open_file(ID), Err(Error::Corrupt { .. })));
+    // A root pointing into the meta area, or past the region.
+    for block in [f.meta.start.0, 1 << 40] {
+        f.region
+            .store_u64(ROOT, (good & !((1 << 48) - 1)) | block)
+            .unwrap();
+        assert!(matches!(all_runs(&f), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            f.tree.insert(&f.file, 100, 1, &mut Vec::new()),
+            Err(Error::Corrupt { .. })
+        ));
+    }
+    f.region.store_u64(ROOT, good).unwrap();
+
+    // A damaged node header.
+    let root = root_block(&f);
+    let header = PmOff(root * BLOCK_SIZE);
+    let saved = f.region.load_u64(header).unwrap();
+    f.region.store_u64(header, saved ^ 0xff).unwrap();
+    assert!(matches!(all_runs(&f), Err(Error::Corrupt { .. })));
+    assert!(matches!(
+        f.tree.remove(&f.file, 0, 5),
+        Err(Error::Corrupt { .. })
+    ));
+    f.region.store_u64(header, saved).unwrap();
+    assert_eq!(all_runs(&f).unwrap().len(), 20);
+}
+
+#[test]
+fn cycles_and_cleared_valid_bits_are_corrupt() {
+    let f = fixture(4, 4);
+    f.tree.insert(&f.file, 0, 40, &mut Vec::new()).unwrap();
+    let root = root_block(&f);
+    // Point the root's second child back at the root itself: a cycle.
+    let w = entry_word1(1, root);
+    let saved = f.region.load_u64(w).unwrap();
+    f.region
+        .store_u64(w, (saved & !((1 << 48) - 1)) | root)
+        .unwrap();
+    let mut seen = 0;
+    assert!(matches!(
+        f.tree.owned_blocks(&f.file, &mut |_| seen += 1),
+        Err(Error::Corrupt { .. })
+    ));
+    assert!(matches!(all_runs(&f), Err(Error::Corrupt { .. })));
+    assert!(matches!(
+        f.tree.remove_file(&f.file),
+        Err(Error::Corrupt { .. })
+    ));
+    // A live entry without its valid bit.
+    f.region.store_u64(w, saved & !(1 << 63)).unwrap();
+    assert!(matches!(all_runs(&f), Err(Error::Corrupt { .. })));
+    f.region.store_u64(w, saved).unwrap();
+    assert_eq!(all_runs(&f).unwrap().len(), 40);
+}
+
+#[test]
+fn an_insert_whose_undo_record_does_not_fit_changes_nothing() {
+    // One-block slots hold about 4 KiB of old content; inserting before 250 extents of one
+    // leaf must log them all.
+    let f = fixture(252, 1);
+    for i in 0..250 {
+        f.tree.insert(&f.file, 10 + i, 1, &mut Vec::new()).unwrap();
+    }
+    let before = all_runs(&f).unwrap();
+    let free = f.alloc.free_blocks();
+    assert!(matches!(
+        f.tree.insert(&f.file, 0, 2, &mut Vec::new()),
+        Err(Error::NoSpace)
+    ));
+    assert_eq!(all_runs(&f).unwrap(), before);
+    assert_eq!(f.alloc.free_blocks(), free);
+    // Appends log only a header word and still work.
+    f.tree.insert(&f.file, 260, 2, &mut Vec::new()).unwrap();
+}
+
+#[test]
+fn open_checks_the_meta_area() {
+    let f = fixture(8, 4);
+    let (region, meta, alloc) = (f.region.clone(), f.meta, f.alloc.clone());
+    drop(f);
+    assert_eq!(
+        ExtentTree::open(region.clone(), meta, alloc.clone())
+            .unwrap()
+            .fanout(),
+        8
+    );
+    // Damage a byte of the header: the checksum catches it.
+    region.write(meta.start.offset() + 41, &[0x55]).unwrap();
+    assert!(matches!(
+        ExtentTree::open(region, meta, alloc),
+        Err(Error::Corrupt { .. })
+    ));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(24),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Random damage to the tree's nodes: every call returns (Ok or Err), none panics or hangs.
+    #[test]
+    fn random_node_damage_never_panics(
+        flips in proptest::collection::vec((0usize..64, 0u64..BLOCK_SIZE, any::<u8>()), 1..12),
+    ) {
+        let f = fixture(4, 4);
+        f.tree.insert(&f.file, 0, 60, &mut Vec::new()).unwrap();
+        f.tree.insert(&f.file, 1000, 7, &mut Vec::new()).unwrap();
+        let mut nodes = Vec::new();
+        f.tree.owned_blocks(&f.file, &mut |e| nodes.push(e.start.0)).unwrap();
+        for (which, off, byte) in flips {
+            let b = nodes[which % nodes.len()];
+            f.region.write(PmOff(b * BLOCK_SIZE + off), &[byte]).unwrap();
+        }
+        let _ = all_runs(&f);
+        let _ = f.tree.owned_blocks(&f.file, &mut |_| {});
+        let _ = f.tree.insert(&f.file, 500, 3, &mut Vec::new());
+        let _ = f.tree.remove(&f.file, 10, 20);
+        let _ = f.tree.remove(&f.file, 0, u64::MAX);
+        let _ = f.tree.remove_file(&f.file);
+    }
+}

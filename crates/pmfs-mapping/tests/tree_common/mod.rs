@@ -1,0 +1,251 @@
+//! Crash-test harness shared by the extent-tree and radix-tree crash tests.
+//!
+//! A test formats a structure on a [`SimRegion`], builds a starting state, and hands a list of
+//! [`CrashOp`]s to [`crash_check`]. The harness first replays the operations on a heap copy of
+//! the starting image to learn the exact state after each one (the structures and the
+//! allocator are deterministic), then runs them on the simulated region under the
+//! [`Explorer`]. Every post-crash image is opened, recovered and compared, file by file and
+//! over the whole logical space, with the state before or after the operation in progress
+//! (only "after" once the workload has returned); its owned blocks must rebuild an allocator
+//! (inside the data area, no block owned twice), and it must accept a further insert and
+//! remove.
+
+#![allow(dead_code)]
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
+use pmfs_core::pm::HeapRegion;
+use pmfs_core::sim::{Explorer, SimRegion, Stats};
+use pmfs_core::traits::conformance::mapping::normalize;
+use pmfs_core::traits::{BlockAllocator, Extent, FileId, FileMapping, Run, SimpleAllocator};
+
+/// Where things live in the test region: block 0 holds the files' root words, the meta area
+/// follows, then the data area the allocator manages.
+#[derive(Clone, Copy, Debug)]
+pub struct Geometry {
+    /// Number of files (root words at offsets 0, 8, 16, ...).
+    pub files: usize,
+    /// The structure's meta area.
+    pub meta: Extent,
+    /// The blocks the allocator manages.
+    pub data: Extent,
+}
+
+impl Geometry {
+    /// A geometry with `meta_blocks` of meta area and `data_blocks` of data.
+    pub fn new(files: usize, meta_blocks: u64, data_blocks: u64) -> Self {
+        let meta = Extent::new(BlockNo(1), meta_blocks);
+        Self {
+            files,
+            meta,
+            data: Extent::new(meta.end(), data_blocks),
+        }
+    }
+
+    /// Size of the region in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.data.end().0 * BLOCK_SIZE
+    }
+
+    /// The files' ids.
+    pub fn ids(&self) -> Vec<FileId> {
+        (0..self.files)
+            .map(|i| FileId {
+                ino: i as u64 + 1,
+                root: PmOff(8 * i as u64),
+            })
+            .collect()
+    }
+
+    /// Every other data block (the odd ones): reserving them leaves no two free blocks
+    /// adjacent, so every allocated block becomes its own extent.
+    pub fn odd_blocks(&self) -> Vec<Extent> {
+        (1..self.data.len)
+            .step_by(2)
+            .map(|i| Extent::new(self.data.start + i, 1))
+            .collect()
+    }
+}
+
+/// One operation of a crash test.
+#[derive(Clone, Copy, Debug)]
+pub enum CrashOp {
+    /// `insert(file, lblk, len)`.
+    Insert(usize, u64, u64),
+    /// `remove(file, lblk, len)`.
+    Remove(usize, u64, u64),
+    /// `remove(file, lblk, u64::MAX - lblk)`: truncate from `lblk`.
+    Truncate(usize, u64),
+    /// `remove_file(file)`.
+    RemoveFile(usize),
+}
+
+/// Applies `op`.
+pub fn apply<F: FileMapping>(m: &F, files: &[F::File], op: CrashOp) -> Result<(), String> {
+    let r = match op {
+        CrashOp::Insert(f, l, n) => m.insert(&files[f], l, n, &mut Vec::new()),
+        CrashOp::Remove(f, l, n) => m.remove(&files[f], l, n).map(drop),
+        CrashOp::Truncate(f, l) => m.remove(&files[f], l, u64::MAX - l).map(drop),
+        CrashOp::RemoveFile(f) => m.remove_file(&files[f]),
+    };
+    r.map_err(|e| format!("{op:?}: {e}"))
+}
+
+/// The whole mapping of every file, normalised.
+pub type State = Vec<Vec<Run>>;
+
+/// Opens every file and looks up its whole logical space.
+pub fn state_of<F: FileMapping>(m: &F, ids: &[FileId]) -> Result<State, String> {
+    let mut s = Vec::new();
+    for id in ids {
+        let h = m.open_file(*id).map_err(|e| format!("open_file: {e}"))?;
+        let mut runs = Vec::new();
+        m.lookup(&h, 0, u64::MAX, &mut runs)
+            .map_err(|e| format!("lookup of {id:?}: {e}"))?;
+        s.push(normalize(&runs));
+    }
+    Ok(s)
+}
+
+/// Every block the files own, checked to lie in the data area without overlaps by
+/// rebuilding a fresh allocator (plus `reserved`) from them. Returns that allocator.
+pub fn rebuild_alloc<F: FileMapping>(
+    m: &F,
+    g: &Geometry,
+    reserved: &[Extent],
+) -> Result<Arc<SimpleAllocator>, String> {
+    let mut used = reserved.to_vec();
+    for id in g.ids() {
+        let h = m.open_file(id).map_err(|e| format!("open_file: {e}"))?;
+        m.owned_blocks(&h, &mut |e| used.push(e))
+            .map_err(|e| format!("owned_blocks of {id:?}: {e}"))?;
+    }
+    let alloc = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
+    alloc
+        .rebuild(&mut used.into_iter())
+        .map_err(|e| format!("owned blocks do not rebuild an allocator: {e}"))?;
+    Ok(alloc)
+}
+
+fn describe(s: &State) -> String {
+    s.iter()
+        .enumerate()
+        .map(|(i, runs)| format!("file {i}: {runs:?}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Runs `ops` under `explorer` (see the module docs). `open_sim` and `open_heap` open
+/// the structure formatted in `region`'s meta area with the given allocator; `reserved`
+/// blocks stay allocated throughout. Returns the explorer's statistics.
+pub fn crash_check<'r, S, H>(
+    explorer: Explorer,
+    region: &'r SimRegion,
+    g: &Geometry,
+    reserved: &[Extent],
+    ops: &[CrashOp],
+    open_sim: impl Fn(&'r SimRegion, Arc<SimpleAllocator>) -> pmfs_core::Result<S>,
+    open_heap: impl Fn(HeapRegion, Arc<SimpleAllocator>) -> pmfs_core::Result<H>,
+) -> Stats
+where
+    S: FileMapping,
+    H: FileMapping,
+{
+    region.persist_all();
+    let ids = g.ids();
+
+    // Dry run on a heap copy: the exact state after each operation.
+    let heap = HeapRegion::from_image(&region.image()).unwrap();
+    let probe = open_heap(
+        heap,
+        Arc::new(SimpleAllocator::new(g.data.start, g.data.len)),
+    )
+    .expect("open the starting image");
+    let alloc = rebuild_alloc(&probe, g, reserved).expect("starting state");
+    drop(probe);
+    let heap = HeapRegion::from_image(&region.image()).unwrap();
+    let dry = open_heap(heap, alloc).expect("open the starting image");
+    let handles: Vec<_> = ids.iter().map(|id| dry.open_file(*id).unwrap()).collect();
+    let mut states = vec![state_of(&dry, &ids).unwrap()];
+    for &op in ops {
+        apply(&dry, &handles, op).unwrap();
+        states.push(state_of(&dry, &ids).unwrap());
+    }
+    drop(handles);
+    drop(dry);
+
+    // The real run.
+    let probe = open_sim(
+        region,
+        Arc::new(SimpleAllocator::new(g.data.start, g.data.len)),
+    )
+    .expect("open the starting image");
+    let alloc = rebuild_alloc(&probe, g, reserved).expect("starting state");
+    drop(probe);
+    let tree = open_sim(region, alloc).expect("open the starting image");
+    let handles: Vec<_> = ids.iter().map(|id| tree.open_file(*id).unwrap()).collect();
+    let done = Cell::new(0usize);
+    let stats = explorer.run(
+        region,
+        |_| {
+            for (i, &op) in ops.iter().enumerate() {
+                apply(&tree, &handles, op).unwrap();
+                done.set(i + 1);
+            }
+        },
+        |cp| {
+            let k = done.get();
+            let heap = HeapRegion::from_image(cp.image).map_err(|e| e.to_string())?;
+            let fresh = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
+            let m = open_heap(heap, fresh).map_err(|e| format!("open after crash: {e}"))?;
+            m.recover().map_err(|e| format!("recover: {e}"))?;
+            let got = state_of(&m, &ids)?;
+            let before = &states[k];
+            let after = states.get(k + 1);
+            let ok = if cp.end {
+                got == states[ops.len()]
+            } else {
+                got == *before || after == Some(&got)
+            };
+            if !ok {
+                return Err(format!(
+                    "after a crash in op {k} ({:?}), state is {}\nbefore: {}\nafter: {}",
+                    ops.get(k),
+                    describe(&got),
+                    describe(before),
+                    after.map_or("-".to_string(), describe)
+                ));
+            }
+            let alloc = rebuild_alloc(&m, g, reserved)?;
+            // The recovered structure must keep working: map and unmap a far block.
+            let m = {
+                let heap = HeapRegion::from_image(cp.image).map_err(|e| e.to_string())?;
+                let m = open_heap(heap, alloc).map_err(|e| e.to_string())?;
+                m.recover().map_err(|e| format!("second recover: {e}"))?;
+                m
+            };
+            let h = m.open_file(ids[0]).map_err(|e| e.to_string())?;
+            let far = 3 << 20;
+            m.insert(&h, far, 2, &mut Vec::new())
+                .map_err(|e| format!("insert after recovery: {e}"))?;
+            let n = m
+                .remove(&h, far, 2)
+                .map_err(|e| format!("remove after recovery: {e}"))?;
+            if n != 2 {
+                return Err(format!("remove after recovery freed {n} blocks"));
+            }
+            drop(h);
+            let again = state_of(&m, &ids)?;
+            if again != got {
+                return Err("insert + remove after recovery changed the state".into());
+            }
+            Ok(())
+        },
+    );
+    match stats {
+        Ok(s) => s,
+        Err(f) => panic!("crash check failed: {f}"),
+    }
+}
