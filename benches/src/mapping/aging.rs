@@ -17,7 +17,32 @@ use rand::Rng;
 use rand::rngs::SmallRng;
 
 use super::structures::Structure;
-use super::volume::Fixture;
+use super::volume::{Fixture, VolumeSpec};
+
+/// A volume for one measured file of `file_blocks` blocks, about a quarter full once the file
+/// exists: the paper's experiments before §4.5 run on a mostly empty file system.
+pub fn volume_for_file(file_blocks: u64) -> VolumeSpec {
+    VolumeSpec {
+        data_blocks: (file_blocks * 4).max(1 << 16).next_multiple_of(512),
+        max_files: 8,
+    }
+}
+
+/// Formats `S` on `spec` and grows file 0 to `file_blocks` blocks at layout score `score`
+/// (file 1 takes the blocks between its fragments).
+pub fn aged_file_fixture<S: Structure>(
+    spec: VolumeSpec,
+    file_blocks: u64,
+    score: f64,
+    seed: u64,
+) -> Result<Fixture<S>> {
+    let mut fx = Fixture::<S>::new(spec)?;
+    let f = fx.create_file()?;
+    let filler = fx.create_file()?;
+    let mut rng = <SmallRng as rand::SeedableRng>::seed_from_u64(seed);
+    grow_aged(&mut fx, f, filler, file_blocks, score, &mut rng)?;
+    Ok(fx)
+}
 
 /// Largest number of blocks one insert call maps while aging (2 MiB, a typical append
 /// preallocation step).

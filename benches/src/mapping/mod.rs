@@ -10,8 +10,10 @@
 //! touched, as in the paper, which measures the file-mapping operation alone.
 
 pub mod aging;
+pub mod bench;
 pub mod cold;
 pub mod ops;
+pub mod stats;
 pub mod structures;
 pub mod volume;
 

@@ -16,7 +16,7 @@ use super::cold::{Evictor, OpTimer};
 use super::structures::Structure;
 use super::volume::Fixture;
 
-/// Blocks an append workload may add before the file is shrunk back (untimed) to its
+/// Most blocks an append workload adds before the file is shrunk back (untimed) to its
 /// starting size, so long runs do not exhaust the volume.
 pub const APPEND_GROWTH_BLOCKS: u64 = 16 * 1024;
 
@@ -162,9 +162,13 @@ impl Workload {
         }
     }
 
-    /// Blocks appends may add before the file is shrunk back.
+    /// Blocks appends may add before the file is shrunk back: about the file's own size, so
+    /// a small file stays small, but at most [`APPEND_GROWTH_BLOCKS`] and at least 64
+    /// operations' worth.
     fn growth_limit(&self) -> u64 {
-        APPEND_GROWTH_BLOCKS.max(64 * self.op.io_blocks)
+        APPEND_GROWTH_BLOCKS
+            .min(self.base_blocks.max(64))
+            .max(64 * self.op.io_blocks)
     }
 
     /// Shrinks the file back to its starting size if appends grew it too much (untimed).

@@ -4,9 +4,11 @@
 use std::fmt;
 use std::sync::Arc;
 
+use pmfs_alloc::FreeExtentAllocator;
+use pmfs_alloc::baseline::bitmap_area_size;
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::pm::HeapRegion;
-use pmfs_core::traits::{Extent, FileId, FileMapping, Run, SimpleAllocator};
+use pmfs_core::traits::{Extent, FileId, FileMapping, Run};
 use pmfs_core::{Error, Result};
 
 use super::structures::Structure;
@@ -14,10 +16,11 @@ use super::structures::Structure;
 /// The media the benches run on.
 pub type Region = HeapRegion;
 
-/// The allocator the per-file structures and the cuckoo table draw blocks from: the paper
-/// compares them with a conventional allocator (§4, "All other evaluated file mapping
-/// structures use the block allocator already present in Strata").
-pub type BaselineAlloc = SimpleAllocator;
+/// The allocator the per-file structures and the cuckoo table draw blocks from: pmfs-alloc's
+/// baseline free-extent allocator over a persistent bitmap. The paper compares HashFS with
+/// such a conventional allocator (§4: "All other evaluated file mapping structures use the
+/// block allocator already present in Strata", a persistent bitmap plus a volatile free list).
+pub type BaselineAlloc = FreeExtentAllocator<Arc<Region>>;
 
 /// Allocates a zeroed region of `bytes` bytes.
 fn new_region(bytes: u64) -> Result<Region> {
@@ -41,6 +44,8 @@ pub struct VolumeSpec {
 pub struct VolumeLayout {
     /// Root words of the files, 8 bytes each ("the inode table").
     pub roots: Extent,
+    /// The baseline allocator's persistent bitmap.
+    pub alloc_bitmap: Extent,
     /// The structure's static metadata area.
     pub meta: Extent,
     /// The data area.
@@ -52,10 +57,17 @@ impl VolumeLayout {
     pub fn new(spec: VolumeSpec, meta_blocks: u64) -> Self {
         let root_blocks = (spec.max_files * 8).div_ceil(BLOCK_SIZE).max(1);
         let roots = Extent::new(BlockNo(0), root_blocks);
-        let meta = Extent::new(roots.end(), meta_blocks);
+        let bitmap_blocks = bitmap_area_size(spec.data_blocks).div_ceil(BLOCK_SIZE);
+        let alloc_bitmap = Extent::new(roots.end(), bitmap_blocks);
+        let meta = Extent::new(alloc_bitmap.end(), meta_blocks);
         let data_start = meta.end().0.next_multiple_of(DATA_ALIGN_BLOCKS);
         let data = Extent::new(BlockNo(data_start), spec.data_blocks);
-        Self { roots, meta, data }
+        Self {
+            roots,
+            alloc_bitmap,
+            meta,
+            data,
+        }
     }
 
     /// Size of the region in bytes.
@@ -108,7 +120,11 @@ impl<S: Structure> Fixture<S> {
     pub fn new(spec: VolumeSpec) -> Result<Self> {
         let layout = VolumeLayout::new(spec, S::meta_blocks(spec.data_blocks));
         let region = Arc::new(new_region(layout.region_bytes())?);
-        let alloc = Arc::new(BaselineAlloc::new(layout.data.start, layout.data.len));
+        let alloc = Arc::new(BaselineAlloc::format(
+            region.clone(),
+            layout.alloc_bitmap.start.offset(),
+            layout.data,
+        )?);
         let mapping = S::format(region.clone(), layout.meta, layout.data, alloc.clone())?;
         Ok(Self {
             region,
@@ -200,9 +216,9 @@ impl<S: Structure> Fixture<S> {
         Ok(())
     }
 
-    /// The areas of the region holding structure metadata that an operation on file `f` may
-    /// read: the static metadata area and the file's own node blocks (blocks it owns that
-    /// hold no data).
+    /// The areas of the region holding metadata that an operation on file `f` may touch: the
+    /// structure's static area, the file's own node blocks (blocks it owns that hold no data)
+    /// and, for structures that use it, the allocator's bitmap.
     pub fn metadata_areas(&self, f: usize) -> Result<Vec<Extent>> {
         let file = &self.files[f];
         let mut owned = Vec::new();
@@ -215,6 +231,9 @@ impl<S: Structure> Fixture<S> {
         let mut areas = subtract(&mut owned, &mut data);
         if self.layout.meta.len > 0 {
             areas.push(self.layout.meta);
+        }
+        if S::USES_ALLOCATOR {
+            areas.push(self.layout.alloc_bitmap);
         }
         Ok(areas)
     }
@@ -321,8 +340,11 @@ mod tests {
         fx.append(a, 10, &mut out).unwrap();
         assert_eq!(fx.file(a).blocks, 20);
         assert_eq!(fx.layout_score(a).unwrap(), 18.0 / 19.0);
-        // The DRAM mapping has no node blocks and no static area.
-        assert!(fx.metadata_areas(a).unwrap().is_empty());
+        // The DRAM mapping has no node blocks and no static area, only the allocator's bitmap.
+        assert_eq!(
+            fx.metadata_areas(a).unwrap(),
+            vec![fx.layout().alloc_bitmap]
+        );
         fx.truncate(a, 5).unwrap();
         assert_eq!(fx.alloc().free_blocks(), 1000 - 6);
         out.clear();
