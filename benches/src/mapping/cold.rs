@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use pmfs_core::Result;
 use pmfs_core::layout::{BLOCK_SIZE, CACHE_LINE};
 use pmfs_core::pm::Media;
+use pmfs_core::pm::persist::{self, DispatchPath, FlushKind};
 use pmfs_core::traits::Extent;
 
 /// Environment variable overriding the size of the eviction buffer, in MiB (0 disables the
@@ -53,11 +54,19 @@ impl Evictor {
         self.buf.len() * 8
     }
 
-    /// Flushes every line of `areas` (blocks of `media`), fences, and reads the eviction
-    /// buffer.
+    /// Flushes every line of `areas` (blocks of `media`) with an invalidating flush
+    /// (`clflushopt`, else `clflush`: `clwb` may leave the line cached), fences, and reads the
+    /// eviction buffer.
     pub fn evict(&mut self, media: &dyn Media, areas: &[Extent]) -> Result<()> {
-        for a in areas {
-            media.flush(a.start.offset(), a.len * BLOCK_SIZE)?;
+        let flush_all = || -> Result<()> {
+            for a in areas {
+                media.flush(a.start.offset(), a.len * BLOCK_SIZE)?;
+            }
+            Ok(())
+        };
+        match evicting_path() {
+            Some(path) => persist::with_path(path, flush_all)??,
+            None => flush_all()?,
         }
         media.fence();
         let step = (CACHE_LINE / 8) as usize;
@@ -68,6 +77,16 @@ impl Evictor {
         black_box(sum);
         Ok(())
     }
+}
+
+/// The persistence path with the best invalidating flush this CPU has (none on targets
+/// without one).
+fn evicting_path() -> Option<DispatchPath> {
+    let copy = persist::detected_path().copy;
+    [FlushKind::Clflushopt, FlushKind::Clflush]
+        .into_iter()
+        .map(|flush| DispatchPath { flush, copy })
+        .find(|p| p.is_available())
 }
 
 /// Size of the largest CPU cache of CPU 0 as Linux reports it in sysfs.

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use pmfs_core::Result;
 use pmfs_core::traits::{Extent, FileMapping, SimpleMapping};
+use pmfs_mapping::extent::ExtentTree;
 use pmfs_mapping::hashfs::HashFs;
 
 use super::volume::{BaselineAlloc, Region};
@@ -59,6 +60,29 @@ impl Structure for Simple {
     }
 }
 
+/// The extent tree (§3.1.1): a per-file B-tree of extents, blocks from the baseline allocator.
+#[derive(Debug)]
+pub struct Extents;
+
+impl Structure for Extents {
+    type Mapping = ExtentTree<Arc<Region>, BaselineAlloc>;
+    const NAME: &'static str = "extent";
+    const USES_ALLOCATOR: bool = true;
+
+    fn meta_blocks(_data_blocks: u64) -> u64 {
+        Self::Mapping::meta_blocks()
+    }
+
+    fn format(
+        region: Arc<Region>,
+        meta: Extent,
+        _data: Extent,
+        alloc: Arc<BaselineAlloc>,
+    ) -> Result<Self::Mapping> {
+        ExtentTree::format(region, meta, alloc)
+    }
+}
+
 /// HashFS (§3.2.2): the global linear-probing table whose slot index is the data block.
 #[derive(Debug)]
 pub struct HashFsTable;
@@ -92,12 +116,15 @@ pub trait Visitor {
 }
 
 /// Names of the structures [`for_each_structure`] runs, in order.
-pub const STRUCTURES: &[&str] = &[HashFsTable::NAME];
+pub const STRUCTURES: &[&str] = &[Extents::NAME, HashFsTable::NAME];
 
 /// Calls `v` for every structure of the paper that exists, in the order of
 /// [`STRUCTURES`], skipping those not named in `PMFS_BENCH_STRUCTURES` (a comma-separated
 /// list) when that variable is set.
 pub fn for_each_structure(v: &mut impl Visitor) -> Result<()> {
+    if selected(Extents::NAME) {
+        v.visit::<Extents>()?;
+    }
     if selected(HashFsTable::NAME) {
         v.visit::<HashFsTable>()?;
     }

@@ -2,19 +2,26 @@
 //! its data area, with the structure formatted on it and the files it maps.
 
 use std::fmt;
+use std::fs::OpenOptions;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use pmfs_alloc::FreeExtentAllocator;
 use pmfs_alloc::baseline::bitmap_area_size;
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
-use pmfs_core::pm::HeapRegion;
+use pmfs_core::pm::PmRegion;
 use pmfs_core::traits::{Extent, FileId, FileMapping, Run};
 use pmfs_core::{Error, Result};
 
 use super::structures::Structure;
 
-/// The media the benches run on.
-pub type Region = HeapRegion;
+/// The media the benches run on: a pool file mapped shared, as pmfs runs on PM.
+pub type Region = PmRegion;
+
+/// Environment variable naming the directory of the benches' pool files (default
+/// `/dev/shm`, else the system's temporary directory).
+pub const POOL_DIR_VAR: &str = "PMFS_BENCH_POOL_DIR";
 
 /// The allocator the per-file structures and the cuckoo table draw blocks from: pmfs-alloc's
 /// baseline free-extent allocator over a persistent bitmap. The paper compares HashFS with
@@ -22,9 +29,39 @@ pub type Region = HeapRegion;
 /// block allocator already present in Strata", a persistent bitmap plus a volatile free list).
 pub type BaselineAlloc = FreeExtentAllocator<Arc<Region>>;
 
-/// Allocates a zeroed region of `bytes` bytes.
+/// Maps a zeroed region of `bytes` bytes.
+///
+/// The pool file is sparse (only the pages the structures touch use memory: data blocks are
+/// never touched) and is unlinked as soon as it is mapped, so nothing is left behind even if
+/// the bench dies.
 fn new_region(bytes: u64) -> Result<Region> {
-    HeapRegion::new(bytes)
+    static POOLS: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::var_os(POOL_DIR_VAR)
+        .map(PathBuf::from)
+        .filter(|d| d.is_dir())
+        .unwrap_or_else(|| {
+            let shm = PathBuf::from("/dev/shm");
+            if shm.is_dir() {
+                shm
+            } else {
+                std::env::temp_dir()
+            }
+        });
+    let n = POOLS.fetch_add(1, Ordering::Relaxed);
+    let path = dir.join(format!("pmfs-bench-{}-{n}.pool", std::process::id()));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
+    let opened = file
+        .set_len(bytes)
+        .map_err(Error::from)
+        .and_then(|()| PmRegion::open(&path));
+    let removed = std::fs::remove_file(&path);
+    let region = opened?;
+    removed?;
+    Ok(region)
 }
 
 /// Data areas start on a 2 MiB boundary.
