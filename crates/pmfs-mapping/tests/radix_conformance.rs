@@ -1,0 +1,84 @@
+//! The radix tree passes the shared `FileMapping` conformance suite (logical blocks up to
+//! 2^32, so trees of one to four levels grow and shrink), also when space runs out and when
+//! every block is its own fragment, and it survives the suite's concurrency stress.
+
+use std::sync::Arc;
+
+use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
+use pmfs_core::pm::HeapRegion;
+use pmfs_core::traits::conformance::mapping::{
+    StressConfig, Subject, SuiteConfig, run_suite, stress_files, stress_one_writer,
+};
+use pmfs_core::traits::{AllocHint, BlockAllocator, Extent, FileId, SimpleAllocator};
+use pmfs_mapping::radix::{RadixOptions, RadixTree};
+use pmfs_mapping::undo::UndoGeometry;
+
+type Tree = RadixTree<HeapRegion, SimpleAllocator>;
+
+/// Block 0 holds the files' root words, the meta area follows, the allocator manages the
+/// rest. With `fragment`, every other data block is taken away first.
+fn subject(files: usize, data_blocks: u64, fragment: bool) -> Subject<Tree> {
+    let opts = RadixOptions {
+        undo: UndoGeometry {
+            slots: 4,
+            slot_blocks: 16,
+        },
+    };
+    let meta = Extent::new(BlockNo(1), opts.meta_blocks());
+    let region = HeapRegion::new((meta.end().0 + data_blocks) * BLOCK_SIZE).unwrap();
+    let alloc = Arc::new(SimpleAllocator::new(meta.end(), data_blocks));
+    if fragment {
+        let all = alloc.alloc(data_blocks, AllocHint::default()).unwrap();
+        for b in (0..data_blocks).step_by(2) {
+            alloc.free(Extent::new(all.start + b, 1)).unwrap();
+        }
+    }
+    let free = alloc.clone();
+    let tree = RadixTree::format_with(region, meta, alloc, opts).unwrap();
+    let ids = (0..files)
+        .map(|i| FileId {
+            ino: i as u64 + 1,
+            root: PmOff(8 * i as u64),
+        })
+        .collect();
+    Subject::new(tree, ids).with_free_blocks(move || free.free_blocks())
+}
+
+#[test]
+fn radix_tree_passes_the_suite() {
+    run_suite(&SuiteConfig::default(), |files| {
+        subject(files, 1 << 14, false)
+    });
+}
+
+#[test]
+fn radix_tree_with_fragmented_space_passes_the_suite() {
+    let cfg = SuiteConfig {
+        max_len: 24,
+        ..SuiteConfig::default()
+    };
+    run_suite(&cfg, |files| subject(files, 1 << 12, true));
+}
+
+#[test]
+fn radix_tree_passes_the_suite_when_space_runs_out() {
+    let cfg = SuiteConfig {
+        max_lblk: 4096,
+        ..SuiteConfig::default()
+    };
+    run_suite(&cfg, |files| subject(files, 300, false));
+}
+
+#[test]
+fn radix_tree_survives_concurrent_files() {
+    let cfg = StressConfig {
+        max_lblk: 1 << 20,
+        ..StressConfig::default()
+    };
+    stress_files(&subject(4, 1 << 15, false), &cfg);
+}
+
+#[test]
+fn radix_tree_survives_readers_with_one_writer() {
+    stress_one_writer(&subject(1, 1 << 12, true), 3, &StressConfig::default());
+}
