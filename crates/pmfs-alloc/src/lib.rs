@@ -9,6 +9,8 @@
 //!   pages, growing- and fixed-size allocators, implicit preallocation by fragment extension,
 //!   the extension LRU and NMRU placement; volatile, rebuilt from the used extents.
 //! - [`cache`]: per-thread free-block caches (MadFS) in front of any of them.
+//! - [`aging`]: layouts with a chosen layout score (HashFS §4) or a chosen free-space
+//!   fragmentation (CFFS Fig. 13), for benchmarks.
 //!
 //! This crate owns free-space management only. It knows nothing about files, inodes or
 //! mappings: callers describe what an allocation is for with an
@@ -16,6 +18,7 @@
 //! extents that are in use.
 #![forbid(unsafe_code)]
 
+pub mod aging;
 pub mod baseline;
 pub mod cache;
 pub mod cffs;
