@@ -149,6 +149,7 @@ impl Explorer {
         C: FnMut(&CrashPoint<'_>) -> Result<(), String>,
     {
         let scratch = region.lock().start_run(thread::current().id());
+        let scratch = scratch.expect("SimRegion is already being explored by an Explorer::run");
         let _running = Running(region);
         let mut session = Session {
             explorer: self,
@@ -401,6 +402,52 @@ mod tests {
         let mut g = SplitMix64(1234567);
         assert_eq!(g.next_u64(), 6457827717110365317);
         assert_eq!(g.next_u64(), 3203168211198807973);
+    }
+
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+
+    use crate::layout::PmOff;
+    use crate::pm::Media;
+
+    #[test]
+    fn a_panicking_checker_leaves_the_region_usable() {
+        let region = SimRegion::new(128).unwrap();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            Explorer::new(1).run(
+                &region,
+                |pm| pm.store_u64_persist(PmOff(0), 1).unwrap(),
+                |_| panic!("checker bug"),
+            )
+        }));
+        assert!(r.is_err());
+        // The hook and the run mark are gone: fences work and a new run starts.
+        region.fence();
+        let stats = Explorer::new(1)
+            .run(
+                &region,
+                |pm| pm.store_u64_persist(PmOff(8), 2).unwrap(),
+                |_| Ok(()),
+            )
+            .unwrap();
+        assert_eq!((stats.fences, stats.images), (1, 3));
+    }
+
+    #[test]
+    fn a_nested_run_on_the_same_region_panics() {
+        let region = SimRegion::new(64).unwrap();
+        let inner = Explorer::new(0)
+            .run(
+                &region,
+                |pm| {
+                    let r = catch_unwind(AssertUnwindSafe(|| {
+                        Explorer::new(0).run(pm, |_| {}, |_| Ok(()))
+                    }));
+                    assert!(r.is_err());
+                },
+                |_| Ok(()),
+            )
+            .unwrap();
+        assert_eq!(inner.points, 1);
     }
 
     #[test]

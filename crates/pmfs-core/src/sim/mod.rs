@@ -108,6 +108,12 @@
 //! - A non-temporal store is assumed to land as a whole on the words it covers; the
 //!   write-back of the line's older cached content that a real CPU performs when a
 //!   non-temporal store hits a cached line is not taken as a guarantee.
+//! - Every flush is treated like clwb/clflushopt (durable at the next fence), including a
+//!   plain clflush, which real CPUs order more strictly: the model is the weaker one.
+//! - A line stored to more than 256 times without becoming durable has its log compacted:
+//!   a store immediately overwritten by the next store to the same word (and no flush in
+//!   between) is forgotten, so with store prefixes the state between the two is no longer
+//!   offered. Every state that remains is one the line really had.
 //! - Media errors, poisoned lines and partial line writes below word granularity are not
 //!   simulated; neither are other processes mapping the region.
 //! - Crash points are at fences only (and the end): each image is a legal state at that

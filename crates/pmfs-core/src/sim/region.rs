@@ -276,17 +276,17 @@ impl State {
         }
     }
 
-    /// Forgets which lines were touched; the caller holds a copy of the whole view.
-    pub(crate) fn start_run(&mut self, thread: ThreadId) -> Vec<u8> {
-        assert!(
-            self.run.is_none(),
-            "SimRegion is already being explored by another Explorer::run"
-        );
+    /// Marks the start of a run on `thread` and returns a copy of the whole view; forgets
+    /// which lines were touched, as the copy is up to date. `None` if a run is in progress.
+    pub(crate) fn start_run(&mut self, thread: ThreadId) -> Option<Vec<u8>> {
+        if self.run.is_some() {
+            return None;
+        }
         self.run = Some(thread);
         for line in self.touched.drain(..) {
             self.touched_bits[(line / 64) as usize] = 0;
         }
-        self.cache.clone()
+        Some(self.cache.clone())
     }
 
     pub(crate) fn end_run(&mut self) {
