@@ -21,6 +21,10 @@ pub trait Structure {
     /// HashFS, which allocates by claiming table slots).
     const USES_ALLOCATOR: bool;
 
+    /// Whether the structure is one global table for all files (§3.2) rather than a
+    /// structure per file.
+    const GLOBAL: bool;
+
     /// Blocks of the static metadata area (undo log, global table) the structure needs to map a
     /// data area of `data_blocks` blocks.
     fn meta_blocks(data_blocks: u64) -> u64;
@@ -45,6 +49,7 @@ impl Structure for Simple {
     type Mapping = SimpleMapping<BaselineAlloc>;
     const NAME: &'static str = "simple";
     const USES_ALLOCATOR: bool = true;
+    const GLOBAL: bool = false;
 
     fn meta_blocks(_data_blocks: u64) -> u64 {
         0
@@ -68,6 +73,7 @@ impl Structure for Extents {
     type Mapping = ExtentTree<Arc<Region>, BaselineAlloc>;
     const NAME: &'static str = "extent";
     const USES_ALLOCATOR: bool = true;
+    const GLOBAL: bool = false;
 
     fn meta_blocks(_data_blocks: u64) -> u64 {
         Self::Mapping::meta_blocks()
@@ -91,6 +97,7 @@ impl Structure for HashFsTable {
     type Mapping = HashFs<Arc<Region>>;
     const NAME: &'static str = "hashfs";
     const USES_ALLOCATOR: bool = false;
+    const GLOBAL: bool = true;
 
     fn meta_blocks(data_blocks: u64) -> u64 {
         HashFs::<Arc<Region>>::meta_blocks(data_blocks)

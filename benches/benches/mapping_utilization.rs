@@ -1,0 +1,112 @@
+//! Reproduces **Fig. 9** of the HashFS paper (FAST'21, §4.5 "Space Utilization") for the
+//! global tables: cold-cache latency of single-block sequential lookups, random lookups and
+//! appends when the file system is 80 % and 95 % full. Hash tables sized by the capacity get
+//! longer collision chains as they fill; per-file trees do not (the paper shows them flat), so
+//! only the global structures run here.
+//!
+//! The volume holds 8 GiB (2^21 blocks; the paper used 128 GiB). The measured file (64 MiB,
+//! layout score 0.85) is written first; 4 MiB files, grown round-robin at layout score 0.85,
+//! then fill the volume to the target utilisation.
+//!
+//! Group `fig9_utilization`: functions are the structures, parameters `<op> <percent>%`.
+
+use std::time::Instant;
+
+use criterion::{Criterion, criterion_main};
+use pmfs_benches::mapping::aging::{fill, grow_aged};
+use pmfs_benches::mapping::bench::{bench_op, criterion, group};
+use pmfs_benches::mapping::stats::FixtureStats;
+use pmfs_benches::mapping::{
+    Cache, Fixture, GIB_BLOCKS, Harness, MIB_BLOCKS, Op, OpKind, Structure, Visitor, VolumeSpec,
+    for_each_structure,
+};
+use pmfs_core::Result;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+const GROUP: &str = "fig9_utilization";
+const CAPACITY_BLOCKS: u64 = 8 * GIB_BLOCKS;
+const UTILISATION_PERCENT: [u64; 2] = [80, 95];
+const MEASURED_FILE_BLOCKS: u64 = 64 * MIB_BLOCKS;
+const FILL_FILE_BLOCKS: u64 = 4 * MIB_BLOCKS;
+const LAYOUT_SCORE: f64 = 0.85;
+const SEED: u64 = 9;
+
+struct Fig9<'c> {
+    c: &'c mut Criterion,
+    h: Harness,
+    stats: FixtureStats,
+}
+
+/// A volume `percent` % full whose file 0 is the measured file.
+fn filled<S: Structure>(percent: u64) -> Result<Fixture<S>> {
+    let spec = VolumeSpec {
+        data_blocks: CAPACITY_BLOCKS,
+        max_files: 2 + CAPACITY_BLOCKS / FILL_FILE_BLOCKS + 1,
+    };
+    let mut fx = Fixture::<S>::new(spec)?;
+    let mut rng = SmallRng::seed_from_u64(SEED);
+    let f = fx.create_file()?;
+    let filler = fx.create_file()?;
+    grow_aged(
+        &mut fx,
+        f,
+        filler,
+        MEASURED_FILE_BLOCKS,
+        LAYOUT_SCORE,
+        &mut rng,
+    )?;
+    let used: u64 = (0..fx.file_count()).map(|i| fx.file(i).blocks).sum();
+    let target = CAPACITY_BLOCKS * percent / 100;
+    fill(
+        &mut fx,
+        target.saturating_sub(used),
+        FILL_FILE_BLOCKS,
+        LAYOUT_SCORE,
+        &mut rng,
+    )?;
+    Ok(fx)
+}
+
+impl Visitor for Fig9<'_> {
+    fn visit<S: Structure>(&mut self) -> Result<()> {
+        if !S::GLOBAL {
+            return Ok(());
+        }
+        for percent in UTILISATION_PERCENT {
+            let t = Instant::now();
+            let mut fx = filled::<S>(percent)?;
+            self.stats
+                .add(&fx, 0, &format!("{percent}% full"), t.elapsed())?;
+            let mut g = group(self.c, GROUP);
+            for kind in [OpKind::SeqLookup, OpKind::RandLookup, OpKind::Append] {
+                let op = Op::new(Cache::Cold, kind, 1);
+                let param = format!("{op} {percent}%");
+                bench_op(&mut g, &mut self.h, &mut fx, 0, op, param, false, SEED)?;
+            }
+            g.finish();
+        }
+        Ok(())
+    }
+}
+
+fn fig9() {
+    let mut c = criterion();
+    let mut fig = Fig9 {
+        c: &mut c,
+        h: Harness::from_env(),
+        stats: FixtureStats::new(
+            "Fig. 9 fixtures (space utilisation)",
+            "8 GiB volumes filled to 80 % and 95 %; the measured file is 64 MiB at layout \
+             score 0.85; utilisation counts every file.",
+        ),
+    };
+    if let Err(e) = for_each_structure(&mut fig) {
+        panic!("{GROUP}: {e}");
+    }
+    if let Err(e) = fig.stats.write("mapping-fig9") {
+        panic!("{GROUP}: writing the fixture table: {e}");
+    }
+}
+
+criterion_main!(fig9);
