@@ -1,31 +1,5 @@
 //! [`CrashFailure`]: the first crash image a checker rejected, and its file format for
 //! regression tests.
-//!
-//! # File format (version 1)
-//!
-//! A UTF-8 text file, one record per line, `key value`:
-//!
-//! ```text
-//! pmfs-sim-crash 1
-//! seed 7
-//! fence 2
-//! end false
-//! index 1
-//! sampled false
-//! prefixes false
-//! message flag set but data missing\nsecond line
-//! size 4096
-//! choice 0x40 0 2 1
-//! line 0x40 0100000000000000...
-//! ```
-//!
-//! `message` escapes `\` as `\\`, newline as `\n` and carriage return as `\r`. Each `choice`
-//! record is one line that was not durable at the crash point: its offset, the state chosen,
-//! the number of states and the index of the latest state (state 0 is the durable content).
-//! The image is stored sparsely: `size` bytes of zeroes, then every 64-byte line with a
-//! non-zero byte as a `line` record of its offset and its bytes in hex (the last line of a
-//! region whose size is not a multiple of 64 is shorter). Files are small as long as the
-//! images are mostly zero, which is what crash tests on fresh regions produce.
 
 use std::fmt;
 use std::io;
@@ -56,6 +30,32 @@ pub struct LineChoice {
 /// [`Display`](fmt::Display) shows where it happened, the seed and the checker's message;
 /// [`save`](CrashFailure::save) writes it to a file that [`load`](CrashFailure::load) reads
 /// back, so that a regression test can [`replay`](CrashFailure::replay) a checker on it.
+///
+/// # File format (version 1)
+///
+/// A UTF-8 text file, one record per line, `key value`:
+///
+/// ```text
+/// pmfs-sim-crash 1
+/// seed 7
+/// fence 2
+/// end false
+/// index 1
+/// sampled false
+/// prefixes false
+/// message flag set but data missing\nsecond line
+/// size 4096
+/// choice 0x40 0 2 1
+/// line 0x40 0100000000000000...
+/// ```
+///
+/// `message` escapes `\` as `\\`, newline as `\n` and carriage return as `\r`. Each `choice`
+/// record is one line that was not durable at the crash point: its offset, the state chosen,
+/// the number of states and the index of the latest state (state 0 is the durable content).
+/// The image is stored sparsely: `size` bytes of zeroes, then every 64-byte line with a
+/// non-zero byte as a `line` record of its offset and its bytes in hex (the last line of a
+/// region whose size is not a multiple of 64 is shorter). Files are small as long as the
+/// images are mostly zero, which is what crash tests on fresh regions produce.
 #[derive(Clone, PartialEq, Eq)]
 pub struct CrashFailure {
     /// Index of the fence the crash preceded (the number of fences at the end of the
@@ -99,7 +99,7 @@ impl CrashFailure {
         check(&self.crash_point())
     }
 
-    /// Writes the failure to `path` (see the [module docs](self) for the format).
+    /// Writes the failure to `path` (see [`CrashFailure`] for the format).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         std::fs::write(path, self.to_text())?;
         Ok(())
