@@ -9,6 +9,14 @@
 //!   chunks are the zero runs of its 512 bits. Pages at the edges of the managed range are
 //!   split pages whose outside blocks are marked allocated for ever.
 //!
+//! Split pages come in two classes. A *small page* was split for small fixed-size
+//! allocations and metadata (the paper's support pages, SP file): it is where such
+//! allocations go first. A *fragment page* was split because a fragment allocated at huge-page
+//! level starts or ends inside it: its free blocks are the implicit preallocation of that
+//! fragment, so other allocations take them only when nothing else is left. The class is a
+//! heuristic: it is forgotten when the page becomes whole again, and after a rebuild every
+//! split page is a fragment page except the edge pages.
+//!
 //! All positions here are block offsets relative to the group's first page (`rel`), and page
 //! indices relative to the group.
 
@@ -19,6 +27,8 @@ use crate::runs::RunSet;
 
 /// "Not filed in any bucket list."
 pub(super) const NO_BUCKET: u8 = u8::MAX;
+/// Page buckets from this value on hold fragment pages (bucket + this value).
+pub(super) const FRAGMENT_PAGES: u8 = 10;
 const PAGE: u64 = PAGE_BLOCKS;
 
 /// Bitmap helpers over `u64` words, bit `i % 64` of word `i / 64`.
@@ -165,8 +175,12 @@ pub(super) struct GroupState {
     page_free: Vec<u16>,
     /// Largest free chunk per page, in blocks.
     page_largest: Vec<u16>,
-    /// The bucket each page is filed under in the index ([`NO_BUCKET`] if it is not split).
+    /// The bucket each page is filed under in the index ([`NO_BUCKET`] if it is not split):
+    /// the bucket of its largest chunk, plus [`FRAGMENT_PAGES`] for fragment pages.
     pub(super) page_bucket: Vec<u8>,
+    /// Whether each page is a small page (split for small allocations) rather than a fragment
+    /// page; meaningful for split pages only.
+    small: Vec<bool>,
     /// Free chunks of the huge-page level: runs of whole free pages.
     pub(super) runs: RunSet,
     /// The bucket the group is filed under in the index.
@@ -194,6 +208,7 @@ impl GroupState {
             page_free: vec![0; pages as usize],
             page_largest: vec![0; pages as usize],
             page_bucket: vec![NO_BUCKET; pages as usize],
+            small: vec![false; pages as usize],
             runs: RunSet::new(),
             bucket: NO_BUCKET,
             free: 0,
@@ -222,6 +237,8 @@ impl GroupState {
         self.runs = RunSet::new();
         self.free = 0;
         for p in 0..self.pages {
+            let (a, b) = (u64::from(p) * PAGE, u64::from(p + 1) * PAGE);
+            self.small[p as usize] = a < self.lo || b > self.hi;
             self.recount(p);
             self.free += u64::from(self.page_free[p as usize]);
             if u64::from(self.page_free[p as usize]) == PAGE {
@@ -250,13 +267,16 @@ impl GroupState {
         self.page_largest[p as usize] = largest as u16;
     }
 
-    /// The bucket a page belongs in: split pages by their largest chunk, others nowhere.
+    /// The bucket a page belongs in: split pages by their largest chunk and class, others
+    /// nowhere.
     fn page_bucket_now(&self, p: u32) -> u8 {
         let free = u64::from(self.page_free[p as usize]);
         if free == 0 || free == PAGE {
             NO_BUCKET
-        } else {
+        } else if self.small[p as usize] {
             bucket(u64::from(self.page_largest[p as usize]))
+        } else {
+            FRAGMENT_PAGES + bucket(u64::from(self.page_largest[p as usize]))
         }
     }
 
@@ -312,8 +332,9 @@ impl GroupState {
     }
 
     /// Marks `[s, s + l)` (all free) allocated. `extends` says the blocks extend the fragment
-    /// ending at `s`; `fixed_end` marks the fragment ending at `s + l` as fixed-size.
-    fn take(&mut self, s: u64, l: u64, extends: bool, fixed_end: bool) -> Extent {
+    /// ending at `s`; `fixed_end` marks the fragment ending at `s + l` as fixed-size; `small`
+    /// makes the whole pages this splits small pages (else fragment pages).
+    fn take(&mut self, s: u64, l: u64, extends: bool, fixed_end: bool, small: bool) -> Extent {
         debug_assert!(l > 0 && bits::all(&self.bits, s, s + l, false));
         let (p0, p1) = ((s / PAGE) as u32, ((s + l - 1) / PAGE) as u32);
         let whole: Vec<u32> = (p0..=p1)
@@ -322,6 +343,9 @@ impl GroupState {
         if let (Some(&a), Some(&b)) = (whole.first(), whole.last()) {
             let removed = self.runs.remove(u64::from(a), u64::from(b - a + 1));
             debug_assert!(removed, "whole free pages of one free range form one run");
+            for p in a..=b {
+                self.small[p as usize] = small;
+            }
         }
         bits::fill(&mut self.bits, s, s + l, true);
         for p in p0..=p1 {
@@ -375,7 +399,7 @@ impl GroupState {
         if growing {
             self.extended = true;
         }
-        Some(self.take(goal, l, true, !growing))
+        Some(self.take(goal, l, true, !growing, false))
     }
 
     /// The growing-size greedy allocator at huge-page level: the largest chunk of whole free
@@ -386,7 +410,7 @@ impl GroupState {
         let (a, n) = self.runs.largest()?;
         let k = want.div_ceil(PAGE);
         if want >= n * PAGE {
-            return Some(self.take(a * PAGE, n * PAGE, false, false));
+            return Some(self.take(a * PAGE, n * PAGE, false, false, false));
         }
         let start = a * PAGE;
         let q = if a > 0 {
@@ -399,7 +423,7 @@ impl GroupState {
         } else {
             a
         };
-        Some(self.take(page * PAGE, want, false, false))
+        Some(self.take(page * PAGE, want, false, false, false))
     }
 
     /// The growing-size greedy allocator inside a split page: its largest chunk, with the same
@@ -408,14 +432,14 @@ impl GroupState {
         let (a, b) = (u64::from(p) * PAGE, u64::from(p + 1) * PAGE);
         let (s, l) = bits::zero_runs(&self.bits, a, b).max_by_key(|&(s, l)| (l, u64::MAX - s))?;
         if want >= l {
-            return Some(self.take(s, l, false, false));
+            return Some(self.take(s, l, false, false, false));
         }
         let at = if self.left_may_grow(s) {
             s + (l - want) / 2
         } else {
             s
         };
-        Some(self.take(at, want, false, false))
+        Some(self.take(at, want, false, false, false))
     }
 
     /// The fixed-size greedy allocator inside a split page: the smallest chunk that holds
@@ -433,24 +457,24 @@ impl GroupState {
             None => runs().max_by_key(|&(s, l)| (l, u64::MAX - s))?,
         };
         let t = want.min(l);
-        Some(self.take(s + l - t, t, false, true))
+        Some(self.take(s + l - t, t, false, true, false))
     }
 
     /// The fixed-size greedy allocator at huge-page level: the smallest chunk of whole free
     /// pages that holds `want` blocks, right-aligned (for `want` below a page this splits the
-    /// chunk's last page). Without a fitting chunk: nothing if `need_fit`, else the largest
+    /// chunk's last page into a new small page). Without a fitting chunk: nothing if `need_fit`, else the largest
     /// chunk whole.
     pub(super) fn fixed_huge(&mut self, want: u64, need_fit: bool) -> Option<Extent> {
         let k = want.div_ceil(PAGE);
         if let Some((a, n)) = self.runs.best_fit(k) {
             let end = (a + n) * PAGE;
-            return Some(self.take(end - want, want, false, true));
+            return Some(self.take(end - want, want, false, true, want < PAGE));
         }
         if need_fit {
             return None;
         }
         let (a, n) = self.runs.largest()?;
-        Some(self.take(a * PAGE, n * PAGE, false, true))
+        Some(self.take(a * PAGE, n * PAGE, false, true, false))
     }
 
     /// Any free blocks at all: the largest whole-page chunk, else the largest chunk of any
@@ -610,7 +634,7 @@ mod tests {
         let f = h.fixed_huge(PAGE, true).unwrap();
         assert_eq!(f.start.0, 7 * PAGE, "fixed allocations are right-aligned");
         h.give(7 * PAGE, PAGE);
-        let x = h.take(0, 2 * PAGE, false, true);
+        let x = h.take(0, 2 * PAGE, false, true, false);
         assert_eq!(x.len, 2 * PAGE);
         let y = h.grow_huge(1).unwrap();
         assert_eq!(

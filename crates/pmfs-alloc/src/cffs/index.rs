@@ -5,7 +5,7 @@
 //! list or to a list's tail is O(1). Everything here sits behind one mutex that is held only
 //! for such O(1) list operations (see the locking notes in the parent module).
 
-use super::group::NO_BUCKET;
+use super::group::{FRAGMENT_PAGES, NO_BUCKET};
 
 const NIL: u32 = u32::MAX;
 
@@ -96,8 +96,9 @@ impl Lists {
 
 /// Buckets of groups (largest chunk of whole free pages: 1, 2, 3-4, ..., 257-511, 512).
 pub(super) const GROUP_BUCKETS: u8 = 11;
-/// Buckets of split pages (largest free chunk: 1, 2, 3-4, ..., 257-511 blocks).
-pub(super) const PAGE_BUCKETS: u8 = 10;
+/// Buckets of split pages (largest free chunk: 1, 2, 3-4, ..., 257-511 blocks), for small
+/// pages, followed by as many for fragment pages.
+pub(super) const PAGE_BUCKETS: u8 = 2 * FRAGMENT_PAGES;
 /// The extension LRU list, next to the group buckets.
 const LRU: u8 = GROUP_BUCKETS;
 
@@ -195,9 +196,11 @@ impl Index {
         Some((g, b))
     }
 
-    /// The first split page of the highest non-empty page list, moved to its tail.
-    pub(super) fn pick_page_highest(&mut self) -> Option<u32> {
-        let b = (0..PAGE_BUCKETS)
+    /// The first split page of the highest non-empty page list of a class (small pages or
+    /// fragment pages), moved to its tail.
+    pub(super) fn pick_page_highest(&mut self, fragment: bool) -> Option<u32> {
+        let off = if fragment { FRAGMENT_PAGES } else { 0 };
+        let b = (off..off + FRAGMENT_PAGES)
             .rev()
             .find(|&b| self.pages.len[b as usize] > 0)?;
         let p = self.pages.front(b)?;
@@ -205,10 +208,10 @@ impl Index {
         Some(p)
     }
 
-    /// The first split page of the lowest non-empty page list at or above `min`, moved to its
-    /// tail, with the list's bucket.
+    /// The first small page of the lowest non-empty page list at or above bucket `min`, moved
+    /// to its tail, with the list's bucket.
     pub(super) fn pick_page_lowest(&mut self, min: u8) -> Option<(u32, u8)> {
-        let b = (min..PAGE_BUCKETS).find(|&b| self.pages.len[b as usize] > 0)?;
+        let b = (min..FRAGMENT_PAGES).find(|&b| self.pages.len[b as usize] > 0)?;
         let p = self.pages.front(b)?;
         self.pages.push_back(b, p);
         Some((p, b))
@@ -264,7 +267,8 @@ mod tests {
         assert_eq!(ix.pick_group_lowest(4), None);
         ix.file_page(7, 2);
         ix.file_page(5, 9);
-        assert_eq!(ix.pick_page_highest(), Some(5));
+        assert_eq!(ix.pick_page_highest(false), Some(5));
+        assert_eq!(ix.pick_page_highest(true), None);
         assert_eq!(ix.pick_page_lowest(0), Some((7, 2)));
         ix.file_page(5, NO_BUCKET);
         assert_eq!(ix.page_filing(5), NO_BUCKET);

@@ -12,9 +12,11 @@
 //!   512 pages), as in CFFS Fig. 7;
 //! - the **4 KiB level**: a page that is partly used is a *split page*, a small group of 512
 //!   blocks whose free chunks are the runs of free blocks; split pages sit in 10 buddy lists
-//!   keyed by their largest chunk. Pages at the ends of the range that are only partly managed
-//!   are split pages for good. This is where metadata and small fixed-size files go (the
-//!   paper's SP file and "support pages").
+//!   keyed by their largest chunk. A page split for small fixed-size allocations or metadata
+//!   is a *small page* (the paper's support pages, SP file); a page split because a fragment
+//!   of the huge-page level starts or ends in it is a *fragment page*, whose free blocks are
+//!   that fragment's reserve; each class has its own 10 lists. Pages at the ends of the range
+//!   that are only partly managed are small pages for good.
 //!
 //! # Policy
 //!
@@ -34,13 +36,15 @@
 //!   group or right of a fixed-size fragment, else *centre-aligned*, so that the fragment on
 //!   the left keeps as much reserve as the new one. Without any whole free page outside the
 //!   LRU it tries the LRU groups (least recently extended first), then the largest chunk of
-//!   the highest split page, with the same alignment rules at block granularity.
+//!   the highest small page, then of the highest fragment page, with the same alignment rules
+//!   at block granularity.
 //! - [`AllocKind::Fixed`] and [`AllocKind::Metadata`]: the **fixed-size greedy allocator**
 //!   takes the lowest buddy list that can hold the request, the smallest chunk there that
 //!   fits, and allocates its *right* end, leaving the remainder with the fragment on the left.
-//!   Requests below one page go to split pages first and split a new page (the last page of the
-//!   smallest chunk of the lowest group) only when no split page can hold them; larger ones go
-//!   to the huge-page level.
+//!   Requests below one page go to small pages first and split a new small page (the last
+//!   page of the smallest chunk of the lowest group) only when no small page can hold them;
+//!   larger ones go to the huge-page level. Fragment pages are used only when nothing else is
+//!   left.
 //!
 //! Fixed-size allocations mark the fragment they end as *fixed* (a per-block bit), so the
 //! growing allocator left-aligns next to it instead of sharing the chunk.
@@ -336,7 +340,15 @@ impl CffsAllocator {
 
     fn growing(&self, want: u64) -> Option<Extent> {
         self.try_groups(Index::pick_group_highest, |st| st.grow_huge(want), true)
-            .or_else(|| self.try_pages(Index::pick_page_highest, |st, p| st.grow_small(p, want)))
+            .or_else(|| {
+                // Small pages first; the reserves of fragment pages last.
+                [false, true].into_iter().find_map(|fragment| {
+                    self.try_pages(
+                        |ix| ix.pick_page_highest(fragment),
+                        |st, p| st.grow_small(p, want),
+                    )
+                })
+            })
     }
 
     fn fixed(&self, want: u64) -> Option<Extent> {
@@ -389,8 +401,11 @@ impl CffsAllocator {
             )
         })
         .or_else(|| {
-            self.try_pages(Index::pick_page_highest, |st, p| {
-                st.fixed_small(p, want, false)
+            [false, true].into_iter().find_map(|fragment| {
+                self.try_pages(
+                    |ix| ix.pick_page_highest(fragment),
+                    |st, p| st.fixed_small(p, want, false),
+                )
             })
         })
     }
