@@ -78,10 +78,7 @@ fn worker(a: &dyn BlockAllocator, claims: &Claims, t: usize) {
                 AllocKind::Metadata
             };
             a.alloc(rng.gen_range(1..=8), AllocHint { kind, goal: None })
-                .map(|e| {
-                    small.push(e);
-                    e
-                })
+                .inspect(|&e| small.push(e))
         } else if r < 90 {
             if let Some(i) = (!small.is_empty()).then(|| rng.gen_range(0..small.len())) {
                 free(small.swap_remove(i));
