@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use pmfs_core::layout::PmOff;
 use pmfs_core::pm::Media;
-use pmfs_core::sim::{CrashPoint, Explorer, SimRegion};
+use pmfs_core::sim::{CrashPoint, Explorer, ImageRegion, SimRegion};
 
 /// Writes `n` distinct lines without flushing them, then fences.
 fn dirty_lines(pm: &SimRegion, n: u64) {
@@ -245,4 +245,58 @@ fn regions_are_explored_independently() {
 fn sample_count_has_a_floor_of_two() {
     let images = images_at_first_fence(&Explorer::new(0).exhaustive_limit(1).samples(0), 3);
     assert_eq!(images.len(), 2);
+}
+
+/// A tiny redo protocol: a record at 64, a "pending" word at 0 that names it, and a target
+/// word at 128 that recovery sets from the record and then clears the pending word.
+fn recover(pm: &dyn Media) {
+    if pm.load_u64(PmOff(0)).unwrap() == 1 {
+        let v = pm.load_u64(PmOff(64)).unwrap();
+        pm.store_u64_persist(PmOff(128), v).unwrap();
+        pm.store_u64_persist(PmOff(0), 0).unwrap();
+    }
+}
+
+#[test]
+fn crashes_during_recovery_are_explored_by_a_nested_run() {
+    let region = SimRegion::new(256).unwrap();
+    let inner_points = Cell::new(0u64);
+    let stats = Explorer::new(8)
+        .run(
+            &region,
+            |pm| {
+                pm.store_u64_persist(PmOff(64), 42).unwrap();
+                pm.store_u64_persist(PmOff(0), 1).unwrap();
+            },
+            |cp| {
+                // Recovery on a private overlay: no copy of the image.
+                let view = ImageRegion::new(cp.image).map_err(|e| e.to_string())?;
+                recover(&view);
+                if view.load_u64(PmOff(0)).unwrap() != 0 {
+                    return Err("recovery left the record pending".into());
+                }
+                // Crashes inside recovery, then recovery again, must reach the same state.
+                let expect = view.load_u64(PmOff(128)).unwrap();
+                let sim = SimRegion::from_image(cp.image).map_err(|e| e.to_string())?;
+                let inner = Explorer::new(cp.index).run(
+                    &sim,
+                    |pm| recover(pm),
+                    |inner_cp| {
+                        let again = ImageRegion::new(inner_cp.image).map_err(|e| e.to_string())?;
+                        recover(&again);
+                        match again.load_u64(PmOff(128)).unwrap() {
+                            v if v == expect => Ok(()),
+                            v => Err(format!("recovery after a crash in recovery gave {v}")),
+                        }
+                    },
+                );
+                let inner = inner.map_err(|f| f.to_string())?;
+                inner_points.set(inner_points.get() + inner.points);
+                Ok(())
+            },
+        )
+        .unwrap();
+    assert_eq!(stats.fences, 2);
+    // The images with the pending word set ran recovery's two fences plus its end.
+    assert!(inner_points.get() > stats.images, "{}", inner_points.get());
 }

@@ -41,6 +41,12 @@
 //! assert_eq!(stats.fences, 2);
 //! ```
 //!
+//! A checker that opens a structure on the image can wrap it in an [`ImageRegion`] (a
+//! [`Media`](crate::pm::Media) that reads the image and keeps recovery's writes in a private
+//! overlay, without copying the region), or copy it into a
+//! [`HeapRegion`](crate::pm::HeapRegion). To explore crashes *during recovery*, load the image
+//! into a [`SimRegion::from_image`] and run a nested [`Explorer`] on it from the checker.
+//!
 //! A rejected image comes back as a [`CrashFailure`]; [`CrashFailure::save`] writes it to a
 //! small text file and a regression test replays the checker on
 //! [`CrashFailure::load`]'s result with [`CrashFailure::replay`].
@@ -123,6 +129,7 @@
 mod explorer;
 mod failure;
 mod hook;
+mod image;
 mod line;
 mod region;
 
@@ -130,4 +137,5 @@ pub use explorer::{
     CrashPoint, DEFAULT_EXHAUSTIVE_LIMIT, DEFAULT_SAMPLES, Explorer, SAMPLES_ENV, Stats,
 };
 pub use failure::{CrashFailure, LineChoice};
+pub use image::ImageRegion;
 pub use region::SimRegion;
