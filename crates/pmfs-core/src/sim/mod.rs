@@ -78,10 +78,11 @@
 //!
 //! **Crash points.** A crash is simulated just before each fence takes effect, and once
 //! after the workload returns. Every state right after a fence is also a state right before
-//! it (a fence only removes possibilities), and a crash between two fences leaves each line
-//! in one of the states the next crash point offers, so the points cover every moment of the
-//! workload — exactly with store prefixes, and for the two extreme states of each line
-//! without.
+//! it (a fence only removes possibilities), and under ADR a crash at any moment between two
+//! fences leaves each line in one of the states the next crash point offers (the guarantees
+//! are the same, the line has only gained stores). So with store prefixes and exhaustive
+//! enumeration the points cover every moment of the workload; without prefixes they cover
+//! the two extreme states of each line, and sampling covers a subset.
 //!
 //! **Images.** A crash image is the durable content of the region with each uncertain line
 //! in one of its states. By default a line has two states, durable and latest (the issue's
@@ -97,7 +98,9 @@
 //!
 //! **eADR.** [`SimRegion::new_eadr`] models caches inside the persistence domain: ordinary
 //! stores are durable as soon as they are done, [`needs_flush`](crate::pm::Media::needs_flush)
-//! is `false`, and only non-temporal stores wait for a fence.
+//! is `false`, and only non-temporal stores wait for a fence. Crash points are still the
+//! fences, where every ordinary store done so far is durable: a crash *between* two ordinary
+//! stores (the first durable, the second not yet done) is not simulated under eADR.
 //!
 //! # Limits
 //!
@@ -123,8 +126,9 @@
 //! - Media errors, poisoned lines and partial line writes below word granularity are not
 //!   simulated; neither are other processes mapping the region.
 //! - Crash points are at fences only (and the end): each image is a legal state at that
-//!   point, and with store prefixes every legal state of every earlier moment since the
-//!   previous fence is among them.
+//!   point, and under ADR with store prefixes every legal state of every earlier moment since
+//!   the previous fence is among them. Under eADR the moments between two ordinary stores
+//!   are not covered (see above).
 
 mod explorer;
 mod failure;
