@@ -4,16 +4,16 @@
 //! longer collision chains as they fill; per-file trees do not (the paper shows them flat), so
 //! only the global structures run here.
 //!
-//! The volume holds 8 GiB (2^21 blocks; the paper used 128 GiB). The measured file (64 MiB,
-//! layout score 0.85) is written first; 4 MiB files, grown round-robin at layout score 0.85,
-//! then fill the volume to the target utilisation.
+//! The volume holds 8 GiB (2^21 blocks; the paper used 128 GiB). The measured file (64 MiB)
+//! and then 4 MiB files up to the target utilisation are written with the layout
+//! pmfs-alloc's aging generator plans for layout score 0.85.
 //!
 //! Group `fig9_utilization`: functions are the structures, parameters `<op> <percent>%`.
 
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_main};
-use pmfs_benches::mapping::aging::{fill, grow_aged};
+use pmfs_benches::mapping::aging::build_aged_files;
 use pmfs_benches::mapping::bench::{bench_op, criterion, group};
 use pmfs_benches::mapping::stats::FixtureStats;
 use pmfs_benches::mapping::{
@@ -21,8 +21,6 @@ use pmfs_benches::mapping::{
     for_each_structure,
 };
 use pmfs_core::Result;
-use rand::SeedableRng;
-use rand::rngs::SmallRng;
 
 const GROUP: &str = "fig9_utilization";
 const CAPACITY_BLOCKS: u64 = 8 * GIB_BLOCKS;
@@ -42,29 +40,14 @@ struct Fig9<'c> {
 fn filled<S: Structure>(percent: u64) -> Result<Fixture<S>> {
     let spec = VolumeSpec {
         data_blocks: CAPACITY_BLOCKS,
-        max_files: 2 + CAPACITY_BLOCKS / FILL_FILE_BLOCKS + 1,
+        max_files: 2 + CAPACITY_BLOCKS / FILL_FILE_BLOCKS,
     };
     let mut fx = Fixture::<S>::new(spec)?;
-    let mut rng = SmallRng::seed_from_u64(SEED);
-    let f = fx.create_file()?;
-    let filler = fx.create_file()?;
-    grow_aged(
-        &mut fx,
-        f,
-        filler,
-        MEASURED_FILE_BLOCKS,
-        LAYOUT_SCORE,
-        &mut rng,
-    )?;
-    let used: u64 = (0..fx.file_count()).map(|i| fx.file(i).blocks).sum();
     let target = CAPACITY_BLOCKS * percent / 100;
-    fill(
-        &mut fx,
-        target.saturating_sub(used),
-        FILL_FILE_BLOCKS,
-        LAYOUT_SCORE,
-        &mut rng,
-    )?;
+    let fill_files = (target - MEASURED_FILE_BLOCKS).div_ceil(FILL_FILE_BLOCKS);
+    let mut sizes = vec![MEASURED_FILE_BLOCKS];
+    sizes.extend(std::iter::repeat_n(FILL_FILE_BLOCKS, fill_files as usize));
+    build_aged_files(&mut fx, &sizes, LAYOUT_SCORE, SEED)?;
     Ok(fx)
 }
 

@@ -13,6 +13,7 @@ pub mod aging;
 pub mod bench;
 pub mod cold;
 pub mod ops;
+pub mod scripted;
 pub mod stats;
 pub mod structures;
 pub mod volume;

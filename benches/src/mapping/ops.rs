@@ -352,8 +352,8 @@ fn reader_appender<F: FileMapping>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mapping::aging::grow_aged;
-    use crate::mapping::structures::{Extents, HashFsTable, Simple};
+    use crate::mapping::aging::aged_file_fixture;
+    use crate::mapping::structures::{Extents, HashFsTable, Radix, Simple};
     use crate::mapping::volume::VolumeSpec;
     use pmfs_core::traits::BlockAllocator;
 
@@ -362,12 +362,7 @@ mod tests {
             data_blocks: 40_000,
             max_files: 2,
         };
-        let mut fx = Fixture::<S>::new(spec).unwrap();
-        let f = fx.create_file().unwrap();
-        let filler = fx.create_file().unwrap();
-        let mut rng = SmallRng::seed_from_u64(1);
-        grow_aged(&mut fx, f, filler, 1000, 0.85, &mut rng).unwrap();
-        fx
+        aged_file_fixture::<S>(spec, 1000, 0.85, 1).unwrap()
     }
 
     fn harness() -> Harness {
@@ -429,6 +424,7 @@ mod tests {
     fn every_workload_runs_on_every_structure() {
         every_workload_runs_and_appends_stay_bounded::<Simple>();
         every_workload_runs_and_appends_stay_bounded::<Extents>();
+        every_workload_runs_and_appends_stay_bounded::<Radix>();
         every_workload_runs_and_appends_stay_bounded::<HashFsTable>();
     }
 
@@ -445,6 +441,7 @@ mod tests {
     fn concurrent_readers_appenders_on_every_structure() {
         concurrent_readers_appenders_leave_the_file_as_it_was::<Simple>();
         concurrent_readers_appenders_leave_the_file_as_it_was::<Extents>();
+        concurrent_readers_appenders_leave_the_file_as_it_was::<Radix>();
         concurrent_readers_appenders_leave_the_file_as_it_was::<HashFsTable>();
     }
 }

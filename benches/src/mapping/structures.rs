@@ -6,6 +6,7 @@ use pmfs_core::Result;
 use pmfs_core::traits::{Extent, FileMapping, SimpleMapping};
 use pmfs_mapping::extent::ExtentTree;
 use pmfs_mapping::hashfs::HashFs;
+use pmfs_mapping::radix::RadixTree;
 
 use super::volume::{BaselineAlloc, Region};
 
@@ -89,6 +90,30 @@ impl Structure for Extents {
     }
 }
 
+/// The radix tree (§3.1.2): a per-file 512-way tree, blocks from the baseline allocator.
+#[derive(Debug)]
+pub struct Radix;
+
+impl Structure for Radix {
+    type Mapping = RadixTree<Arc<Region>, BaselineAlloc>;
+    const NAME: &'static str = "radix";
+    const USES_ALLOCATOR: bool = true;
+    const GLOBAL: bool = false;
+
+    fn meta_blocks(_data_blocks: u64) -> u64 {
+        Self::Mapping::meta_blocks()
+    }
+
+    fn format(
+        region: Arc<Region>,
+        meta: Extent,
+        _data: Extent,
+        alloc: Arc<BaselineAlloc>,
+    ) -> Result<Self::Mapping> {
+        RadixTree::format(region, meta, alloc)
+    }
+}
+
 /// HashFS (§3.2.2): the global linear-probing table whose slot index is the data block.
 #[derive(Debug)]
 pub struct HashFsTable;
@@ -123,7 +148,7 @@ pub trait Visitor {
 }
 
 /// Names of the structures [`for_each_structure`] runs, in order.
-pub const STRUCTURES: &[&str] = &[Extents::NAME, HashFsTable::NAME];
+pub const STRUCTURES: &[&str] = &[Extents::NAME, Radix::NAME, HashFsTable::NAME];
 
 /// Calls `v` for every structure of the paper that exists, in the order of
 /// [`STRUCTURES`], skipping those not named in `PMFS_BENCH_STRUCTURES` (a comma-separated
@@ -131,6 +156,9 @@ pub const STRUCTURES: &[&str] = &[Extents::NAME, HashFsTable::NAME];
 pub fn for_each_structure(v: &mut impl Visitor) -> Result<()> {
     if selected(Extents::NAME) {
         v.visit::<Extents>()?;
+    }
+    if selected(Radix::NAME) {
+        v.visit::<Radix>()?;
     }
     if selected(HashFsTable::NAME) {
         v.visit::<HashFsTable>()?;

@@ -14,6 +14,7 @@ use pmfs_core::pm::PmRegion;
 use pmfs_core::traits::{Extent, FileId, FileMapping, Run};
 use pmfs_core::{Error, Result};
 
+use super::scripted::Scripted;
 use super::structures::Structure;
 
 /// The media the benches run on: a pool file mapped shared, as pmfs runs on PM.
@@ -27,7 +28,8 @@ pub const POOL_DIR_VAR: &str = "PMFS_BENCH_POOL_DIR";
 /// baseline free-extent allocator over a persistent bitmap. The paper compares HashFS with
 /// such a conventional allocator (§4: "All other evaluated file mapping structures use the
 /// block allocator already present in Strata", a persistent bitmap plus a volatile free list).
-pub type BaselineAlloc = FreeExtentAllocator<Arc<Region>>;
+/// It is wrapped in [`Scripted`] so that aging can dictate the files' layout.
+pub type BaselineAlloc = Scripted<FreeExtentAllocator<Arc<Region>>>;
 
 /// Maps a zeroed region of `bytes` bytes.
 ///
@@ -157,11 +159,11 @@ impl<S: Structure> Fixture<S> {
     pub fn new(spec: VolumeSpec) -> Result<Self> {
         let layout = VolumeLayout::new(spec, S::meta_blocks(spec.data_blocks));
         let region = Arc::new(new_region(layout.region_bytes())?);
-        let alloc = Arc::new(BaselineAlloc::format(
+        let alloc = Arc::new(Scripted::new(FreeExtentAllocator::format(
             region.clone(),
             layout.alloc_bitmap.start.offset(),
             layout.data,
-        )?);
+        )?));
         let mapping = S::format(region.clone(), layout.meta, layout.data, alloc.clone())?;
         Ok(Self {
             region,
