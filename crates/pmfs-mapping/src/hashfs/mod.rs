@@ -68,11 +68,18 @@
 //!   *claiming* (one fence). It claims one slot per block by CAS from free to
 //!   `tentative(ino, lblk)` (invisible to lookups), flushes, fences, switches the record to
 //!   *committed* (the commit point), rewrites the slots to `committed`, fences and frees the
-//!   record. [`recover`](FileMapping::recover) turns the tentative slots of a *claiming*
-//!   record into tombstones and those of a *committed* record into committed slots; either
-//!   way they are found by walking each block's probe sequence.
+//!   record.
 //! - A multi-block remove records `(ino, lblk, end)` as *removing*, tombstones the slots,
-//!   fences and frees the record; recovery finishes it (redo).
+//!   fences and frees the record.
+//! - [`recover`](FileMapping::recover) scans the slot table once: tentative slots become
+//!   committed if a *committed* record covers them and tombstones otherwise; committed slots
+//!   covered by a *removing* record become tombstones. It then repairs probe chains. Claims
+//!   are flushed but, to keep inserts at one fence, not ordered against the claims they walked
+//!   past: a crash can make a claim durable while an earlier claim on the same chain (of the
+//!   same operation, or of another thread's unfinished one) is lost and reads as empty,
+//!   cutting the chain. Recovery turns every empty slot that lies between a live entry and
+//!   its home into a tombstone. Recovery therefore reads the whole slot table (8 bytes per
+//!   data block), the analogue of the allocator rebuild the other structures need.
 //! - Out of space in the middle of a multi-block insert rolls back in line (claimed slots
 //!   become tombstones), so the call changes nothing and returns [`Error::NoSpace`].
 //!
@@ -313,7 +320,7 @@ impl<M: Media> HashFs<M> {
             data,
             slots: data.len,
             table: (meta.start + 2).offset(),
-            intents: IntentTable::new((meta.start + 1).offset(), INTENT_RECORDS, CACHE_LINE),
+            intents: IntentTable::new((meta.start + 1).offset(), INTENT_RECORDS, 1),
             salt,
             kernel: HashKernel::detect(),
         }
@@ -708,6 +715,62 @@ impl<M: Media> HashFs<M> {
         Ok(purged)
     }
 
+    /// Makes every live entry reachable again after a crash: an empty slot between an
+    /// entry's home and the entry (a claim by an operation whose store never became durable,
+    /// while a later claim walking past it did) becomes a tombstone. One pass over the table
+    /// plus a walk over each broken chain. Returns how many slots it changed.
+    fn repair_chains(&self) -> Result<u64> {
+        let n = self.slots;
+        let mut anchor = None;
+        for i in 0..n {
+            if self.load(i)?.1 == Slot::Empty {
+                anchor = Some(i);
+                break;
+            }
+        }
+        let Some(e0) = anchor else {
+            return Ok(0);
+        };
+        let mut last_empty = Some(e0);
+        let mut fixed = 0;
+        for step in 1..=n {
+            let j = (e0 + step) % n;
+            match self.load(j)?.1 {
+                Slot::Empty => last_empty = Some(j),
+                Slot::Tombstone => {}
+                Slot::Tentative(k) | Slot::Committed(k) => {
+                    let h = self.home(file_seed(k.ino, self.salt), k.lblk);
+                    let chain = (j + n - h) % n;
+                    if last_empty.is_some_and(|e| (j + n - e) % n <= chain) {
+                        let mut i = h;
+                        while i != j {
+                            if self.load(i)?.1 == Slot::Empty {
+                                self.media.store_u64(self.slot_off(i), TOMBSTONE)?;
+                                self.media.flush(self.slot_off(i), 8)?;
+                                fixed += 1;
+                            }
+                            i = (i + 1) % n;
+                        }
+                        last_empty = self.prev_empty(h)?;
+                    }
+                }
+            }
+        }
+        Ok(fixed)
+    }
+
+    /// The nearest empty slot before `from` (walking backwards, wrapping).
+    fn prev_empty(&self, from: u64) -> Result<Option<u64>> {
+        let mut i = from;
+        for _ in 0..self.slots {
+            i = if i == 0 { self.slots - 1 } else { i - 1 };
+            if self.load(i)?.1 == Slot::Empty {
+                return Ok(Some(i));
+            }
+        }
+        Ok(None)
+    }
+
     fn check_recovered(&self, at: PmOff, ino: u64, lblk: u64, end: u64) -> Result<()> {
         if ino > MAX_INO || lblk > end || end > LBLK_LIMIT {
             return Err(Error::Corrupt {
@@ -824,23 +887,29 @@ impl<M: Media> FileMapping for HashFs<M> {
         let records = self
             .intents
             .scan(&self.media, &[INSERT_CLAIMING, INSERT_COMMITTED, REMOVING])?;
-        for r in records {
+        let mut live = Vec::with_capacity(records.len());
+        for r in &records {
             let [ino, lblk, end, ..] = r.fields;
             self.check_recovered(self.intents.record(r.index), ino, lblk, end)?;
-            let seed = file_seed(ino, self.salt);
-            let (word, new): (WordOf, WordOf) = match r.kind {
-                INSERT_CLAIMING => (Key::tentative, |_| TOMBSTONE),
-                INSERT_COMMITTED => (Key::tentative, Key::committed),
-                _ => (Key::committed, |_| TOMBSTONE),
+            live.push((r.kind, ino, lblk..end));
+        }
+        let covered = |kind: u8, k: Key| {
+            live.iter()
+                .any(|(rk, ino, range)| *rk == kind && *ino == k.ino && range.contains(&k.lblk))
+        };
+        for i in 0..self.slots {
+            let new = match self.load(i)?.1 {
+                Slot::Tentative(k) if covered(INSERT_COMMITTED, k) => Some(k.committed()),
+                Slot::Tentative(_) => Some(TOMBSTONE),
+                Slot::Committed(k) if covered(REMOVING, k) => Some(TOMBSTONE),
+                _ => None,
             };
-            let mut hits = Vec::new();
-            self.find(ino, seed, lblk, end, word, &mut |l, i| hits.push((l, i)))?;
-            for (l, i) in hits {
-                let off = self.slot_off(i);
-                self.media.store_u64(off, new(Key::new(ino, l)))?;
-                self.media.flush(off, 8)?;
+            if let Some(w) = new {
+                self.media.store_u64(self.slot_off(i), w)?;
+                self.media.flush(self.slot_off(i), 8)?;
             }
         }
+        self.repair_chains()?;
         self.media.fence();
         self.intents.reset(&self.media)
     }
@@ -1059,6 +1128,28 @@ mod tests {
             assert_eq!(t.occupancy().unwrap().tentative, 0);
             assert!(t.intents.scan(&t.media, &[2, 3, 4]).unwrap().is_empty());
         }
+    }
+
+    #[test]
+    fn recovery_repairs_chains_cut_by_lost_claims() {
+        let t = table(64);
+        let f = file(&t, 8);
+        // Two blocks with the same home slot: the second lands behind the first.
+        let h0 = t.home(f.seed, 0);
+        let twin = (1..10_000).find(|&l| t.home(f.seed, l) == h0).unwrap();
+        let mut out = Vec::new();
+        t.insert(&f, 0, 1, &mut out).unwrap();
+        t.insert(&f, twin, 1, &mut out).unwrap();
+        let before = blocks(&t, &f, twin, 1);
+        assert_eq!(before.len(), 1);
+        // The first claim is lost in a crash (its slot reads empty), the second survived.
+        t.media.store_u64(t.slot_off(h0), 0).unwrap();
+        let g = file(&t, 8);
+        assert!(blocks(&t, &g, twin, 1).is_empty(), "the chain is cut");
+        t.recover().unwrap();
+        assert_eq!(blocks(&t, &g, twin, 1), before);
+        assert_eq!(t.load(h0).unwrap().1, Slot::Tombstone);
+        assert_eq!(t.occupancy().unwrap().tombstones, 1);
     }
 
     #[test]
