@@ -86,24 +86,29 @@ pub struct Bucket {
 }
 
 impl Bucket {
-    /// Decodes the 64 bytes of a bucket line; `None` if an entry is corrupt.
-    pub fn decode(line: &[u8; CACHE_LINE as usize]) -> Option<Bucket> {
-        let word = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&line[8 * i..8 * i + 8]);
-            u64::from_le_bytes(b)
-        };
+    /// Decodes the 64 bytes of a bucket line; `None` if an entry is corrupt (or the slice is
+    /// not one line long).
+    pub fn decode(line: &[u8]) -> Option<Bucket> {
+        if line.len() != CACHE_LINE as usize {
+            return None;
+        }
+        let mut words = [0u64; 8];
+        for (w, b) in words.iter_mut().zip(line.chunks_exact(8)) {
+            *w = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+        }
         let mut entries = [None; WAYS];
         for (way, e) in entries.iter_mut().enumerate() {
-            let (k, v) = (word(1 + 2 * way), word(2 + 2 * way));
+            let (k, v) = (words[1 + 2 * way], words[2 + 2 * way]);
+            if k == 0 {
+                continue;
+            }
             *e = match Slot::decode(k)? {
-                Slot::Empty => None,
                 Slot::Committed(key) if !key.version => Some((key, Value::decode(v)?)),
                 _ => return None,
             };
         }
         Some(Bucket {
-            lock: word(0),
+            lock: words[0],
             entries,
         })
     }

@@ -614,21 +614,58 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
         end - lblk > self.slots() / 4
     }
 
+    /// Calls `f(index, bucket)` for every bucket. Reads a block of 64 buckets at a time,
+    /// checking each bucket's seqlock word before and after; a bucket that was locked or
+    /// changed meanwhile is read again on its own.
+    fn scan_all(&self, f: &mut dyn FnMut(u64, &Bucket) -> Result<()>) -> Result<()> {
+        let rule = self.lock_rule();
+        let mut chunk = vec![0u8; BLOCK_SIZE as usize];
+        let mut before = [0u64; BUCKETS_PER_BLOCK as usize];
+        let mut start = 0;
+        while start < self.buckets {
+            let n = (self.buckets - start).min(BUCKETS_PER_BLOCK) as usize;
+            for (i, v) in before[..n].iter_mut().enumerate() {
+                *v = self.media.load_u64(self.bucket_off(start + i as u64))?;
+            }
+            self.media.read(
+                self.bucket_off(start),
+                &mut chunk[..n * CACHE_LINE as usize],
+            )?;
+            fence(Ordering::Acquire);
+            for (i, line) in chunk[..n * CACHE_LINE as usize]
+                .chunks_exact(CACHE_LINE as usize)
+                .enumerate()
+            {
+                let b = start + i as u64;
+                let after = self.media.load_u64(self.bucket_off(b))?;
+                let bucket = if after == before[i] && !rule.is_locked(after) {
+                    Bucket::decode(line).ok_or(Error::Corrupt {
+                        what: "cuckoo bucket",
+                        at: self.bucket_off(b),
+                    })?
+                } else {
+                    let [one] = self.read_snapshot([b])?;
+                    one
+                };
+                f(b, &bucket)?;
+            }
+            start += n as u64;
+        }
+        Ok(())
+    }
+
     /// Every mapped block of `ino` in `[lblk, end)` from a scan of all buckets, ascending.
     fn scan_blocks(&self, ino: u64, lblk: u64, end: u64) -> Result<Vec<(u64, Value)>> {
         let mut hits = Vec::new();
-        for b in 0..self.buckets {
-            if b % 8 == 0 {
-                self.media.prefetch(self.bucket_off(b + 16));
-            }
-            let [bucket] = self.read_snapshot([b])?;
+        self.scan_all(&mut |b, bucket| {
             for (key, v) in bucket.entries.iter().flatten() {
                 if key.ino == ino && (lblk..end).contains(&key.lblk) {
                     self.alternate(*key, b)?;
                     hits.push((key.lblk, *v));
                 }
             }
-        }
+            Ok(())
+        })?;
         hits.sort_unstable_by_key(|h| h.0);
         Ok(hits)
     }
@@ -749,8 +786,7 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
     pub fn verify(&self) -> Result<u64> {
         let mut keys: HashMap<Key, Value> = HashMap::new();
         let mut pblks = HashSet::new();
-        for b in 0..self.buckets {
-            let [bucket] = self.read_snapshot([b])?;
+        self.scan_all(&mut |b, bucket| {
             for (key, v) in bucket.entries.iter().flatten() {
                 self.alternate(*key, b)?;
                 if keys.insert(*key, *v).is_some() || !pblks.insert(v.pblk) {
@@ -760,7 +796,8 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
                     });
                 }
             }
-        }
+            Ok(())
+        })?;
         for (key, v) in &keys {
             let next = (v.size > 1).then(|| {
                 keys.get(&Key::new(key.ino, key.lblk + 1)).copied()
