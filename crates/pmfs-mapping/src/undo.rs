@@ -58,13 +58,15 @@
 //!
 //! Blocks allocated by a transaction that is rolled back by recovery are not referenced by the
 //! restored structure; allocators are rebuilt from the structures at mount, so they are free.
-//! Blocks a transaction releases must be handed back to the allocator only after commit.
+//! Blocks a transaction releases must be handed back to the allocator only after commit (else
+//! another file could reuse a block that a rollback makes referenced again). A [`Ledger`]
+//! keeps both lists for one call.
 
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, CACHE_LINE, Le32, Le64, PmOff, Pod, crc32c};
 use pmfs_core::pm::{Media, MediaExt};
-use pmfs_core::traits::Extent;
+use pmfs_core::traits::{AllocHint, AllocKind, BlockAllocator, Extent};
 use pmfs_core::{Error, Result};
 
 /// Version of the meta-area and undo-log format.
@@ -647,6 +649,125 @@ impl<'a, M: Media + ?Sized> Tx<'a, M> {
     }
 }
 
+/// The blocks one mutating call takes from and gives back to its allocator, kept so that the
+/// protocol above holds: blocks the call allocated go back to the allocator if it fails (after
+/// [`Tx::abort`]), blocks it gives up go back only after [`Tx::commit`].
+#[derive(Debug, Default)]
+pub struct Ledger {
+    allocated: Vec<Extent>,
+    nodes: Vec<BlockNo>,
+    released: Vec<Extent>,
+}
+
+impl Ledger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Allocates exactly `len` blocks, in as many extents as `alloc` hands out, asking each
+    /// time to continue where the previous extent ended (`goal` for the first). All or
+    /// nothing. An extent for which `inside` is false (an allocator handing out blocks the
+    /// structure must not use) is given back and fails the call.
+    pub fn alloc_data<A: BlockAllocator + ?Sized>(
+        &mut self,
+        alloc: &A,
+        len: u64,
+        goal: Option<BlockNo>,
+        inside: impl Fn(Extent) -> bool,
+    ) -> Result<Vec<Extent>> {
+        let mut got: Vec<Extent> = Vec::new();
+        let mut done = 0;
+        while done < len {
+            let hint = AllocHint {
+                kind: AllocKind::Growing,
+                goal: got.last().map(Extent::end).or(goal),
+            };
+            let r = alloc.alloc(len - done, hint).and_then(|e| {
+                if e.len == 0 || e.len > len - done || !inside(e) {
+                    let _ = alloc.free(e);
+                    Err(Error::InvalidArgument(
+                        "allocator returned blocks outside the data area",
+                    ))
+                } else {
+                    Ok(e)
+                }
+            });
+            match r {
+                Ok(e) => {
+                    done += e.len;
+                    got.push(e);
+                }
+                Err(err) => {
+                    let _ = free_merged(alloc, got);
+                    return Err(err);
+                }
+            }
+        }
+        self.allocated.extend_from_slice(&got);
+        Ok(got)
+    }
+
+    /// Allocates one metadata block for a new node; it counts as fresh until the call ends.
+    pub fn alloc_node<A: BlockAllocator + ?Sized>(
+        &mut self,
+        alloc: &A,
+        inside: impl Fn(Extent) -> bool,
+    ) -> Result<BlockNo> {
+        let e = alloc.alloc(1, AllocHint::metadata())?;
+        if e.len != 1 || !inside(e) {
+            let _ = alloc.free(e);
+            return Err(Error::InvalidArgument(
+                "allocator returned a block outside the data area",
+            ));
+        }
+        self.allocated.push(e);
+        self.nodes.push(e.start);
+        Ok(e.start)
+    }
+
+    /// Whether `b` is a node this call allocated (nothing reachable pointed to it before).
+    pub fn is_fresh_node(&self, b: BlockNo) -> bool {
+        self.nodes.contains(&b)
+    }
+
+    /// Records blocks the call gives up, to be freed after commit.
+    pub fn release(&mut self, e: Extent) {
+        self.released.push(e);
+    }
+
+    /// After a commit: frees the given-up blocks. Reports the first failure.
+    pub fn finish_committed<A: BlockAllocator + ?Sized>(self, alloc: &A) -> Result<()> {
+        free_merged(alloc, self.released)
+    }
+
+    /// After an abort: frees the blocks the call allocated. Reports the first failure.
+    pub fn finish_aborted<A: BlockAllocator + ?Sized>(self, alloc: &A) -> Result<()> {
+        free_merged(alloc, self.allocated)
+    }
+}
+
+/// Frees extents, merging neighbours first; reports the first failure after trying all.
+fn free_merged<A: BlockAllocator + ?Sized>(alloc: &A, mut extents: Vec<Extent>) -> Result<()> {
+    extents.sort();
+    let mut merged: Vec<Extent> = Vec::with_capacity(extents.len());
+    for e in extents {
+        match merged.last_mut() {
+            Some(last) if last.end() == e.start => last.len += e.len,
+            _ => merged.push(e),
+        }
+    }
+    let mut first = Ok(());
+    for e in merged {
+        if let Err(err) = alloc.free(e)
+            && first.is_ok()
+        {
+            first = Err(err);
+        }
+    }
+    first
+}
+
 impl<M: Media + ?Sized> Drop for Tx<'_, M> {
     fn drop(&mut self) {
         if !self.finished {
@@ -766,6 +887,40 @@ mod tests {
             Err(Error::InvalidArgument(_))
         ));
         tx.abort().unwrap();
+    }
+
+    #[test]
+    fn ledger_allocates_all_or_nothing_and_frees_by_outcome() {
+        use pmfs_core::traits::SimpleAllocator;
+        let alloc = SimpleAllocator::new(BlockNo(100), 10);
+        let inside = |e: Extent| e.end().0 <= 110;
+        // Too much: nothing stays allocated.
+        let mut l = Ledger::new();
+        assert!(matches!(
+            l.alloc_data(&alloc, 11, None, inside),
+            Err(Error::NoSpace)
+        ));
+        assert_eq!(alloc.free_blocks(), 10);
+        // An aborted call gives back what it allocated, data and nodes.
+        let data = l.alloc_data(&alloc, 4, None, inside).unwrap();
+        assert_eq!(data.iter().map(|e| e.len).sum::<u64>(), 4);
+        let node = l.alloc_node(&alloc, inside).unwrap();
+        assert!(l.is_fresh_node(node) && !l.is_fresh_node(data[0].start));
+        l.finish_aborted(&alloc).unwrap();
+        assert_eq!(alloc.free_blocks(), 10);
+        // A committed call gives back only what it released.
+        let mut l = Ledger::new();
+        let data = l.alloc_data(&alloc, 3, None, inside).unwrap();
+        l.release(Extent::new(data[0].start, 1));
+        l.finish_committed(&alloc).unwrap();
+        assert_eq!(alloc.free_blocks(), 8);
+        // Blocks outside the structure's area are refused and handed back.
+        let mut l = Ledger::new();
+        assert!(matches!(
+            l.alloc_node(&alloc, |_| false),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert_eq!(alloc.free_blocks(), 8);
     }
 
     #[test]

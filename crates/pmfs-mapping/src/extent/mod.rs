@@ -90,15 +90,13 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use pmfs_core::layout::{BlockNo, PmOff};
 use pmfs_core::pm::{Media, MediaExt};
-use pmfs_core::traits::{
-    AllocHint, AllocKind, BlockAllocator, Extent, FileId, FileMapping, MappingKind, Run,
-};
+use pmfs_core::traits::{BlockAllocator, Extent, FileId, FileMapping, MappingKind, Run};
 use pmfs_core::{Error, Result};
 
 use node::{Entry, Node, Root, encode_entries, encode_node, header_word};
 pub use node::{MAX_EXTENT_LEN, MAX_FANOUT, MAX_HEIGHT};
 
-use crate::undo::{AreaKind, Tx, UndoGeometry, UndoLog, format_area, open_area};
+use crate::undo::{AreaKind, Ledger, Tx, UndoGeometry, UndoLog, format_area, open_area};
 
 /// Magic of the extent tree's meta area.
 pub const EXTENT_MAGIC: u64 = u64::from_le_bytes(*b"pmfsEXTT");
@@ -185,18 +183,17 @@ struct Step {
     hi: u64,
 }
 
-/// Blocks a call allocated (freed if it fails), blocks it releases (freed after commit), and
-/// the live counts nodes had before the call first changed them.
+/// The blocks a call takes and gives up, and the live counts nodes had before the call first
+/// changed them.
 #[derive(Debug, Default)]
 struct OpCtx {
-    fresh: Vec<BlockNo>,
-    release: Vec<Extent>,
+    ledger: Ledger,
     first_nr: Vec<(BlockNo, usize)>,
 }
 
 impl OpCtx {
     fn is_fresh(&self, b: BlockNo) -> bool {
-        self.fresh.contains(&b)
+        self.ledger.is_fresh_node(b)
     }
 
     /// How many entries of `node` may be live in the state a rollback restores: its count
@@ -284,10 +281,7 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
     }
 
     fn check_data(&self, e: &Entry, at: PmOff) -> Result<()> {
-        let end = e.block.checked_add(e.len);
-        let overlaps_meta =
-            e.block < self.meta.end().0 && end.unwrap_or(u64::MAX) > self.meta.start.0;
-        if end.is_none_or(|end| end > self.blocks) || overlaps_meta {
+        if !self.inside(Extent::new(BlockNo(e.block), e.len)) {
             return Err(Error::Corrupt {
                 what: "extent data pointer",
                 at,
@@ -465,79 +459,17 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         }
     }
 
-    /// Frees extents to the allocator, merging neighbours; reports the first failure.
-    fn release(&self, extents: &[Extent]) -> Result<()> {
-        let mut sorted = extents.to_vec();
-        sorted.sort();
-        let mut merged: Vec<Extent> = Vec::with_capacity(sorted.len());
-        for e in sorted {
-            match merged.last_mut() {
-                Some(last) if last.end() == e.start => last.len += e.len,
-                _ => merged.push(e),
-            }
-        }
-        let mut first = Ok(());
-        for e in merged {
-            if let Err(err) = self.alloc.free(e)
-                && first.is_ok()
-            {
-                first = Err(err);
-            }
-        }
-        first
+    /// Whether the allocator handed out blocks inside the region and outside the meta area.
+    fn inside(&self, e: Extent) -> bool {
+        e.start
+            .0
+            .checked_add(e.len)
+            .is_some_and(|end| end <= self.blocks)
+            && !(e.start < self.meta.end() && e.end() > self.meta.start)
     }
 
     fn alloc_node(&self, ctx: &mut OpCtx) -> Result<BlockNo> {
-        let e = self.alloc.alloc(1, AllocHint::metadata())?;
-        if e.len != 1 || e.end().0 > self.blocks || self.meta.contains(e.start) {
-            let _ = self.alloc.free(e);
-            return Err(Error::InvalidArgument(
-                "allocator returned a block outside the region",
-            ));
-        }
-        ctx.fresh.push(e.start);
-        Ok(e.start)
-    }
-
-    /// Allocates `len` data blocks in as few extents as the allocator gives, trying to
-    /// continue at `goal`. All or nothing.
-    fn alloc_data(&self, len: u64, goal: Option<BlockNo>) -> Result<Vec<Extent>> {
-        let mut got: Vec<Extent> = Vec::new();
-        let mut done = 0;
-        while done < len {
-            let hint = AllocHint {
-                kind: AllocKind::Growing,
-                goal: got.last().map(Extent::end).or(goal),
-            };
-            let r = self.alloc.alloc(len - done, hint).and_then(|e| {
-                let bad = e.len == 0
-                    || e.len > len - done
-                    || e.start
-                        .0
-                        .checked_add(e.len)
-                        .is_none_or(|end| end > self.blocks)
-                    || (e.start < self.meta.end() && e.end() > self.meta.start);
-                if bad {
-                    let _ = self.alloc.free(e);
-                    Err(Error::InvalidArgument(
-                        "allocator returned blocks outside the data area",
-                    ))
-                } else {
-                    Ok(e)
-                }
-            });
-            match r {
-                Ok(e) => {
-                    done += e.len;
-                    got.push(e);
-                }
-                Err(err) => {
-                    let _ = self.release(&got);
-                    return Err(err);
-                }
-            }
-        }
-        Ok(got)
+        ctx.ledger.alloc_node(&*self.alloc, |e| self.inside(e))
     }
 
     /// Writes `entries` at `from..` of `node` (whose current live count is `node.nr`): the
@@ -773,7 +705,7 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
             if is_data {
                 count += e.len;
             }
-            ctx.release.push(e);
+            ctx.ledger.release(e);
         })?;
         Ok(count)
     }
@@ -858,8 +790,8 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
                 let s = e.key.max(a);
                 let t = e.end().min(b);
                 *count += t - s;
-                ctx.release
-                    .push(Extent::new(BlockNo(e.block + (s - e.key)), t - s));
+                ctx.ledger
+                    .release(Extent::new(BlockNo(e.block + (s - e.key)), t - s));
                 i1 += 1;
             }
             if i0 == i1 {
@@ -904,7 +836,7 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
                 let (nr_c, siblings) =
                     self.remove_node(tx, ctx, e.block, level - 1, clo, chi, a, b, count)?;
                 if nr_c == 0 && siblings.is_empty() {
-                    ctx.release.push(Extent::new(BlockNo(e.block), 1));
+                    ctx.ledger.release(Extent::new(BlockNo(e.block), 1));
                     changed = true;
                 } else {
                     replacement.push(e);
@@ -989,7 +921,7 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         self.set_nr(tx, ctx, &ln, ln.nr + rn.nr)?;
         let (nr, siblings) = self.splice(tx, ctx, node, r, r + 1, &[])?;
         debug_assert!(siblings.is_empty());
-        ctx.release.push(Extent::new(rn.block, 1));
+        ctx.ledger.release(Extent::new(rn.block, 1));
         Ok(Node { nr, ..node })
     }
 
@@ -1019,7 +951,7 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         let new_root = if !siblings.is_empty() {
             Some(self.grow(tx, ctx, root, siblings)?)
         } else if nr == 0 {
-            ctx.release.push(Extent::new(root.block, 1));
+            ctx.ledger.release(Extent::new(root.block, 1));
             None
         } else {
             let mut r = root;
@@ -1028,7 +960,7 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
                 let node = self.read_node(r.block.0, r.height - 1)?;
                 let child = node.entry(&self.media, 0)?.block;
                 let child = self.read_node(child, r.height - 2)?;
-                ctx.release.push(Extent::new(r.block, 1));
+                ctx.ledger.release(Extent::new(r.block, 1));
                 r = Root {
                     block: child.block,
                     height: r.height - 1,
@@ -1088,7 +1020,10 @@ impl<M: Media, A: BlockAllocator> FileMapping for ExtentTree<M, A> {
                 goal = probe.first().map(|r| r.pblk + r.len);
             }
         }
-        let data = self.alloc_data(len, goal)?;
+        let mut ctx = OpCtx::default();
+        let data = ctx
+            .ledger
+            .alloc_data(&*self.alloc, len, goal, |e| self.inside(e))?;
         let mut entries = Vec::with_capacity(data.len());
         let mut l = lblk;
         for e in &data {
@@ -1100,14 +1035,11 @@ impl<M: Media, A: BlockAllocator> FileMapping for ExtentTree<M, A> {
                 done += n;
             }
         }
-        let mut ctx = OpCtx::default();
         let mut tx = self.undo.begin(&self.media, file.id.ino);
         if let Err(e) = self.insert_tx(&mut tx, &mut ctx, file.id.root, root, lblk, b, entries) {
             let _ = tx.abort();
             self.invalidate(file);
-            let fresh: Vec<Extent> = ctx.fresh.iter().map(|&b| Extent::new(b, 1)).collect();
-            let _ = self.release(&fresh);
-            let _ = self.release(&data);
+            let _ = ctx.ledger.finish_aborted(&*self.alloc);
             return Err(e);
         }
         tx.commit()?;
@@ -1140,14 +1072,13 @@ impl<M: Media, A: BlockAllocator> FileMapping for ExtentTree<M, A> {
             Err(e) => {
                 let _ = tx.abort();
                 self.invalidate(file);
-                let fresh: Vec<Extent> = ctx.fresh.iter().map(|&b| Extent::new(b, 1)).collect();
-                let _ = self.release(&fresh);
+                let _ = ctx.ledger.finish_aborted(&*self.alloc);
                 return Err(e);
             }
         };
         tx.commit()?;
         self.invalidate(file);
-        self.release(&ctx.release)?;
+        ctx.ledger.finish_committed(&*self.alloc)?;
         Ok(count)
     }
 
@@ -1160,7 +1091,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for ExtentTree<M, A> {
         self.release_subtree(root.block.0, root.height - 1, &mut ctx)?;
         self.media.store_u64_persist(file.id.root, 0)?;
         self.invalidate(file);
-        self.release(&ctx.release)
+        ctx.ledger.finish_committed(&*self.alloc)
     }
 
     fn owned_blocks(&self, file: &ExtentFile, visit: &mut dyn FnMut(Extent)) -> Result<()> {

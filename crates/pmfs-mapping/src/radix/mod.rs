@@ -67,15 +67,13 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use pmfs_core::layout::{BlockNo, PmOff};
 use pmfs_core::pm::{Media, MediaExt};
-use pmfs_core::traits::{
-    AllocHint, AllocKind, BlockAllocator, Extent, FileId, FileMapping, MappingKind, Run,
-};
+use pmfs_core::traits::{BlockAllocator, Extent, FileId, FileMapping, MappingKind, Run};
 use pmfs_core::{Error, Result};
 
 pub use node::{BITS_PER_LEVEL, ENTRIES, MAX_HEIGHT};
 use node::{Root, covers, decode_entry, entry_off, entry_span, entry_word, height_for, span};
 
-use crate::undo::{AreaKind, Tx, UndoGeometry, UndoLog, format_area, open_area};
+use crate::undo::{AreaKind, Ledger, Tx, UndoGeometry, UndoLog, format_area, open_area};
 
 /// Magic of the radix tree's meta area.
 pub const RADIX_MAGIC: u64 = u64::from_le_bytes(*b"pmfsRADX");
@@ -134,19 +132,6 @@ struct Cursor {
     generation: u64,
     index: u64,
     leaf: BlockNo,
-}
-
-/// Blocks a call allocated (freed if it fails) and blocks it releases (freed after commit).
-#[derive(Debug, Default)]
-struct OpCtx {
-    fresh: Vec<BlockNo>,
-    release: Vec<Extent>,
-}
-
-impl OpCtx {
-    fn is_fresh(&self, b: BlockNo) -> bool {
-        self.fresh.contains(&b)
-    }
 }
 
 /// Collects the runs of a lookup, merging blocks that continue the previous run.
@@ -334,94 +319,32 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
         }
     }
 
-    /// Frees extents to the allocator, merging neighbours; reports the first failure.
-    fn release(&self, extents: &[Extent]) -> Result<()> {
-        let mut sorted = extents.to_vec();
-        sorted.sort();
-        let mut merged: Vec<Extent> = Vec::with_capacity(sorted.len());
-        for e in sorted {
-            match merged.last_mut() {
-                Some(last) if last.end() == e.start => last.len += e.len,
-                _ => merged.push(e),
-            }
-        }
-        let mut first = Ok(());
-        for e in merged {
-            if let Err(err) = self.alloc.free(e)
-                && first.is_ok()
-            {
-                first = Err(err);
-            }
-        }
-        first
-    }
-
-    fn outside_data(&self, e: Extent) -> bool {
-        e.len == 0
-            || e.start
-                .0
-                .checked_add(e.len)
-                .is_none_or(|end| end > self.blocks)
-            || (e.start < self.meta.end() && e.end() > self.meta.start)
+    /// Whether the allocator handed out blocks inside the region and outside the meta area.
+    fn inside(&self, e: Extent) -> bool {
+        e.start
+            .0
+            .checked_add(e.len)
+            .is_some_and(|end| end <= self.blocks)
+            && !(e.start < self.meta.end() && e.end() > self.meta.start)
     }
 
     /// Allocates and zeroes a node (fresh: written without logging).
-    fn new_node(&self, tx: &mut Tx<'_, M>, ctx: &mut OpCtx) -> Result<BlockNo> {
-        let e = self.alloc.alloc(1, AllocHint::metadata())?;
-        if e.len != 1 || self.outside_data(e) {
-            let _ = self.alloc.free(e);
-            return Err(Error::InvalidArgument(
-                "allocator returned a block outside the region",
-            ));
-        }
-        ctx.fresh.push(e.start);
-        tx.zero_fresh_block(e.start)?;
-        Ok(e.start)
-    }
-
-    /// Allocates `len` data blocks, trying to continue at `goal`. All or nothing.
-    fn alloc_data(&self, len: u64, goal: Option<BlockNo>) -> Result<Vec<Extent>> {
-        let mut got: Vec<Extent> = Vec::new();
-        let mut done = 0;
-        while done < len {
-            let hint = AllocHint {
-                kind: AllocKind::Growing,
-                goal: got.last().map(Extent::end).or(goal),
-            };
-            let r = self.alloc.alloc(len - done, hint).and_then(|e| {
-                if e.len > len - done || self.outside_data(e) {
-                    let _ = self.alloc.free(e);
-                    Err(Error::InvalidArgument(
-                        "allocator returned blocks outside the data area",
-                    ))
-                } else {
-                    Ok(e)
-                }
-            });
-            match r {
-                Ok(e) => {
-                    done += e.len;
-                    got.push(e);
-                }
-                Err(err) => {
-                    let _ = self.release(&got);
-                    return Err(err);
-                }
-            }
-        }
-        Ok(got)
+    fn new_node(&self, tx: &mut Tx<'_, M>, ledger: &mut Ledger) -> Result<BlockNo> {
+        let b = ledger.alloc_node(&*self.alloc, |e| self.inside(e))?;
+        tx.zero_fresh_block(b)?;
+        Ok(b)
     }
 
     /// Stores entry words at `off`: logged unless `node` is fresh.
     fn store(
         &self,
         tx: &mut Tx<'_, M>,
-        ctx: &OpCtx,
+        ledger: &Ledger,
         node: BlockNo,
         off: PmOff,
         words: &[u64],
     ) -> Result<()> {
-        if ctx.is_fresh(node) {
+        if ledger.is_fresh_node(node) {
             for (k, &w) in words.iter().enumerate() {
                 tx.store_fresh_u64(off + 8 * k as u64, w)?;
             }
@@ -435,7 +358,7 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
     fn ensure_leaf(
         &self,
         tx: &mut Tx<'_, M>,
-        ctx: &mut OpCtx,
+        ledger: &mut Ledger,
         root: Root,
         lblk: u64,
     ) -> Result<BlockNo> {
@@ -446,8 +369,8 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
             node = match self.entry(node, i)?.1 {
                 Some(child) => self.check_block(child, off, "radix node pointer")?,
                 None => {
-                    let child = self.new_node(tx, ctx)?;
-                    self.store(tx, ctx, node, off, &[entry_word(child)])?;
+                    let child = self.new_node(tx, ledger)?;
+                    self.store(tx, ledger, node, off, &[entry_word(child)])?;
                     child
                 }
             };
@@ -460,7 +383,7 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
     fn insert_tx(
         &self,
         tx: &mut Tx<'_, M>,
-        ctx: &mut OpCtx,
+        ledger: &mut Ledger,
         root_off: PmOff,
         root: Option<Root>,
         a: u64,
@@ -471,12 +394,12 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
         let mut top = match root {
             Some(r) => r,
             None => Root {
-                block: self.new_node(tx, ctx)?,
+                block: self.new_node(tx, ledger)?,
                 height: height_for(last),
             },
         };
         while !covers(top.height, last) {
-            let block = self.new_node(tx, ctx)?;
+            let block = self.new_node(tx, ledger)?;
             tx.store_fresh_u64(entry_off(block, 0), entry_word(top.block))?;
             top = Root {
                 block,
@@ -491,7 +414,7 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
             .flat_map(|e| (0..e.len).map(move |k| e.start.0 + k));
         let mut l = a;
         while l < b {
-            let leaf = self.ensure_leaf(tx, ctx, top, l)?;
+            let leaf = self.ensure_leaf(tx, ledger, top, l)?;
             let leaf_end = ((l >> BITS_PER_LEVEL) + 1)
                 .checked_mul(ENTRIES)
                 .map_or(b, |e| e.min(b));
@@ -499,7 +422,7 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
                 .map(|_| pblks.next().map(|p| entry_word(BlockNo(p))))
                 .collect::<Option<_>>()
                 .ok_or(Error::InvalidArgument("fewer data blocks than the range"))?;
-            self.store(tx, ctx, leaf, entry_off(leaf, l & (ENTRIES - 1)), &words)?;
+            self.store(tx, ledger, leaf, entry_off(leaf, l & (ENTRIES - 1)), &words)?;
             l = leaf_end;
         }
         Ok(())
@@ -549,13 +472,13 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
     }
 
     /// Records every block under `node` for release; returns the number of data blocks.
-    fn release_subtree(&self, node: BlockNo, level: u8, ctx: &mut OpCtx) -> Result<u64> {
+    fn release_subtree(&self, node: BlockNo, level: u8, ledger: &mut Ledger) -> Result<u64> {
         let mut count = 0;
         self.walk_all(node, level, &mut HashSet::new(), &mut |e, is_data| {
             if is_data {
                 count += e.len;
             }
-            ctx.release.push(e);
+            ledger.release(e);
         })?;
         Ok(count)
     }
@@ -566,7 +489,7 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
     fn remove_in(
         &self,
         tx: &mut Tx<'_, M>,
-        ctx: &mut OpCtx,
+        ledger: &mut Ledger,
         node: BlockNo,
         level: u8,
         base: u128,
@@ -589,18 +512,18 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
             let cleared = if level == 0 {
                 self.check_block(child, at, "radix data pointer")?;
                 count += 1;
-                ctx.release.push(Extent::new(child, 1));
+                ledger.release(Extent::new(child, 1));
                 true
             } else {
                 self.check_block(child, at, "radix node pointer")?;
                 if a <= lb && lb + es <= b {
-                    count += self.release_subtree(child, level - 1, ctx)?;
+                    count += self.release_subtree(child, level - 1, ledger)?;
                     true
                 } else {
-                    let (c, empty) = self.remove_in(tx, ctx, child, level - 1, lb, a, b)?;
+                    let (c, empty) = self.remove_in(tx, ledger, child, level - 1, lb, a, b)?;
                     count += c;
                     if empty {
-                        ctx.release.push(Extent::new(child, 1));
+                        ledger.release(Extent::new(child, 1));
                     }
                     empty
                 }
@@ -616,7 +539,7 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
             return Ok((count, false));
         };
         let words = &vals[(f - i0) as usize..=(l - i0) as usize];
-        self.store(tx, ctx, node, entry_off(node, f), words)?;
+        self.store(tx, ledger, node, entry_off(node, f), words)?;
         for i in 0..ENTRIES {
             if self.media.load_u64(entry_off(node, i))? != 0 {
                 return Ok((count, false));
@@ -642,7 +565,7 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
     fn remove_tx(
         &self,
         tx: &mut Tx<'_, M>,
-        ctx: &mut OpCtx,
+        ledger: &mut Ledger,
         root_off: PmOff,
         root: Root,
         a: u64,
@@ -654,9 +577,9 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
         }
         self.check_block(root.block, root_off, "radix node pointer")?;
         let (count, empty) =
-            self.remove_in(tx, ctx, root.block, root.level(), 0, u128::from(a), end)?;
+            self.remove_in(tx, ledger, root.block, root.level(), 0, u128::from(a), end)?;
         let new_root = if empty {
-            ctx.release.push(Extent::new(root.block, 1));
+            ledger.release(Extent::new(root.block, 1));
             None
         } else {
             let mut r = root;
@@ -667,7 +590,7 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
                     at,
                 })?;
                 let child = self.check_block(child, at, "radix node pointer")?;
-                ctx.release.push(Extent::new(r.block, 1));
+                ledger.release(Extent::new(r.block, 1));
                 r = Root {
                     block: child,
                     height: r.height - 1,
@@ -725,15 +648,13 @@ impl<M: Media, A: BlockAllocator> FileMapping for RadixTree<M, A> {
                 goal = probe.first().map(|r| r.pblk + r.len);
             }
         }
-        let data = self.alloc_data(len, goal)?;
-        let mut ctx = OpCtx::default();
+        let mut ledger = Ledger::new();
+        let data = ledger.alloc_data(&*self.alloc, len, goal, |e| self.inside(e))?;
         let mut tx = self.undo.begin(&self.media, file.id.ino);
-        if let Err(e) = self.insert_tx(&mut tx, &mut ctx, file.id.root, root, lblk, b, &data) {
+        if let Err(e) = self.insert_tx(&mut tx, &mut ledger, file.id.root, root, lblk, b, &data) {
             let _ = tx.abort();
             self.invalidate(file);
-            let fresh: Vec<Extent> = ctx.fresh.iter().map(|&b| Extent::new(b, 1)).collect();
-            let _ = self.release(&fresh);
-            let _ = self.release(&data);
+            let _ = ledger.finish_aborted(&*self.alloc);
             return Err(e);
         }
         tx.commit()?;
@@ -759,19 +680,20 @@ impl<M: Media, A: BlockAllocator> FileMapping for RadixTree<M, A> {
         let Some(root) = self.root(file)? else {
             return Ok(0);
         };
-        let mut ctx = OpCtx::default();
+        let mut ledger = Ledger::new();
         let mut tx = self.undo.begin(&self.media, file.id.ino);
-        let count = match self.remove_tx(&mut tx, &mut ctx, file.id.root, root, lblk, b) {
+        let count = match self.remove_tx(&mut tx, &mut ledger, file.id.root, root, lblk, b) {
             Ok(c) => c,
             Err(e) => {
                 let _ = tx.abort();
                 self.invalidate(file);
+                let _ = ledger.finish_aborted(&*self.alloc);
                 return Err(e);
             }
         };
         tx.commit()?;
         self.invalidate(file);
-        self.release(&ctx.release)?;
+        ledger.finish_committed(&*self.alloc)?;
         Ok(count)
     }
 
@@ -781,11 +703,11 @@ impl<M: Media, A: BlockAllocator> FileMapping for RadixTree<M, A> {
             return Ok(());
         };
         let root_block = self.check_block(root.block, file.id.root, "radix node pointer")?;
-        let mut ctx = OpCtx::default();
-        self.release_subtree(root_block, root.level(), &mut ctx)?;
+        let mut ledger = Ledger::new();
+        self.release_subtree(root_block, root.level(), &mut ledger)?;
         self.media.store_u64_persist(file.id.root, 0)?;
         self.invalidate(file);
-        self.release(&ctx.release)
+        ledger.finish_committed(&*self.alloc)
     }
 
     fn owned_blocks(&self, file: &RadixFile, visit: &mut dyn FnMut(Extent)) -> Result<()> {
