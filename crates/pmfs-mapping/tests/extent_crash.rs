@@ -146,3 +146,80 @@ fn interleaved_files_truncate_and_remove_file_are_atomic() {
     ];
     run(Explorer::new(4), 2, true, &setup, &ops);
 }
+
+/// A mapping whose insert is two separate (each atomic) inserts of the two halves: not
+/// atomic as a whole.
+struct TwoStepInsert<F>(F);
+
+impl<F: FileMapping> FileMapping for TwoStepInsert<F> {
+    type File = F::File;
+    fn kind(&self) -> pmfs_core::traits::MappingKind {
+        self.0.kind()
+    }
+    fn open_file(&self, id: pmfs_core::traits::FileId) -> pmfs_core::Result<F::File> {
+        self.0.open_file(id)
+    }
+    fn lookup(
+        &self,
+        f: &F::File,
+        lblk: u64,
+        len: u64,
+        out: &mut Vec<pmfs_core::traits::Run>,
+    ) -> pmfs_core::Result<()> {
+        self.0.lookup(f, lblk, len, out)
+    }
+    fn insert(
+        &self,
+        f: &F::File,
+        lblk: u64,
+        len: u64,
+        out: &mut Vec<pmfs_core::traits::Run>,
+    ) -> pmfs_core::Result<()> {
+        let half = len / 2;
+        self.0.insert(f, lblk, half, out)?;
+        self.0.insert(f, lblk + half, len - half, out)
+    }
+    fn remove(&self, f: &F::File, lblk: u64, len: u64) -> pmfs_core::Result<u64> {
+        self.0.remove(f, lblk, len)
+    }
+    fn remove_file(&self, f: &F::File) -> pmfs_core::Result<()> {
+        self.0.remove_file(f)
+    }
+    fn owned_blocks(
+        &self,
+        f: &F::File,
+        visit: &mut dyn FnMut(pmfs_core::traits::Extent),
+    ) -> pmfs_core::Result<()> {
+        self.0.owned_blocks(f, visit)
+    }
+    fn recover(&self) -> pmfs_core::Result<()> {
+        self.0.recover()
+    }
+}
+
+#[test]
+fn the_checker_rejects_an_insert_done_in_two_steps() {
+    let g = Geometry::new(1, OPTS.meta_blocks(), 64);
+    let region = SimRegion::new(g.bytes()).unwrap();
+    {
+        let alloc = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
+        ExtentTree::format_with(&region, g.meta, alloc, OPTS).unwrap();
+    }
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        crash_check(
+            Explorer::new(6),
+            &region,
+            &g,
+            &[],
+            &[CrashOp::Insert(0, 0, 4)],
+            |r, a| ExtentTree::open(r, g.meta, a).map(TwoStepInsert),
+            |r: HeapRegion, a| ExtentTree::open(r, g.meta, a).map(TwoStepInsert),
+        )
+    }));
+    let message = result.expect_err("a torn insert must be caught");
+    let text = message
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(text.contains("crash check failed"), "{text}");
+}
