@@ -1,8 +1,9 @@
 //! Reproduces **Fig. 5** of the HashFS paper (FAST'21, §4.1 "Locality"): the latency of one
 //! file-mapping operation on a 1 GiB file (layout score 0.85), for single-block sequential
 //! lookups, random lookups and appends (block allocation included), with cold caches (the
-//! structure's metadata lines flushed and the last-level cache thrashed before each
-//! operation, untimed) and hot caches (operations back to back).
+//! structure's and the allocator's persistent lines evicted before each operation, untimed;
+//! `PMFS_BENCH_EVICT_MIB=llc` also evicts DRAM state) and hot caches (operations back to
+//! back).
 //!
 //! Group `fig5_locality`: functions are the structures, parameters the operations.
 

@@ -1,11 +1,15 @@
 //! Cold caches and per-operation timing.
 //!
-//! The paper's "cold cache" case performs one operation and resets the experiment (§4.1). Here
-//! an [`Evictor`] runs between operations, outside the timed section: it writes back and
-//! evicts the structure's metadata lines with [`Media::flush`], then reads a buffer larger
-//! than the last-level cache so that everything else an operation touches in DRAM (the
-//! allocator's state, the open file's cursor or translation cache, page-table entries) is
-//! cold too. Only the operation itself is timed, by an [`OpTimer`].
+//! The paper's "cold cache" case performs one operation and resets the experiment (§4.1); its
+//! cold numbers are those of a structure whose persistent lines are not cached. An
+//! [`Evictor`] reproduces that between operations, outside the timed section: it writes back
+//! and invalidates every line of the structure's metadata — its static area, the file's node
+//! blocks and the allocator's persistent bitmap — with [`Media::flush`] forced onto an
+//! invalidating instruction. On request ([`EVICT_MIB_VAR`]) it also reads a buffer as large as
+//! the last-level cache, so that DRAM state (the allocator's free-extent map, the open file's
+//! cursor or translation cache, page tables, code) is cold too; that adds a fixed cost of
+//! several microseconds to every structure alike. Only the operation itself is timed, by an
+//! [`OpTimer`].
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -16,12 +20,12 @@ use pmfs_core::pm::Media;
 use pmfs_core::pm::persist::{self, DispatchPath, FlushKind};
 use pmfs_core::traits::Extent;
 
-/// Environment variable overriding the size of the eviction buffer, in MiB (0 disables the
-/// buffer; metadata lines are still flushed).
+/// Environment variable asking for a DRAM eviction buffer: a size in MiB, or `llc` for one
+/// and a half times the last-level cache. Unset or 0: metadata lines only.
 pub const EVICT_MIB_VAR: &str = "PMFS_BENCH_EVICT_MIB";
 
-/// Eviction buffer size when the last-level cache size cannot be read.
-const DEFAULT_EVICT_BYTES: usize = 64 << 20;
+/// Eviction buffer size for `llc` when the last-level cache size cannot be read.
+const FALLBACK_LLC_BYTES: usize = 64 << 20;
 
 /// Evicts what a mapping operation may touch from the CPU caches.
 #[derive(Debug)]
@@ -37,16 +41,9 @@ impl Evictor {
         Self { buf }
     }
 
-    /// An evictor sized from [`EVICT_MIB_VAR`], else one and a half times the last-level
-    /// cache.
+    /// An evictor whose buffer [`EVICT_MIB_VAR`] sizes (none by default).
     pub fn from_env() -> Self {
-        let bytes = std::env::var(EVICT_MIB_VAR)
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .map(|mib| mib << 20)
-            .or_else(|| llc_bytes().map(|b| b + b / 2))
-            .unwrap_or(DEFAULT_EVICT_BYTES);
-        Self::new(bytes)
+        Self::new(std::env::var(EVICT_MIB_VAR).map_or(0, |v| buffer_bytes(&v)))
     }
 
     /// Bytes read per eviction.
@@ -87,6 +84,18 @@ fn evicting_path() -> Option<DispatchPath> {
         .into_iter()
         .map(|flush| DispatchPath { flush, copy })
         .find(|p| p.is_available())
+}
+
+/// The buffer size an [`EVICT_MIB_VAR`] value asks for (0 for values that are not
+/// understood).
+pub fn buffer_bytes(value: &str) -> usize {
+    match value.trim() {
+        "llc" => {
+            let llc = llc_bytes().unwrap_or(FALLBACK_LLC_BYTES);
+            llc + llc / 2
+        }
+        mib => mib.parse::<usize>().map_or(0, |m| m << 20),
+    }
 }
 
 /// Size of the largest CPU cache of CPU 0 as Linux reports it in sysfs.
@@ -157,6 +166,15 @@ mod tests {
         assert_eq!(parse_cache_size("64"), Some(64));
         assert_eq!(parse_cache_size("x"), None);
         assert_eq!(parse_cache_size(""), None);
+    }
+
+    #[test]
+    fn buffer_sizes_come_from_the_variable() {
+        assert_eq!(buffer_bytes("8"), 8 << 20);
+        assert_eq!(buffer_bytes(" 0 "), 0);
+        assert_eq!(buffer_bytes("lots"), 0);
+        assert!(buffer_bytes("llc") >= 1 << 20);
+        assert_eq!(Evictor::new(0).buffer_bytes(), 0);
     }
 
     #[test]

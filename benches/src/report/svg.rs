@@ -85,6 +85,16 @@ fn nice_step(raw: f64) -> f64 {
         .unwrap_or(10.0 * pow)
 }
 
+/// A tick value without trailing zeros: `100`, `2.5`, `0.1`.
+fn tick_label(t: f64) -> String {
+    let s = sig(t, 3);
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -158,7 +168,7 @@ pub fn bar_chart(group: &Group) -> String {
             r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
             LEFT - 6.0,
             y + 4.0,
-            sig(t, 3)
+            tick_label(t)
         );
     }
     let _ = writeln!(
@@ -299,6 +309,14 @@ mod tests {
         let empty = bar_chart(&group(&[]));
         assert_eq!(empty.matches(r#"class="bar""#).count(), 0);
         assert!(!empty.contains("NaN"));
+    }
+
+    #[test]
+    fn tick_labels_drop_trailing_zeros() {
+        assert_eq!(tick_label(100.0), "100");
+        assert_eq!(tick_label(0.1), "0.1");
+        assert_eq!(tick_label(2.5), "2.5");
+        assert_eq!(tick_label(0.0), "0");
     }
 
     #[test]
