@@ -98,7 +98,7 @@ pub fn build_aged_files<S: Structure>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mapping::structures::{Extents, HashFsTable, Radix, Simple};
+    use crate::mapping::structures::{Cuckoo, Extents, HashFsTable, Radix, Simple};
     use pmfs_core::traits::BlockAllocator;
 
     fn spec(data_blocks: u64) -> VolumeSpec {
@@ -122,6 +122,7 @@ mod tests {
         reaches_size_and_layout_score::<Simple>();
         reaches_size_and_layout_score::<Extents>();
         reaches_size_and_layout_score::<Radix>();
+        reaches_size_and_layout_score::<Cuckoo>();
     }
 
     #[test]

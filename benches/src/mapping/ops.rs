@@ -353,7 +353,7 @@ fn reader_appender<F: FileMapping>(
 mod tests {
     use super::*;
     use crate::mapping::aging::aged_file_fixture;
-    use crate::mapping::structures::{Extents, HashFsTable, Radix, Simple};
+    use crate::mapping::structures::{Cuckoo, Extents, HashFsTable, Radix, Simple};
     use crate::mapping::volume::VolumeSpec;
     use pmfs_core::traits::BlockAllocator;
 
@@ -425,6 +425,7 @@ mod tests {
         every_workload_runs_and_appends_stay_bounded::<Simple>();
         every_workload_runs_and_appends_stay_bounded::<Extents>();
         every_workload_runs_and_appends_stay_bounded::<Radix>();
+        every_workload_runs_and_appends_stay_bounded::<Cuckoo>();
         every_workload_runs_and_appends_stay_bounded::<HashFsTable>();
     }
 
@@ -442,6 +443,7 @@ mod tests {
         concurrent_readers_appenders_leave_the_file_as_it_was::<Simple>();
         concurrent_readers_appenders_leave_the_file_as_it_was::<Extents>();
         concurrent_readers_appenders_leave_the_file_as_it_was::<Radix>();
+        concurrent_readers_appenders_leave_the_file_as_it_was::<Cuckoo>();
         concurrent_readers_appenders_leave_the_file_as_it_was::<HashFsTable>();
     }
 }

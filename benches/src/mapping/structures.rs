@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use pmfs_core::Result;
 use pmfs_core::traits::{Extent, FileMapping, SimpleMapping};
+use pmfs_mapping::cuckoo::CuckooMapping;
 use pmfs_mapping::extent::ExtentTree;
 use pmfs_mapping::hashfs::HashFs;
 use pmfs_mapping::radix::RadixTree;
@@ -114,6 +115,31 @@ impl Structure for Radix {
     }
 }
 
+/// The global cuckoo hash table with ranged entries (§3.2.1), blocks from the baseline
+/// allocator. Sized for the whole data area.
+#[derive(Debug)]
+pub struct Cuckoo;
+
+impl Structure for Cuckoo {
+    type Mapping = CuckooMapping<Arc<Region>, BaselineAlloc>;
+    const NAME: &'static str = "cuckoo";
+    const USES_ALLOCATOR: bool = true;
+    const GLOBAL: bool = true;
+
+    fn meta_blocks(data_blocks: u64) -> u64 {
+        Self::Mapping::meta_blocks(data_blocks)
+    }
+
+    fn format(
+        region: Arc<Region>,
+        meta: Extent,
+        _data: Extent,
+        alloc: Arc<BaselineAlloc>,
+    ) -> Result<Self::Mapping> {
+        CuckooMapping::format_with_salt(region, meta, alloc, HASH_SALT)
+    }
+}
+
 /// HashFS (§3.2.2): the global linear-probing table whose slot index is the data block.
 #[derive(Debug)]
 pub struct HashFsTable;
@@ -138,7 +164,7 @@ impl Structure for HashFsTable {
     }
 }
 
-/// The hash salt of the benches' HashFS tables, fixed so runs are reproducible.
+/// The hash salt of the benches' hash tables, fixed so runs are reproducible.
 const HASH_SALT: u64 = 0x5eed_4a54_f5b3_0001;
 
 /// Code run once per structure, with the structure as a type parameter.
@@ -148,7 +174,7 @@ pub trait Visitor {
 }
 
 /// Names of the structures [`for_each_structure`] runs, in order.
-pub const STRUCTURES: &[&str] = &[Extents::NAME, Radix::NAME, HashFsTable::NAME];
+pub const STRUCTURES: &[&str] = &[Extents::NAME, Radix::NAME, Cuckoo::NAME, HashFsTable::NAME];
 
 /// Calls `v` for every structure of the paper that exists, in the order of
 /// [`STRUCTURES`], skipping those not named in `PMFS_BENCH_STRUCTURES` (a comma-separated
@@ -159,6 +185,9 @@ pub fn for_each_structure(v: &mut impl Visitor) -> Result<()> {
     }
     if selected(Radix::NAME) {
         v.visit::<Radix>()?;
+    }
+    if selected(Cuckoo::NAME) {
+        v.visit::<Cuckoo>()?;
     }
     if selected(HashFsTable::NAME) {
         v.visit::<HashFsTable>()?;
