@@ -1,0 +1,393 @@
+//! The embedding API: [`Volume`] mirrors the free functions of `std::fs`, [`File`] and
+//! [`OpenOptions`] mirror theirs.
+//!
+//! Paths are absolute strings inside the volume (`"/dir/file"`). Every call is atomic and
+//! durable when it returns. Errors are [`Error`]s, which convert into `io::Error` with the
+//! matching errno.
+
+pub(crate) mod file;
+pub(crate) mod types;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pmfs_core::pm::Media;
+use pmfs_core::traits::MappingKind;
+
+use self::file::{File, OpenOptions};
+use self::types::{
+    DirEntry, FileTimes, Metadata, Permissions, ReadDir, RenameFlags, StatFs, VolumeInfo,
+    from_system_time,
+};
+use crate::dir::page::NAME_MAX;
+use crate::error::{Error, Result};
+use crate::format::{AllocatorKind, Options};
+use crate::fs::path::{Existing, Follow, Target};
+use crate::fs::{Fs, MountReport, ns};
+use crate::inode::{Handle, Kind};
+
+/// A mounted pmfs volume. `Send + Sync`: share it between threads by reference or `Arc`.
+///
+/// Dropping the last `Volume` (and the last open [`File`]) closes the volume cleanly; a
+/// volume that was not closed (a crash) is recovered by the next mount.
+#[derive(Debug, Clone)]
+pub struct Volume {
+    pub(crate) fs: Arc<Fs>,
+}
+
+impl Fs {
+    /// Metadata of the live inode `h`.
+    pub(crate) fn stat(&self, h: Handle) -> Result<Metadata> {
+        let rec = {
+            let _il = self.ilock(h.ino).read().unwrap_or_else(|e| e.into_inner());
+            self.inodes
+                .read_live(self.m(), h)
+                .map_err(|_| Error::NotFound)?
+        };
+        let kind = rec.kind().ok_or(Error::Corrupt {
+            what: "inode mode",
+            at: self.inodes.field(h.ino, 0),
+        })?;
+        let mut md = Metadata {
+            kind,
+            mode: rec.mode,
+            uid: rec.uid,
+            gid: rec.gid,
+            nlink: rec.nlink,
+            size: rec.size,
+            atime: rec.atime as i64,
+            mtime: rec.mtime as i64,
+            ctime: rec.ctime as i64,
+            btime: rec.btime as i64,
+            ino: u64::from(h.ino),
+            generation: h.generation,
+        };
+        if kind == Kind::Dir {
+            let d = self.dir(h)?;
+            let inner = d.inner.read().unwrap_or_else(|e| e.into_inner());
+            md.nlink = 2 + inner.subdirs;
+            md.mtime = inner.mtime;
+            md.ctime = md.ctime.max(inner.mtime);
+        }
+        Ok(md)
+    }
+}
+
+fn split_parent(fs: &Fs, path: &str) -> Result<(Arc<crate::dir::Dir>, Vec<u8>, bool)> {
+    match fs.resolve(path, Follow::NoLast)? {
+        Target::Dir(_) => Err(Error::AlreadyExists),
+        Target::Entry {
+            parent,
+            name,
+            want_dir,
+            ..
+        } => Ok((parent, name, want_dir)),
+    }
+}
+
+impl Volume {
+    /// Formats `media` as a new volume and mounts it.
+    pub fn format(media: Arc<dyn Media>, opts: &Options) -> Result<Volume> {
+        Ok(Volume {
+            fs: Arc::new(Fs::format(media, opts)?),
+        })
+    }
+
+    /// Mounts the volume on `media`, recovering it if it was not closed cleanly.
+    pub fn mount(media: Arc<dyn Media>) -> Result<Volume> {
+        Ok(Volume {
+            fs: Arc::new(Fs::mount(media, false)?),
+        })
+    }
+
+    /// Mounts a cleanly closed volume without writing to it. A volume that needs recovery
+    /// fails with [`Error::ReadOnly`].
+    pub fn mount_read_only(media: Arc<dyn Media>) -> Result<Volume> {
+        Ok(Volume {
+            fs: Arc::new(Fs::mount(media, true)?),
+        })
+    }
+
+    /// Closes the volume cleanly. If files are still open, the volume stays mounted until the
+    /// last of them is dropped, and closes then.
+    pub fn close(self) -> Result<()> {
+        match Arc::try_unwrap(self.fs) {
+            Ok(fs) => fs.shutdown(),
+            Err(shared) => {
+                shared.sync_metadata()?;
+                Ok(())
+            }
+        }
+    }
+
+    /// What the mount found and repaired.
+    pub fn mount_report(&self) -> MountReport {
+        self.fs.report
+    }
+
+    /// The mapping structure chosen at mkfs.
+    pub fn mapping(&self) -> MappingKind {
+        self.fs.geo.mapping
+    }
+
+    /// The allocator chosen at mkfs.
+    pub fn allocator(&self) -> AllocatorKind {
+        self.fs.geo.allocator
+    }
+
+    /// Where the regions of the volume are.
+    pub fn info(&self) -> VolumeInfo {
+        let g = &self.fs.geo;
+        VolumeInfo {
+            mapping: g.mapping,
+            allocator: g.allocator,
+            size: g.total_blocks * pmfs_core::layout::BLOCK_SIZE,
+            journal_offset: g.journal_start.offset().0,
+            journal_slots: g.journal_slots,
+            inode_table_offset: g.inode_start.offset().0,
+            inode_count: g.inode_count,
+            inode_size: crate::inode::INODE_SIZE,
+            mapping_offset: g.map_start.offset().0,
+            data_offset: g.data_start.offset().0,
+            data_size: g.data_blocks * pmfs_core::layout::BLOCK_SIZE,
+            volume_id: g.volume_id,
+        }
+    }
+
+    /// The media the volume lives on.
+    pub fn media(&self) -> &Arc<dyn Media> {
+        self.fs.media()
+    }
+
+    /// Opens a file for reading (like `File::open`).
+    pub fn open_file(&self, path: &str) -> Result<File> {
+        OpenOptions::new().read(true).open(self, path)
+    }
+
+    /// Creates or truncates a file and opens it for writing (like `File::create`).
+    pub fn create_file(&self, path: &str) -> Result<File> {
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(self, path)
+    }
+
+    /// Reads a whole file (like `std::fs::read`).
+    pub fn read(&self, path: &str) -> Result<Vec<u8>> {
+        let f = self.open_file(path)?;
+        let len = usize::try_from(f.metadata()?.len()).map_err(|_| Error::FileTooLarge)?;
+        let mut buf = vec![0u8; len];
+        let n = f.read_at(&mut buf, 0)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// Replaces a file's content (like `std::fs::write`).
+    pub fn write(&self, path: &str, contents: &[u8]) -> Result<()> {
+        let f = self.create_file(path)?;
+        f.write_all_at(contents, 0)
+    }
+
+    /// Metadata of `path`, following a final symbolic link (like `std::fs::metadata`).
+    pub fn metadata(&self, path: &str) -> Result<Metadata> {
+        let (h, _) = self.fs.resolve_existing(path, Follow::Last)?.handle();
+        self.fs.stat(h)
+    }
+
+    /// Metadata of `path` itself, not following a final symbolic link.
+    pub fn symlink_metadata(&self, path: &str) -> Result<Metadata> {
+        let (h, _) = self.fs.resolve_existing(path, Follow::NoLast)?.handle();
+        self.fs.stat(h)
+    }
+
+    /// Whether `path` exists (following symbolic links), like `Path::try_exists`.
+    pub fn exists(&self, path: &str) -> Result<bool> {
+        match self.fs.resolve_existing(path, Follow::Last) {
+            Ok(_) => Ok(true),
+            Err(Error::NotFound) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates a directory (like `std::fs::create_dir`).
+    pub fn create_dir(&self, path: &str) -> Result<()> {
+        let (parent, name, _) = split_parent(&self.fs, path)?;
+        self.fs
+            .create(&parent, &name, Kind::Dir, 0o755, None)
+            .map(drop)
+    }
+
+    /// Creates a directory and all missing parents (like `std::fs::create_dir_all`).
+    pub fn create_dir_all(&self, path: &str) -> Result<()> {
+        if !path.starts_with('/') {
+            return Err(Error::InvalidArgument("path must be absolute"));
+        }
+        let mut prefix = String::with_capacity(path.len());
+        for comp in path.split('/').filter(|c| !c.is_empty()) {
+            prefix.push('/');
+            prefix.push_str(comp);
+            match self.create_dir(&prefix) {
+                Ok(()) => {}
+                Err(Error::AlreadyExists) => {
+                    if !self.metadata(&prefix)?.is_dir() {
+                        return Err(Error::NotADirectory);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Lists a directory (like `std::fs::read_dir`), in on-media order.
+    pub fn read_dir(&self, path: &str) -> Result<ReadDir> {
+        let dir = match self.fs.resolve_existing(path, Follow::Last)? {
+            Existing::Dir(d) => d,
+            Existing::Entry { slot, .. } if slot.kind == Kind::Dir => self.fs.dir(slot.h)?,
+            Existing::Entry { .. } => return Err(Error::NotADirectory),
+        };
+        let inner = dir.inner.read().unwrap_or_else(|e| e.into_inner());
+        if inner.dead {
+            return Err(Error::NotFound);
+        }
+        let mut entries: Vec<(u32, u16, DirEntry)> = inner
+            .index
+            .iter()
+            .map(|(name, s)| {
+                (
+                    s.page,
+                    s.off,
+                    DirEntry {
+                        fs: self.fs.clone(),
+                        dir_path: path.to_owned(),
+                        name: name.to_vec(),
+                        kind: s.kind,
+                        h: s.h,
+                    },
+                )
+            })
+            .collect();
+        entries.sort_unstable_by_key(|e| (e.0, e.1));
+        Ok(ReadDir {
+            entries: entries
+                .into_iter()
+                .map(|e| e.2)
+                .collect::<Vec<_>>()
+                .into_iter(),
+        })
+    }
+
+    /// Removes a file or symbolic link (like `std::fs::remove_file`).
+    pub fn remove_file(&self, path: &str) -> Result<()> {
+        match self.fs.resolve(path, Follow::NoLast)? {
+            Target::Dir(_) => Err(Error::IsADirectory),
+            Target::Entry { parent, name, .. } => self.fs.remove(&parent, &name, false),
+        }
+    }
+
+    /// Removes an empty directory (like `std::fs::remove_dir`).
+    pub fn remove_dir(&self, path: &str) -> Result<()> {
+        match self.fs.resolve(path, Follow::NoLast)? {
+            Target::Dir(d) if d.h == self.fs.root => Err(Error::Busy),
+            Target::Dir(_) => Err(Error::InvalidArgument("cannot remove '.' or '..'")),
+            Target::Entry { parent, name, .. } => self.fs.remove(&parent, &name, true),
+        }
+    }
+
+    /// Renames `from` to `to`, replacing `to` if it exists (like `std::fs::rename`).
+    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.rename_with(from, to, RenameFlags::default())
+    }
+
+    /// Renames with `renameat2` flags: `noreplace` or `exchange`.
+    pub fn rename_with(&self, from: &str, to: &str, flags: RenameFlags) -> Result<()> {
+        let (sp, sname) = match self.fs.resolve(from, Follow::NoLast)? {
+            Target::Dir(_) => return Err(Error::Busy),
+            Target::Entry { parent, name, .. } => (parent, name),
+        };
+        let (dp, dname) = match self.fs.resolve(to, Follow::NoLast)? {
+            Target::Dir(_) => return Err(Error::Busy),
+            Target::Entry { parent, name, .. } => (parent, name),
+        };
+        self.fs.rename(
+            &sp,
+            &sname,
+            &dp,
+            &dname,
+            ns::RenameFlags {
+                noreplace: flags.noreplace,
+                exchange: flags.exchange,
+            },
+        )
+    }
+
+    /// Creates the hard link `link` to the file `original` (like `std::fs::hard_link`;
+    /// `original` is not followed if it is a symbolic link, as on Linux).
+    pub fn hard_link(&self, original: &str, link: &str) -> Result<()> {
+        let (h, kind) = self.fs.resolve_existing(original, Follow::NoLast)?.handle();
+        if kind == Kind::Dir {
+            return Err(Error::NotPermitted("hard link to a directory"));
+        }
+        let (parent, name, _) = split_parent(&self.fs, link)?;
+        self.fs.link(h, &parent, &name)
+    }
+
+    /// Creates the symbolic link `link` pointing at `original` (like
+    /// `std::os::unix::fs::symlink`). The target is stored as given (1 to 4095 bytes).
+    pub fn symlink(&self, original: &str, link: &str) -> Result<()> {
+        let target = original.as_bytes();
+        if target.is_empty() {
+            return Err(Error::NotFound);
+        }
+        if target.len() >= pmfs_core::layout::BLOCK_SIZE as usize {
+            return Err(Error::NameTooLong);
+        }
+        if target.contains(&0) {
+            return Err(Error::InvalidArgument("symbolic link target contains NUL"));
+        }
+        let (parent, name, _) = split_parent(&self.fs, link)?;
+        self.fs
+            .create(&parent, &name, Kind::Symlink, 0o777, Some(target))
+            .map(drop)
+    }
+
+    /// The target of a symbolic link (like `std::fs::read_link`).
+    pub fn read_link(&self, path: &str) -> Result<PathBuf> {
+        let (h, kind) = self.fs.resolve_existing(path, Follow::NoLast)?.handle();
+        if kind != Kind::Symlink {
+            return Err(Error::InvalidArgument("not a symbolic link"));
+        }
+        let t = self.fs.read_link_of(h)?;
+        Ok(PathBuf::from(String::from_utf8_lossy(&t).into_owned()))
+    }
+
+    /// Changes the permission bits of `path`, following symbolic links (like
+    /// `std::fs::set_permissions`).
+    pub fn set_permissions(&self, path: &str, perm: Permissions) -> Result<()> {
+        let (h, _) = self.fs.resolve_existing(path, Follow::Last)?.handle();
+        self.fs.set_mode(h, perm.mode)
+    }
+
+    /// Sets access and/or modification time of `path`, following symbolic links.
+    pub fn set_times(&self, path: &str, times: FileTimes) -> Result<()> {
+        let (h, _) = self.fs.resolve_existing(path, Follow::Last)?.handle();
+        self.fs.set_times(
+            h,
+            times.accessed.map(from_system_time),
+            times.modified.map(from_system_time),
+        )
+    }
+
+    /// File-system statistics.
+    pub fn statfs(&self) -> Result<StatFs> {
+        Ok(StatFs {
+            block_size: pmfs_core::layout::BLOCK_SIZE,
+            total_blocks: self.fs.geo.data_blocks,
+            free_blocks: self.fs.free_blocks()?,
+            total_inodes: self.fs.geo.inode_count - 1,
+            free_inodes: self.fs.inodes.free_count(),
+            name_max: NAME_MAX as u64,
+        })
+    }
+}

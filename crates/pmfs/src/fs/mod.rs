@@ -1,0 +1,610 @@
+//! The engine behind [`Volume`](crate::Volume): mkfs, mount with recovery, the caches of
+//! directories and open inodes, and the shared helpers of the namespace and data operations.
+//!
+//! # Mount
+//!
+//! After a clean close (mount-state word `CLEAN`) mounting reads the superblock, scans the
+//! inode table to rebuild the inode free list and, for a volatile allocator, rebuilds the
+//! allocator from the blocks of the live inodes. Directories are loaded lazily on first use.
+//!
+//! After a crash the mount also:
+//! 1. lets the mapping structure recover its own half-done operations;
+//! 2. rolls back every armed journal transaction;
+//! 3. rebuilds the allocator from the live inodes (plus inodes a journal cleanup will release);
+//! 4. loads every live directory in repair mode (undoes half-done inserts, redoes half-done
+//!    removals, drops entries whose inode is dead);
+//! 5. runs the journal cleanups (trims beyond end of file, releases never-live inodes);
+//! 6. frees orphans: live inodes without links (open-but-unlinked files of the crashed run,
+//!    and removals that zeroed the link count before the crash);
+//! 7. marks the journal idle and rebuilds the inode free list.
+
+pub(crate) mod data;
+pub(crate) mod ns;
+pub(crate) mod path;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use pmfs_core::layout::{BLOCK_SIZE, PmOff};
+use pmfs_core::pm::{Media, MediaExt};
+use pmfs_core::traits::{BlockAllocator, Extent, FileId, MappingKind};
+
+use crate::dir::{Dir, LoadMode, RepairStats};
+use crate::error::{Error, Result};
+use crate::format::{
+    self, Geometry, MOUNT_STATE_OFF, Options, ROOT_INO, STATE_CLEAN, STATE_DIRTY, SbSource,
+};
+use crate::inode::{Handle, InodeRaw, InodeTable, Kind, LIVE, field};
+use crate::journal::{Cleanup, Journal};
+use crate::mapping::{MapFile, Mapper};
+use crate::parts::{self, FreeCount, Pm};
+
+/// Largest file size: 2^32 blocks (the logical-block limit of the global tables).
+pub(crate) const MAX_FILE_SIZE: u64 = (1 << 32) * BLOCK_SIZE;
+/// Most hard links an inode may have.
+pub(crate) const MAX_LINKS: u64 = 65_000;
+pub(crate) const LOCK_STRIPES: usize = 1024;
+
+/// What mounting found and repaired.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MountReport {
+    /// The volume had been closed cleanly (the fast path was taken).
+    pub clean: bool,
+    /// The primary superblock was damaged and the backup was used (and copied back).
+    pub used_backup_superblock: bool,
+    /// Journal transactions rolled back.
+    pub journal_rolled_back: u32,
+    /// Journal cleanups run (trims, releases).
+    pub journal_cleanups: u32,
+    /// Half-done directory insertions undone.
+    pub undone_inserts: u32,
+    /// Half-done directory removals completed.
+    pub redone_removes: u32,
+    /// Directory entries dropped because their inode was dead.
+    pub dropped_entries: u32,
+    /// Orphan inodes freed.
+    pub orphans_freed: u32,
+}
+
+/// The engine. Shared by the [`Volume`](crate::Volume) and every open file.
+pub(crate) struct Fs {
+    media: Pm,
+    pub geo: Geometry,
+    pub map: Arc<dyn Mapper>,
+    pub alloc: Option<Arc<dyn BlockAllocator>>,
+    free_count: FreeCount,
+    pub inodes: InodeTable,
+    pub journal: Journal,
+    dirs: RwLock<HashMap<u32, Arc<Dir>>>,
+    opens: Mutex<HashMap<u32, u32>>,
+    pub(crate) ilocks: Box<[RwLock<()>]>,
+    /// Serialises operations that change the shape of the tree (rename, rmdir), so loops
+    /// cannot be created and directory locks are always taken in a consistent order.
+    pub tree_lock: Mutex<()>,
+    clock: AtomicI64,
+    pub root: Handle,
+    dir_mode: LoadMode,
+    pub read_only: bool,
+    closed: AtomicBool,
+    pub report: MountReport,
+}
+
+impl std::fmt::Debug for Fs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fs")
+            .field("geo", &self.geo)
+            .field("read_only", &self.read_only)
+            .finish_non_exhaustive()
+    }
+}
+
+fn wall_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// A live inode found by the mount scan.
+#[derive(Clone, Copy, Debug)]
+struct LiveInode {
+    h: Handle,
+    kind: Kind,
+}
+
+impl Fs {
+    /// The media.
+    pub fn m(&self) -> &dyn Media {
+        &*self.media
+    }
+
+    /// The media as a shareable handle.
+    pub fn media(&self) -> &Pm {
+        &self.media
+    }
+
+    /// A timestamp in ns since the epoch that never goes backwards on this volume (CFFS
+    /// §V.C.1: directory times are recovered as the largest entry time).
+    pub fn now(&self) -> i64 {
+        let t = wall_ns();
+        self.clock.fetch_max(t, Ordering::Relaxed).max(t)
+    }
+
+    /// The mapping identity of inode `ino`.
+    pub fn file_id(&self, ino: u32) -> FileId {
+        FileId {
+            ino: u64::from(ino),
+            root: self.inodes.field(ino, field::ROOT),
+        }
+    }
+
+    /// The lock guarding the fields and data of inode `ino` (striped).
+    pub fn ilock(&self, ino: u32) -> &RwLock<()> {
+        &self.ilocks[ino as usize % LOCK_STRIPES]
+    }
+
+    /// Formats `media` and mounts the new volume.
+    pub fn format(media: Pm, opts: &Options) -> Result<Fs> {
+        let now = wall_ns();
+        let mut opts = opts.clone();
+        if opts.mapping == MappingKind::HashFs {
+            let cap = pmfs_mapping::hashfs::MAX_INO + 1;
+            opts.inodes = Some(opts.inodes.unwrap_or(media.blocks() / 4).min(cap));
+        }
+        let geo = Geometry::plan(
+            &opts,
+            media.blocks(),
+            |d| parts::alloc_meta_blocks(opts.mapping, opts.allocator, d),
+            |d| parts::map_meta_blocks(opts.mapping, d),
+            now,
+        )?;
+        let m = &*media;
+        // Everything but the superblock first: a crash during mkfs leaves no valid volume.
+        m.store_u64(MOUNT_STATE_OFF, STATE_DIRTY)?;
+        m.persist(MOUNT_STATE_OFF, 8)?;
+        m.fill_nt(
+            geo.inode_start.offset(),
+            geo.inode_count * crate::inode::INODE_SIZE,
+            0,
+        )?;
+        Journal::format(m, &geo)?;
+        m.fence();
+        let parts = parts::build(&media, &geo, true)?;
+        let inodes = InodeTable::new(geo);
+        let root = Handle {
+            ino: ROOT_INO,
+            generation: 1,
+        };
+        let rec = InodeRaw::new(root, Kind::Dir, 0o755, now, root);
+        inodes.write_body(m, ROOT_INO, &rec)?;
+        m.fence();
+        inodes.store(m, ROOT_INO, field::STATE, root.live_state())?;
+        m.fence();
+        format::write_superblocks(m, &geo)?;
+        inodes.set_free((ROOT_INO + 1..geo.inode_count as u32).collect());
+        let mut fs = Fs::assemble(media, geo, parts, inodes, root, LoadMode::Clean, false);
+        fs.clock.store(now, Ordering::Relaxed);
+        fs.report.clean = true;
+        Ok(fs)
+    }
+
+    fn assemble(
+        media: Pm,
+        geo: Geometry,
+        parts: parts::Parts,
+        inodes: InodeTable,
+        root: Handle,
+        dir_mode: LoadMode,
+        read_only: bool,
+    ) -> Fs {
+        Fs {
+            media,
+            journal: Journal::new(&geo),
+            geo,
+            map: parts.map,
+            alloc: parts.alloc,
+            free_count: parts.free,
+            inodes,
+            dirs: RwLock::new(HashMap::new()),
+            opens: Mutex::new(HashMap::new()),
+            ilocks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            tree_lock: Mutex::new(()),
+            clock: AtomicI64::new(0),
+            root,
+            dir_mode,
+            read_only,
+            closed: AtomicBool::new(false),
+            report: MountReport::default(),
+        }
+    }
+
+    /// Whether an undo record may name `off`: only words of the inode table and of the data
+    /// region (directory pages) are ever journaled.
+    fn journaled_word_ok(geo: &Geometry, off: PmOff) -> bool {
+        let inodes = geo.inode_start.offset().0
+            ..geo.inode_start.offset().0 + geo.inode_count * crate::inode::INODE_SIZE;
+        let data = geo.data_start.offset().0..(geo.data_start + geo.data_blocks).offset().0;
+        off.0.is_multiple_of(8) && (inodes.contains(&off.0) || data.contains(&off.0))
+    }
+
+    /// Mounts the volume on `media`, recovering from a crash if it was not closed cleanly.
+    pub fn mount(media: Pm, read_only: bool) -> Result<Fs> {
+        let m = &*media;
+        let (geo, src) = format::read_superblock(m)?;
+        let state = m.load_u64(MOUNT_STATE_OFF)?;
+        let clean = state == STATE_CLEAN;
+        if read_only && !clean {
+            return Err(Error::ReadOnly);
+        }
+        let mut report = MountReport {
+            clean,
+            used_backup_superblock: src == SbSource::Backup,
+            ..MountReport::default()
+        };
+        let parts = parts::build(&media, &geo, false)?;
+        if !clean {
+            parts.map.recover()?;
+        }
+        if !read_only {
+            if src == SbSource::Backup {
+                format::restore_primary(m, &geo)?;
+            }
+            m.store_u64(MOUNT_STATE_OFF, STATE_DIRTY)?;
+            m.persist(MOUNT_STATE_OFF, 8)?;
+        }
+        let inodes = InodeTable::new(geo);
+        let journal = Journal::new(&geo);
+        let recovered = if clean {
+            for i in 0..journal.slots() {
+                if !matches!(journal.read_slot(m, i)?, crate::journal::SlotContent::Idle) {
+                    return Err(Error::Corrupt {
+                        what: "journal busy on a cleanly closed volume",
+                        at: geo.journal_off(i as u32),
+                    });
+                }
+            }
+            crate::journal::Recovered::default()
+        } else {
+            journal.recover(m, |off| Fs::journaled_word_ok(&geo, off))?
+        };
+        report.journal_rolled_back = recovered.rolled_back as u32;
+
+        // Scan the inode table.
+        let mut live = Vec::new();
+        let mut root_gen = None;
+        inodes.scan(m, |ino, r| {
+            if ino == 0 || !r.is_live() {
+                return Ok(());
+            }
+            let kind = r.kind().ok_or(Error::Corrupt {
+                what: "inode mode",
+                at: geo.inode_off(ino),
+            })?;
+            let h = Handle {
+                ino,
+                generation: r.generation(),
+            };
+            if ino == ROOT_INO {
+                if kind != Kind::Dir {
+                    return Err(Error::Corrupt {
+                        what: "root inode is not a directory",
+                        at: geo.inode_off(ino),
+                    });
+                }
+                root_gen = Some(r.generation());
+            }
+            live.push(LiveInode { h, kind });
+            Ok(())
+        })?;
+        let root = Handle {
+            ino: ROOT_INO,
+            generation: root_gen.ok_or(Error::Corrupt {
+                what: "root inode not live",
+                at: geo.inode_off(ROOT_INO),
+            })?,
+        };
+        let mut fs = Fs::assemble(
+            media.clone(),
+            geo,
+            parts,
+            inodes,
+            root,
+            if clean {
+                LoadMode::Clean
+            } else {
+                LoadMode::Repair
+            },
+            read_only,
+        );
+        fs.journal = journal;
+
+        // The allocator: rebuild unless it is persistent and was closed cleanly.
+        if let Some(alloc) = &fs.alloc
+            && (!clean || !parts::alloc_is_persistent(geo.allocator))
+        {
+            let mut used: Vec<Extent> = Vec::new();
+            let mut collect = |h: Handle| -> Result<()> {
+                let f = fs.map.open_file(fs.file_id(h.ino))?;
+                fs.map.owned_blocks(&f, &mut |e| used.push(e))
+            };
+            for l in &live {
+                collect(l.h)?;
+            }
+            for c in &recovered.cleanups {
+                if let Cleanup::ReleaseIfDead { inode } = *c
+                    && !live.iter().any(|l| l.h.ino == inode.ino)
+                {
+                    collect(inode)?;
+                }
+            }
+            alloc.rebuild(&mut used.into_iter())?;
+        }
+
+        let t0 = wall_ns();
+        fs.clock.store(t0, Ordering::Relaxed);
+        if !clean {
+            fs.recover(&live, &recovered.cleanups, &mut report)?;
+        }
+        fs.rebuild_free_list()?;
+        fs.report = report;
+        Ok(fs)
+    }
+
+    /// Opens the volume for the checker: nothing is recovered and nothing is written.
+    /// Returns which superblock copy was used and whether the volume was closed cleanly.
+    pub fn open_for_check(media: Pm) -> Result<(Fs, SbSource, bool)> {
+        let m = &*media;
+        let (geo, src) = format::read_superblock(m)?;
+        let clean = m.load_u64(MOUNT_STATE_OFF)? == STATE_CLEAN;
+        let parts = parts::build(&media, &geo, false)?;
+        let inodes = InodeTable::new(geo);
+        let root = Handle {
+            ino: ROOT_INO,
+            generation: inodes.load(m, ROOT_INO, field::STATE)? as u32,
+        };
+        let fs = Fs::assemble(media, geo, parts, inodes, root, LoadMode::Clean, true);
+        Ok((fs, src, clean))
+    }
+
+    /// Steps 4–7 of the crash path (see the module documentation).
+    fn recover(
+        &self,
+        live: &[LiveInode],
+        cleanups: &[Cleanup],
+        report: &mut MountReport,
+    ) -> Result<()> {
+        let m = self.m();
+        let mut stats = RepairStats::default();
+        for l in live.iter().filter(|l| l.kind == Kind::Dir) {
+            // An earlier repair may have freed this directory (a half-done mkdir).
+            if self.inodes.load(m, l.h.ino, field::STATE)? != l.h.live_state() {
+                continue;
+            }
+            let (dir, s) = Dir::load(self, l.h, LoadMode::Repair)?;
+            stats.undone_inserts += s.undone_inserts;
+            stats.redone_removes += s.redone_removes;
+            stats.dropped_entries += s.dropped_entries;
+            self.dirs
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(l.h.ino, Arc::new(dir));
+        }
+        report.undone_inserts = stats.undone_inserts;
+        report.redone_removes = stats.redone_removes;
+        report.dropped_entries = stats.dropped_entries;
+
+        for c in cleanups {
+            match *c {
+                Cleanup::Trim { inode, upto } => {
+                    if self.inodes.load(m, inode.ino, field::STATE)? == inode.live_state() {
+                        let size = self.inodes.load(m, inode.ino, field::SIZE)?;
+                        let from = size.div_ceil(BLOCK_SIZE);
+                        if from < upto {
+                            let f = self.map.open_file(self.file_id(inode.ino))?;
+                            self.map.remove(&f, from, upto - from)?;
+                        }
+                    }
+                }
+                Cleanup::ReleaseIfDead { inode } => {
+                    if self.inodes.load(m, inode.ino, field::STATE)? & LIVE == 0 {
+                        let f = self.map.open_file(self.file_id(inode.ino))?;
+                        self.map.remove_file(&f)?;
+                    }
+                }
+            }
+            report.journal_cleanups += 1;
+        }
+
+        // Orphans: live inodes without links.
+        for l in live {
+            if l.h.ino == ROOT_INO {
+                continue;
+            }
+            let rec = self.inodes.read(m, l.h.ino)?;
+            if rec.state == l.h.live_state() && rec.nlink == 0 {
+                self.free_inode(l.h, None, true)?;
+                report.orphans_freed += 1;
+            }
+        }
+        self.journal.reset(m)?;
+        Ok(())
+    }
+
+    fn rebuild_free_list(&self) -> Result<()> {
+        let mut free = Vec::new();
+        self.inodes.scan(self.m(), |ino, r| {
+            if ino > ROOT_INO && !r.is_live() {
+                free.push(ino);
+            }
+            Ok(())
+        })?;
+        self.inodes.set_free(free);
+        Ok(())
+    }
+
+    /// The DRAM state of directory `h`, loading it on first use.
+    pub fn dir(&self, h: Handle) -> Result<Arc<Dir>> {
+        if let Some(d) = self
+            .dirs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&h.ino)
+            && d.h == h
+        {
+            return Ok(d.clone());
+        }
+        let (d, _) = Dir::load(self, h, self.dir_mode)?;
+        let mut w = self.dirs.write().unwrap_or_else(|e| e.into_inner());
+        match w.get(&h.ino) {
+            Some(e) if e.h == h => Ok(e.clone()),
+            _ => {
+                let d = Arc::new(d);
+                w.insert(h.ino, d.clone());
+                Ok(d)
+            }
+        }
+    }
+
+    /// Forgets the DRAM state of a removed directory.
+    pub fn forget_dir(&self, ino: u32) {
+        self.dirs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&ino);
+    }
+
+    /// The root directory.
+    pub fn root_dir(&self) -> Result<Arc<Dir>> {
+        self.dir(self.root)
+    }
+
+    /// Counts an open handle of `ino`.
+    pub fn open_inc(&self, ino: u32) {
+        *self
+            .opens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(ino)
+            .or_insert(0) += 1;
+    }
+
+    /// Drops an open handle of `ino`; returns how many remain.
+    pub fn open_dec(&self, ino: u32) -> u32 {
+        let mut o = self.opens.lock().unwrap_or_else(|e| e.into_inner());
+        match o.get_mut(&ino) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                *n
+            }
+            _ => {
+                o.remove(&ino);
+                0
+            }
+        }
+    }
+
+    /// Number of open handles of `ino`.
+    pub fn open_count(&self, ino: u32) -> u32 {
+        self.opens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&ino)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Frees the blocks of incarnation `h` and makes its record free. A no-op if `h` is not
+    /// live. `thorough` releases everything the mapping holds for the inode (recovery, where
+    /// blocks beyond the end of file may exist); otherwise only the blocks below end of file.
+    pub fn free_inode(&self, h: Handle, map: Option<&MapFile>, thorough: bool) -> Result<()> {
+        let m = self.m();
+        let rec = self.inodes.read(m, h.ino)?;
+        if rec.state != h.live_state() {
+            return Ok(());
+        }
+        let owned;
+        let f = match map {
+            Some(f) => f,
+            None => {
+                owned = self.map.open_file(self.file_id(h.ino))?;
+                &owned
+            }
+        };
+        let blocks = rec.size.div_ceil(BLOCK_SIZE);
+        if self.map.kind() == MappingKind::HashFs
+            && !thorough
+            && blocks <= MAX_FILE_SIZE / BLOCK_SIZE
+        {
+            // The global table has no per-file structure to free: removing the file's
+            // blocks below end of file (there are none beyond it) avoids a table scan.
+            if blocks > 0 {
+                self.map.remove(f, 0, blocks)?;
+            }
+        } else {
+            self.map.remove_file(f)?;
+        }
+        self.inodes
+            .store(m, h.ino, field::STATE, u64::from(h.generation))?;
+        m.fence();
+        if rec.kind() == Some(Kind::Dir) {
+            self.forget_dir(h.ino);
+        }
+        self.inodes.release(h.ino);
+        Ok(())
+    }
+
+    /// Free data blocks.
+    pub fn free_blocks(&self) -> Result<u64> {
+        (self.free_count)()
+    }
+
+    /// Writes back DRAM-only state (directory modification times).
+    pub fn sync_metadata(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        let m = self.m();
+        let dirs: Vec<Arc<Dir>> = self
+            .dirs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for d in dirs {
+            let mut inner = d.inner.write().unwrap_or_else(|e| e.into_inner());
+            if inner.mtime_dirty && !inner.dead {
+                self.inodes
+                    .store(m, d.h.ino, field::MTIME, inner.mtime as u64)?;
+                inner.mtime_dirty = false;
+            }
+        }
+        m.fence();
+        Ok(())
+    }
+
+    /// Clean unmount: write back DRAM state and mark the volume clean. Idempotent.
+    pub fn shutdown(&self) -> Result<()> {
+        if self.read_only || self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.sync_metadata()?;
+        if let Some(a) = &self.alloc {
+            a.flush_caches();
+        }
+        let m = self.m();
+        m.fence();
+        m.store_u64(MOUNT_STATE_OFF, STATE_CLEAN)?;
+        m.persist(MOUNT_STATE_OFF, 8)?;
+        Ok(())
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        // Errors cannot be reported from drop; the volume then stays marked dirty and the
+        // next mount recovers, which is always safe.
+        let _ = self.shutdown();
+    }
+}

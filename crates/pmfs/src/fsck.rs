@@ -1,0 +1,844 @@
+//! The file-system checker.
+//!
+//! [`check`] examines an unmounted volume without writing to it and lists every violated
+//! invariant with its location:
+//!
+//! - superblock: the primary is valid, the backup equals it; the volume was closed cleanly;
+//! - journal: every slot is idle;
+//! - inodes: every live record has a known type and a consistent size;
+//! - directories: every page is mapped, has a valid header and a consistent dentry list (no
+//!   half-done insertion or removal, checksums match), names are unique, every entry names a
+//!   live inode of the entry's type and generation, no page lies past the directory's size;
+//! - the tree: every directory is named exactly once, by the directory its parent pointer
+//!   names, and is reachable from the root; every file's link count equals its names;
+//! - blocks: every block a mapping reports lies in the data region and is owned once, no file
+//!   maps blocks past its end, and used + free equals the data region (no leak).
+//!
+//! [`repair`] mounts the volume (which runs crash recovery when needed), then fixes what can
+//! be fixed without guessing: it restores a damaged superblock copy, drops entries naming
+//! dead inodes, corrects link counts and parent pointers, frees orphans, links unreachable
+//! objects into `/lost+found`, trims blocks past end of file and rebuilds the allocator. It
+//! reports what it found before, what it did and what remains (damaged pages, blocks owned
+//! twice).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+
+use pmfs_core::layout::{BLOCK_SIZE, PmOff};
+use pmfs_core::pm::Media;
+use pmfs_core::traits::Extent;
+
+use crate::dir::page::{PAGE, PageView, Pending};
+use crate::error::{Error, Result};
+use crate::format::{self, SbSource};
+use crate::fs::Fs;
+use crate::inode::{Handle, INODE_VERSION, Kind, field};
+use crate::journal::SlotContent;
+
+/// What kind of invariant a [`Problem`] violates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// The primary superblock is damaged (the backup was used).
+    PrimarySuperblock,
+    /// The backup superblock differs from the primary.
+    BackupSuperblock,
+    /// The volume was not closed cleanly and needs recovery.
+    NotClean,
+    /// A journal slot holds an unfinished transaction.
+    JournalBusy,
+    /// An inode record has an unknown type, version or an impossible size.
+    InodeRecord,
+    /// A directory page is missing or its header is damaged.
+    DirectoryPage,
+    /// A dentry list is damaged or holds a half-done operation.
+    DirectoryList,
+    /// An entry names an inode that is not live with that generation.
+    DeadEntry,
+    /// An entry's type differs from its inode's.
+    EntryKind,
+    /// Two entries of one directory have the same name.
+    DuplicateName,
+    /// A directory is named by more or fewer than one entry.
+    DirectoryLinks,
+    /// A directory's parent pointer does not name the directory holding it.
+    ParentPointer,
+    /// A file's link count differs from the number of its names.
+    LinkCount,
+    /// A live inode cannot be reached from the root.
+    Unreachable,
+    /// A live inode without links (an open-but-unlinked file of a crashed run).
+    Orphan,
+    /// A block a mapping reports lies outside the data region.
+    BlockOutsideData,
+    /// A block is owned by two files.
+    BlockOwnedTwice,
+    /// A file maps blocks past its end.
+    BlocksBeyondEof,
+    /// Used plus free blocks differ from the data region: blocks leaked or double-counted.
+    FreeSpace,
+}
+
+/// One violated invariant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// The invariant.
+    pub kind: ProblemKind,
+    /// Byte offset in the volume of the structure at fault.
+    pub at: u64,
+    /// The inode concerned, if any.
+    pub ino: Option<u64>,
+    /// A human-readable description.
+    pub detail: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} at {:#x}", self.kind, self.at)?;
+        if let Some(ino) = self.ino {
+            write!(f, " (inode {ino})")?;
+        }
+        write!(f, ": {}", self.detail)
+    }
+}
+
+/// The result of a check.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Every problem found.
+    pub problems: Vec<Problem>,
+    /// Live inodes.
+    pub live_inodes: u64,
+    /// Live directories.
+    pub directories: u64,
+    /// Directory entries.
+    pub entries: u64,
+    /// Blocks owned by files (data and mapping nodes).
+    pub used_blocks: u64,
+    /// Free blocks as the allocator (or HashFS table) counts them.
+    pub free_blocks: u64,
+}
+
+impl Report {
+    /// Whether no problem was found.
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+
+    /// Whether a problem of `kind` was found.
+    pub fn has(&self, kind: ProblemKind) -> bool {
+        self.problems.iter().any(|p| p.kind == kind)
+    }
+}
+
+/// The result of a repair.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Repair {
+    /// The problems before repairing.
+    pub before: Report,
+    /// What was done, one line per action.
+    pub actions: Vec<String>,
+    /// The problems that remain.
+    pub after: Report,
+}
+
+/// What the checker learned about one live inode.
+#[derive(Clone, Copy, Debug)]
+struct Info {
+    h: Handle,
+    kind: Option<Kind>,
+    nlink: u64,
+    size: u64,
+    parent: u64,
+}
+
+/// Everything the checker gathered (reused by repair).
+#[derive(Debug, Default)]
+struct Model {
+    live: HashMap<u32, Info>,
+    /// Names of each inode: (directory, entry name).
+    names: HashMap<u32, Vec<(Handle, Vec<u8>)>>,
+    /// Entries that name dead inodes or the wrong type: (directory, name).
+    bad_entries: Vec<(Handle, Vec<u8>)>,
+    /// Inode numbers named by entries whose inode is dead (their blocks may have leaked).
+    dead_named: Vec<u32>,
+    reachable: HashSet<u32>,
+    owners: HashMap<u64, u32>,
+    beyond_eof: Vec<(Handle, u64, u64)>,
+}
+
+struct Checker<'a> {
+    fs: &'a Fs,
+    report: Report,
+    model: Model,
+}
+
+impl Checker<'_> {
+    fn problem(&mut self, kind: ProblemKind, at: PmOff, ino: Option<u32>, detail: String) {
+        self.report.problems.push(Problem {
+            kind,
+            at: at.0,
+            ino: ino.map(u64::from),
+            detail,
+        });
+    }
+
+    fn inode_at(&self, ino: u32) -> PmOff {
+        self.fs.inodes.field(ino, 0)
+    }
+
+    fn journal(&mut self) -> Result<()> {
+        let m = self.fs.m();
+        for i in 0..self.fs.journal.slots() {
+            let at = self.fs.geo.journal_off(i as u32);
+            match self.fs.journal.read_slot(m, i) {
+                Ok(SlotContent::Idle) => {}
+                Ok(_) => self.problem(
+                    ProblemKind::JournalBusy,
+                    at,
+                    None,
+                    format!("journal slot {i} holds an unfinished transaction"),
+                ),
+                Err(e) => self.problem(
+                    ProblemKind::JournalBusy,
+                    at,
+                    None,
+                    format!("journal slot {i} is unreadable: {e}"),
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    fn inodes(&mut self) -> Result<()> {
+        let fs = self.fs;
+        let mut found = Vec::new();
+        fs.inodes.scan(fs.m(), |ino, r| {
+            if ino != 0 && r.is_live() {
+                found.push((ino, *r));
+            }
+            Ok(())
+        })?;
+        for (ino, r) in found {
+            let kind = r.kind();
+            let h = Handle {
+                ino,
+                generation: r.generation(),
+            };
+            let bad = match kind {
+                None => Some(format!("unknown mode {:o}", r.mode)),
+                Some(_) if r.version != INODE_VERSION => {
+                    Some(format!("record version {}", r.version))
+                }
+                Some(Kind::Dir)
+                    if !r.size.is_multiple_of(BLOCK_SIZE)
+                        || r.size / BLOCK_SIZE > fs.geo.data_blocks =>
+                {
+                    Some(format!("impossible directory size {}", r.size))
+                }
+                Some(Kind::Dir) if r.nlink > 1 => {
+                    Some(format!("directory link count {} (expected 1)", r.nlink))
+                }
+                Some(Kind::Symlink) if r.size == 0 || r.size >= BLOCK_SIZE => {
+                    Some(format!("symbolic link length {}", r.size))
+                }
+                Some(_) if r.size > crate::fs::MAX_FILE_SIZE => {
+                    Some(format!("size {} beyond the maximum", r.size))
+                }
+                _ => None,
+            };
+            if let Some(detail) = bad {
+                self.problem(
+                    ProblemKind::InodeRecord,
+                    self.inode_at(ino),
+                    Some(ino),
+                    detail,
+                );
+            }
+            if r.nlink == 0 {
+                self.problem(
+                    ProblemKind::Orphan,
+                    self.inode_at(ino),
+                    Some(ino),
+                    "live inode without links".into(),
+                );
+            }
+            self.model.live.insert(
+                ino,
+                Info {
+                    h,
+                    kind,
+                    nlink: r.nlink,
+                    size: r.size,
+                    parent: r.parent,
+                },
+            );
+        }
+        self.report.live_inodes = self.model.live.len() as u64;
+        Ok(())
+    }
+
+    /// Checks one directory's pages and entries.
+    fn directory(&mut self, info: Info) -> Result<()> {
+        let fs = self.fs;
+        let m = fs.m();
+        let h = info.h;
+        let iat = self.inode_at(h.ino);
+        let npages = info.size / BLOCK_SIZE;
+        if npages > fs.geo.data_blocks {
+            // Reported with the inode record.
+            return Ok(());
+        }
+        let map = fs.map.open_file(fs.file_id(h.ino))?;
+        let mut runs = Vec::new();
+        if let Err(e) = fs.map.lookup(&map, 0, npages + 1, &mut runs) {
+            self.problem(
+                ProblemKind::DirectoryPage,
+                iat,
+                Some(h.ino),
+                format!("page lookup failed: {e}"),
+            );
+            return Ok(());
+        }
+        let mut pages = vec![None; npages as usize];
+        for r in &runs {
+            for i in 0..r.len {
+                let l = r.lblk + i;
+                if l < npages {
+                    pages[l as usize] = Some(r.pblk + i);
+                } else {
+                    self.problem(
+                        ProblemKind::BlocksBeyondEof,
+                        iat,
+                        Some(h.ino),
+                        format!("directory page {l} mapped past the directory size"),
+                    );
+                    self.model.beyond_eof.push((h, npages, l + 1));
+                }
+            }
+        }
+        let mut names = HashSet::new();
+        let mut buf = vec![0u8; PAGE];
+        for (idx, page) in pages.iter().enumerate() {
+            let Some(pblk) = *page else {
+                self.problem(
+                    ProblemKind::DirectoryPage,
+                    iat,
+                    Some(h.ino),
+                    format!("directory page {idx} is not mapped"),
+                );
+                continue;
+            };
+            let base = pblk.offset();
+            if let Err(e) = m.read(base, &mut buf) {
+                self.problem(
+                    ProblemKind::DirectoryPage,
+                    base,
+                    Some(h.ino),
+                    format!("page {idx} unreadable: {e}"),
+                );
+                continue;
+            }
+            let view = PageView::new(&buf);
+            if !view.header_ok(h.word(), idx as u64) {
+                self.problem(
+                    ProblemKind::DirectoryPage,
+                    base,
+                    Some(h.ino),
+                    format!("page {idx} header is damaged or belongs elsewhere"),
+                );
+                continue;
+            }
+            let walk = match view.walk(|o| base + u64::from(o)) {
+                Ok(w) => w,
+                Err(Error::Corrupt { what, at }) => {
+                    self.problem(ProblemKind::DirectoryList, at, Some(h.ino), what.into());
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(p) = walk.pending {
+                let (what, off) = match p {
+                    Pending::Insert { n, .. } => ("half-done insertion", n),
+                    Pending::Remove { x, .. } => ("half-done removal", x),
+                };
+                self.problem(
+                    ProblemKind::DirectoryList,
+                    base + u64::from(off),
+                    Some(h.ino),
+                    what.into(),
+                );
+            }
+            for e in walk.entries {
+                self.report.entries += 1;
+                let at = base + u64::from(e.off);
+                let name_text = String::from_utf8_lossy(&e.name).into_owned();
+                if !names.insert(e.name.clone()) {
+                    self.problem(
+                        ProblemKind::DuplicateName,
+                        at,
+                        Some(h.ino),
+                        format!("name {name_text:?} appears twice"),
+                    );
+                    continue;
+                }
+                let eh = Handle::from_word(e.handle);
+                let target = self.model.live.get(&eh.ino).copied();
+                match target {
+                    Some(t) if t.h == eh => {
+                        if t.kind != Kind::from_code(e.kind) {
+                            self.problem(
+                                ProblemKind::EntryKind,
+                                at,
+                                Some(eh.ino),
+                                format!("entry {name_text:?} has the wrong type"),
+                            );
+                            self.model.bad_entries.push((h, e.name));
+                            continue;
+                        }
+                        self.model
+                            .names
+                            .entry(eh.ino)
+                            .or_default()
+                            .push((h, e.name));
+                    }
+                    _ => {
+                        if target.is_none() && u64::from(eh.ino) < fs.inodes.count() {
+                            self.model.dead_named.push(eh.ino);
+                        }
+                        self.problem(
+                            ProblemKind::DeadEntry,
+                            at,
+                            Some(eh.ino),
+                            format!("entry {name_text:?} names a dead inode"),
+                        );
+                        self.model.bad_entries.push((h, e.name));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn tree(&mut self) -> Result<()> {
+        let fs = self.fs;
+        let root = fs.root;
+        let mut dirs: Vec<Info> = self
+            .model
+            .live
+            .values()
+            .filter(|i| i.kind == Some(Kind::Dir))
+            .copied()
+            .collect();
+        dirs.sort_by_key(|i| i.h.ino);
+        self.report.directories = dirs.len() as u64;
+        for d in dirs {
+            self.directory(d)?;
+        }
+        // Reachability from the root, through entries of live directories.
+        let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+        for (&ino, names) in &self.model.names {
+            for (dir, _) in names {
+                children.entry(dir.ino).or_default().push(ino);
+            }
+        }
+        let mut queue = VecDeque::from([root.ino]);
+        self.model.reachable.insert(root.ino);
+        while let Some(d) = queue.pop_front() {
+            for &c in children.get(&d).map_or(&[][..], |v| &v[..]) {
+                if self.model.reachable.insert(c)
+                    && self.model.live.get(&c).and_then(|i| i.kind) == Some(Kind::Dir)
+                {
+                    queue.push_back(c);
+                }
+            }
+        }
+        let mut live: Vec<Info> = self.model.live.values().copied().collect();
+        live.sort_by_key(|i| i.h.ino);
+        for info in live {
+            let ino = info.h.ino;
+            if ino == root.ino {
+                continue;
+            }
+            let at = self.inode_at(ino);
+            let names = self.model.names.get(&ino).map_or(0, Vec::len) as u64;
+            match info.kind {
+                Some(Kind::Dir) => {
+                    if names != 1 {
+                        self.problem(
+                            ProblemKind::DirectoryLinks,
+                            at,
+                            Some(ino),
+                            format!("directory has {names} names"),
+                        );
+                    }
+                    if let Some((dir, _)) = self.model.names.get(&ino).and_then(|v| v.first())
+                        && info.parent != dir.word()
+                    {
+                        self.problem(
+                            ProblemKind::ParentPointer,
+                            at + field::PARENT,
+                            Some(ino),
+                            format!("parent pointer does not name directory {}", dir.ino),
+                        );
+                    }
+                }
+                Some(_) if info.nlink != names && info.nlink != 0 && names > 0 => self.problem(
+                    ProblemKind::LinkCount,
+                    at + field::NLINK,
+                    Some(ino),
+                    format!("link count {} but {names} names", info.nlink),
+                ),
+                _ => {}
+            }
+            if !self.model.reachable.contains(&ino) && info.nlink != 0 {
+                self.problem(
+                    ProblemKind::Unreachable,
+                    at,
+                    Some(ino),
+                    "not reachable from the root".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn blocks(&mut self) -> Result<()> {
+        let fs = self.fs;
+        let data = fs.geo.data_extent();
+        let mut live: Vec<Info> = self.model.live.values().copied().collect();
+        live.sort_by_key(|i| i.h.ino);
+        let mut used = 0u64;
+        for info in live {
+            let ino = info.h.ino;
+            let at = self.inode_at(ino);
+            let map = fs.map.open_file(fs.file_id(ino))?;
+            let mut owned: Vec<Extent> = Vec::new();
+            if let Err(e) = fs.map.owned_blocks(&map, &mut |e| owned.push(e)) {
+                self.problem(
+                    ProblemKind::BlockOutsideData,
+                    at,
+                    Some(ino),
+                    format!("mapping unreadable: {e}"),
+                );
+                continue;
+            }
+            for e in owned {
+                for b in e.start.0..e.start.0.saturating_add(e.len) {
+                    if !data.contains(pmfs_core::layout::BlockNo(b)) {
+                        self.problem(
+                            ProblemKind::BlockOutsideData,
+                            at,
+                            Some(ino),
+                            format!("block {b} outside the data region"),
+                        );
+                        break;
+                    }
+                    used += 1;
+                    if let Some(other) = self.model.owners.insert(b, ino) {
+                        self.problem(
+                            ProblemKind::BlockOwnedTwice,
+                            at,
+                            Some(ino),
+                            format!("block {b} also owned by inode {other}"),
+                        );
+                    }
+                }
+            }
+            if info.kind != Some(Kind::Dir) {
+                let eof = info.size.div_ceil(BLOCK_SIZE);
+                let span = data.len.max(1);
+                let mut runs = Vec::new();
+                fs.map.lookup(&map, eof, span, &mut runs)?;
+                if let Some(last) = runs.last() {
+                    self.problem(
+                        ProblemKind::BlocksBeyondEof,
+                        at,
+                        Some(ino),
+                        format!("blocks mapped past end of file (block {eof} on)"),
+                    );
+                    self.model
+                        .beyond_eof
+                        .push((info.h, eof, last.lblk + last.len));
+                }
+            }
+        }
+        self.report.used_blocks = used;
+        let free = fs.free_blocks()?;
+        self.report.free_blocks = free;
+        let accountable = fs.alloc.is_none() || crate::parts::alloc_is_persistent(fs.geo.allocator);
+        if accountable && used + free != data.len {
+            self.problem(
+                ProblemKind::FreeSpace,
+                data.start.offset(),
+                None,
+                format!(
+                    "{used} used + {free} free blocks but the data region has {}",
+                    data.len
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+fn examine(fs: &Fs, src: SbSource, clean: bool) -> Result<(Report, Model)> {
+    let mut c = Checker {
+        fs,
+        report: Report::default(),
+        model: Model::default(),
+    };
+    let m = fs.m();
+    if src == SbSource::Backup {
+        c.problem(
+            ProblemKind::PrimarySuperblock,
+            PmOff(0),
+            None,
+            "primary superblock damaged; the backup is valid".into(),
+        );
+    } else if !format::backup_matches(m, &fs.geo)? {
+        c.problem(
+            ProblemKind::BackupSuperblock,
+            PmOff(BLOCK_SIZE),
+            None,
+            "backup superblock differs from the primary".into(),
+        );
+    }
+    if !clean {
+        c.problem(
+            ProblemKind::NotClean,
+            format::MOUNT_STATE_OFF,
+            None,
+            "volume was not closed cleanly; mounting will recover it".into(),
+        );
+    }
+    c.journal()?;
+    c.inodes()?;
+    if c.model.live.get(&fs.root.ino).map(|i| i.kind) != Some(Some(Kind::Dir)) {
+        return Err(Error::Corrupt {
+            what: "root inode",
+            at: c.inode_at(fs.root.ino),
+        });
+    }
+    c.tree()?;
+    c.blocks()?;
+    Ok((c.report, c.model))
+}
+
+/// Checks the volume on `media` without writing to it. Fails only when the volume cannot be
+/// examined at all (no valid superblock, no root directory).
+pub fn check(media: Arc<dyn Media>) -> Result<Report> {
+    let (fs, src, clean) = Fs::open_for_check(media)?;
+    examine(&fs, src, clean).map(|(r, _)| r)
+}
+
+/// Repairs the volume on `media` (see the module documentation).
+pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
+    let before = check(media.clone())?;
+    let mut actions = Vec::new();
+    if before.is_clean() {
+        return Ok(Repair {
+            after: before.clone(),
+            before,
+            actions,
+        });
+    }
+    {
+        let fs = Fs::mount(media.clone(), false)?;
+        let r = fs.report;
+        if !r.clean {
+            actions.push(format!(
+                "recovered: {} journal rollbacks, {} undone inserts, {} completed removals, \
+                 {} dropped entries, {} orphans freed",
+                r.journal_rolled_back,
+                r.undone_inserts,
+                r.redone_removes,
+                r.dropped_entries,
+                r.orphans_freed
+            ));
+        }
+        if r.used_backup_superblock {
+            actions.push("restored the primary superblock from the backup".into());
+        }
+        let m = fs.m();
+        if !format::backup_matches(m, &fs.geo)? {
+            format::restore_backup(m, &fs.geo)?;
+            actions.push("rewrote the backup superblock".into());
+        }
+        let (_, model) = examine(&fs, SbSource::Primary, true)?;
+        fix(&fs, &model, &mut actions)?;
+        fs.shutdown()?;
+    }
+    let after = check(media)?;
+    Ok(Repair {
+        before,
+        actions,
+        after,
+    })
+}
+
+/// Applies the fixes for what `examine` found on a mounted volume.
+fn fix(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
+    let m = fs.m();
+    // Blocks still mapped to dead inodes that entries named: release them first: their numbers may be
+    // handed out again below (for HashFS this is the only way back; for the other kinds the
+    // allocator rebuild at the end covers it too).
+    for &ino in &model.dead_named {
+        if fs.inodes.load(m, ino, field::STATE)? & crate::inode::LIVE == 0 {
+            let f = fs.map.open_file(fs.file_id(ino))?;
+            let mut owned = 0u64;
+            fs.map.owned_blocks(&f, &mut |e| owned += e.len)?;
+            if owned > 0 {
+                fs.map.remove_file(&f)?;
+                actions.push(format!("released {owned} blocks of dead inode {ino}"));
+            }
+        }
+    }
+    for (dir, name) in &model.bad_entries {
+        let d = fs.dir(*dir)?;
+        let mut inner = d.inner.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = inner.get(name) {
+            let r = inner.plan_remove(m, &s)?;
+            inner.unlink_prev(m, &r, 0, fs.now())?;
+            m.fence();
+            inner.unlink_next(m, &r)?;
+            m.fence();
+            inner.finish_remove(&r, name);
+            actions.push(format!(
+                "dropped entry {:?} of directory {}",
+                String::from_utf8_lossy(name),
+                dir.ino
+            ));
+        }
+    }
+    let mut live: Vec<Info> = model.live.values().copied().collect();
+    live.sort_by_key(|i| i.h.ino);
+    let mut lost_found = None;
+    for info in &live {
+        let ino = info.h.ino;
+        if ino == fs.root.ino {
+            continue;
+        }
+        let names = model.names.get(&ino).map_or(&[][..], |v| &v[..]);
+        if info.nlink == 0 && names.is_empty() {
+            fs.free_inode(info.h, None, true)?;
+            actions.push(format!("freed orphan inode {ino}"));
+            continue;
+        }
+        let reachable = model.reachable.contains(&ino);
+        match info.kind {
+            Some(Kind::Dir) => {
+                if let Some((dir, _)) = names.first()
+                    && info.parent != dir.word()
+                {
+                    fs.inodes.store(m, ino, field::PARENT, dir.word())?;
+                    m.fence();
+                    fs.dir(info.h)?.set_parent(*dir);
+                    actions.push(format!("set parent of directory {ino} to {}", dir.ino));
+                }
+            }
+            Some(_) => {
+                let want = names.len() as u64;
+                if want > 0 && info.nlink != want {
+                    fs.inodes.store(m, ino, field::NLINK, want)?;
+                    m.fence();
+                    actions.push(format!("set link count of inode {ino} to {want}"));
+                }
+            }
+            None => continue,
+        }
+        if !reachable && names.is_empty() {
+            let lf = match &lost_found {
+                Some(h) => *h,
+                None => {
+                    let h = lost_and_found(fs)?;
+                    lost_found = Some(h);
+                    h
+                }
+            };
+            attach(fs, lf, info, actions)?;
+        }
+    }
+    for &(h, from, upto) in &model.beyond_eof {
+        if fs.inodes.load(m, h.ino, field::STATE)? == h.live_state() && upto > from {
+            let f = fs.map.open_file(fs.file_id(h.ino))?;
+            fs.map.remove(&f, from, upto - from)?;
+            actions.push(format!("trimmed inode {} past block {from}", h.ino));
+        }
+    }
+    if let Some(alloc) = &fs.alloc {
+        // From the inodes live now (repair may have created /lost+found).
+        let mut now_live = Vec::new();
+        fs.inodes.scan(m, |ino, r| {
+            if ino != 0 && r.is_live() {
+                now_live.push(ino);
+            }
+            Ok(())
+        })?;
+        let mut used = Vec::new();
+        for ino in now_live {
+            let f = fs.map.open_file(fs.file_id(ino))?;
+            fs.map.owned_blocks(&f, &mut |e| used.push(e))?;
+        }
+        used.sort();
+        used.dedup();
+        let disjoint = used.windows(2).all(|w| w[0].end() <= w[1].start);
+        if disjoint {
+            alloc.rebuild(&mut used.into_iter())?;
+            actions.push("rebuilt the allocator from the files' blocks".into());
+        }
+    }
+    Ok(())
+}
+
+/// The handle of `/lost+found`, created when missing.
+fn lost_and_found(fs: &Fs) -> Result<Handle> {
+    let root = fs.root_dir()?;
+    let existing = root
+        .inner
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(b"lost+found");
+    match existing {
+        Some(s) if s.kind == Kind::Dir => Ok(s.h),
+        Some(_) => Err(Error::AlreadyExists),
+        None => fs.create(&root, b"lost+found", Kind::Dir, 0o700, None),
+    }
+}
+
+/// Links an unreachable object into `/lost+found` as `#<ino>`.
+fn attach(fs: &Fs, lf: Handle, info: &Info, actions: &mut Vec<String>) -> Result<()> {
+    let Some(kind) = info.kind else {
+        return Ok(());
+    };
+    let m = fs.m();
+    let dir = fs.dir(lf)?;
+    let name = format!("#{}", info.h.ino).into_bytes();
+    let mut d = dir.inner.write().unwrap_or_else(|e| e.into_inner());
+    if d.get(&name).is_some() {
+        return Ok(());
+    }
+    let now = fs.now();
+    let ins = d.prepare_insert(fs, lf, &name, kind, info.h, now)?;
+    d.link_prev(m, &ins)?;
+    m.fence();
+    d.link_next(m, &ins)?;
+    m.fence();
+    d.finish_insert(&ins, &name, kind, info.h);
+    d.touch(now);
+    if kind == Kind::Dir {
+        fs.inodes.store(m, info.h.ino, field::PARENT, lf.word())?;
+        if let Ok(child) = fs.dir(info.h) {
+            child.set_parent(lf);
+        }
+    } else {
+        fs.inodes.store(m, info.h.ino, field::NLINK, 1)?;
+    }
+    m.fence();
+    actions.push(format!(
+        "linked unreachable inode {} into /lost+found",
+        info.h.ino
+    ));
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! Construction of the pluggable parts chosen at mkfs: the file-mapping structure and the
+//! block allocator, dispatched at run time.
+
+use std::sync::Arc;
+
+use pmfs_alloc::FreeExtentAllocator;
+use pmfs_alloc::baseline::bitmap_area_size;
+use pmfs_core::layout::BLOCK_SIZE;
+use pmfs_core::pm::Media;
+use pmfs_core::traits::{BlockAllocator, MappingKind, SimpleAllocator};
+use pmfs_mapping::cuckoo::CuckooMapping;
+use pmfs_mapping::hashfs::HashFs;
+
+use crate::error::{Error, Result};
+use crate::format::{AllocatorKind, Geometry};
+use crate::mapping::Mapper;
+
+/// The media type the parts are built over.
+pub(crate) type Pm = Arc<dyn Media>;
+
+/// Counts free data blocks (the allocator's count, or a scan of the HashFS table).
+pub(crate) type FreeCount = Box<dyn Fn() -> Result<u64> + Send + Sync>;
+
+/// The mapping structure, the allocator (absent for HashFS, which allocates by claiming
+/// slots) and a free-block counter.
+pub(crate) struct Parts {
+    pub map: Arc<dyn Mapper>,
+    pub alloc: Option<Arc<dyn BlockAllocator>>,
+    pub free: FreeCount,
+}
+
+/// Blocks of the allocator region for a data region of `data_blocks`.
+pub(crate) fn alloc_meta_blocks(
+    mapping: MappingKind,
+    kind: AllocatorKind,
+    data_blocks: u64,
+) -> u64 {
+    if mapping == MappingKind::HashFs {
+        return 0;
+    }
+    match kind {
+        AllocatorKind::Simple => 0,
+        AllocatorKind::Baseline => bitmap_area_size(data_blocks).div_ceil(BLOCK_SIZE),
+    }
+}
+
+/// Blocks of the mapping region for a data region of `data_blocks`.
+pub(crate) fn map_meta_blocks(kind: MappingKind, data_blocks: u64) -> u64 {
+    match kind {
+        MappingKind::HashFs => HashFs::<Pm>::meta_blocks(data_blocks),
+        MappingKind::Cuckoo => CuckooMapping::<Pm, DynAlloc>::meta_blocks(data_blocks),
+        MappingKind::Extent | MappingKind::Radix => 0,
+    }
+}
+
+/// Whether the allocator keeps its state on media (so a clean mount need not rebuild it).
+pub(crate) fn alloc_is_persistent(kind: AllocatorKind) -> bool {
+    match kind {
+        AllocatorKind::Simple => false,
+        AllocatorKind::Baseline => true,
+    }
+}
+
+fn build_alloc(media: &Pm, g: &Geometry, fresh: bool) -> Result<Arc<dyn BlockAllocator>> {
+    Ok(match g.allocator {
+        AllocatorKind::Simple => Arc::new(SimpleAllocator::new(g.data_start, g.data_blocks)),
+        AllocatorKind::Baseline => {
+            let area = g.alloc_start.offset();
+            Arc::new(if fresh {
+                FreeExtentAllocator::format(media.clone(), area, g.data_extent())?
+            } else {
+                FreeExtentAllocator::open(media.clone(), area)?
+            })
+        }
+    })
+}
+
+/// The allocator as the sized type the mapping constructors take.
+type DynAlloc = Arc<dyn BlockAllocator>;
+
+fn with_alloc(map: Arc<dyn Mapper>, alloc: DynAlloc) -> Parts {
+    let counter = alloc.clone();
+    Parts {
+        map,
+        alloc: Some(alloc),
+        free: Box::new(move || Ok(counter.free_blocks())),
+    }
+}
+
+/// Builds the parts of volume `g`: formats them when `fresh`, else opens them.
+pub(crate) fn build(media: &Pm, g: &Geometry, fresh: bool) -> Result<Parts> {
+    match g.mapping {
+        MappingKind::HashFs => {
+            let t = Arc::new(if fresh {
+                HashFs::format(media.clone(), g.map_extent(), g.data_extent())?
+            } else {
+                HashFs::open(media.clone(), g.map_extent(), g.data_extent())?
+            });
+            let counter = t.clone();
+            Ok(Parts {
+                map: t,
+                alloc: None,
+                free: Box::new(move || Ok(counter.free_blocks()?)),
+            })
+        }
+        MappingKind::Cuckoo => {
+            let alloc = build_alloc(media, g, fresh)?;
+            let shared = Arc::new(alloc.clone());
+            let map = if fresh {
+                CuckooMapping::format(media.clone(), g.map_extent(), shared)?
+            } else {
+                CuckooMapping::open(media.clone(), g.map_extent(), shared)?
+            };
+            Ok(with_alloc(Arc::new(map), alloc))
+        }
+        MappingKind::Extent | MappingKind::Radix => Err(Error::Unsupported(
+            "mapping structure not available in this build",
+        )),
+    }
+}

@@ -1,0 +1,237 @@
+//! fsck finds each kind of damage at its location, repairs what can be repaired, and damaged
+//! media never makes the checker, the mount or the API panic.
+
+mod common;
+
+use std::sync::Arc;
+
+use pmfs::fsck::{self, ProblemKind};
+use pmfs::{Error, Volume};
+use pmfs_core::layout::PmOff;
+use pmfs_core::pm::{HeapRegion, Media};
+use proptest::prelude::*;
+
+use common::{KINDS, crash_copy, fresh, remount};
+
+fn image(media: &Arc<dyn Media>) -> Vec<u8> {
+    let mut img = vec![0u8; media.size() as usize];
+    media.read(PmOff(0), &mut img).unwrap();
+    img
+}
+
+fn find(img: &[u8], needle: &[u8]) -> usize {
+    img.windows(needle.len())
+        .position(|w| w == needle)
+        .expect("needle on media")
+}
+
+/// A closed volume with a small tree; returns the media and the volume's layout.
+fn populated(kind: pmfs::MappingKind) -> (Arc<dyn Media>, pmfs::VolumeInfo) {
+    let (vol, media) = fresh(kind);
+    vol.create_dir_all("/d/e").unwrap();
+    vol.write("/d/victim-entry", b"v").unwrap();
+    vol.write("/d/e/file", &[7u8; 9000]).unwrap();
+    vol.hard_link("/d/e/file", "/d/link").unwrap();
+    vol.symlink("/d/e", "/d/sym").unwrap();
+    let info = vol.info();
+    vol.close().unwrap();
+    (media, info)
+}
+
+fn ino_of(media: &Arc<dyn Media>, path: &str) -> u64 {
+    let vol = Volume::mount_read_only(media.clone()).unwrap();
+    vol.symlink_metadata(path).unwrap().ino()
+}
+
+#[test]
+fn a_clean_volume_checks_clean() {
+    for kind in KINDS {
+        let (media, _) = populated(kind);
+        let r = fsck::check(media.clone()).unwrap();
+        assert!(r.is_clean(), "{:#?}", r.problems);
+        assert_eq!(r.directories, 3);
+        assert_eq!(r.entries, 6);
+        assert!(r.used_blocks >= 4);
+    }
+}
+
+#[test]
+fn damaged_primary_superblock_is_reported_and_restored() {
+    for kind in KINDS {
+        let (media, _) = populated(kind);
+        media.write(PmOff(100), &[0xaa; 8]).unwrap();
+        let r = fsck::check(media.clone()).unwrap();
+        assert!(r.has(ProblemKind::PrimarySuperblock));
+        let fixed = fsck::repair(media.clone()).unwrap();
+        assert!(fixed.after.is_clean(), "{:#?}", fixed.after.problems);
+        // Both copies damaged: the volume cannot be opened, cleanly.
+        media.write(PmOff(100), &[0xaa; 8]).unwrap();
+        media.write(PmOff(4096 + 100), &[0xaa; 8]).unwrap();
+        assert!(matches!(
+            fsck::check(media.clone()),
+            Err(Error::Corrupt { .. })
+        ));
+        assert!(matches!(
+            Volume::mount(media.clone()),
+            Err(Error::Corrupt { .. })
+        ));
+    }
+}
+
+#[test]
+fn wrong_link_count_dead_entry_and_unreachable_inode_are_found_and_repaired() {
+    for kind in KINDS {
+        let (media, info) = populated(kind);
+        let inode = |ino: u64| info.inode_table_offset + ino * info.inode_size;
+        let file = ino_of(&media, "/d/e/file");
+        let victim = ino_of(&media, "/d/victim-entry");
+        media.store_u64(PmOff(inode(file) + 24), 5).unwrap();
+        // The victim's inode dies under its entry.
+        let state = media.load_u64(PmOff(inode(victim))).unwrap();
+        media
+            .store_u64(PmOff(inode(victim)), state & !(1 << 63))
+            .unwrap();
+        // A live, well-formed inode that no entry names.
+        let stray = 1500u64;
+        let mut rec = [0u8; 128];
+        rec[0..8].copy_from_slice(&((1u64 << 63) | 1).to_le_bytes());
+        rec[8..12].copy_from_slice(&0o100644u32.to_le_bytes());
+        rec[20..22].copy_from_slice(&1u16.to_le_bytes());
+        rec[24..32].copy_from_slice(&1u64.to_le_bytes());
+        media.write(PmOff(inode(stray)), &rec).unwrap();
+
+        let r = fsck::check(media.clone()).unwrap();
+        let find_kind = |k| {
+            r.problems
+                .iter()
+                .find(|p| p.kind == k)
+                .unwrap_or_else(|| panic!("{k:?} not found in {:#?}", r.problems))
+        };
+        let link = find_kind(ProblemKind::LinkCount);
+        assert_eq!((link.at, link.ino), (inode(file) + 24, Some(file)));
+        let img = image(&media);
+        let entry = find(&img, b"victim-entry") - 24;
+        assert_eq!(find_kind(ProblemKind::DeadEntry).at, entry as u64);
+        let un = find_kind(ProblemKind::Unreachable);
+        assert_eq!((un.at, un.ino), (inode(stray), Some(stray)));
+        // The victim's data block is still mapped to its dead inode: a leak.
+        find_kind(ProblemKind::FreeSpace);
+        assert_eq!(r.problems.len(), 4, "{:#?}", r.problems);
+
+        let fixed = fsck::repair(media.clone()).unwrap();
+        assert_eq!(fixed.before, r);
+        assert!(fixed.after.is_clean(), "{:#?}", fixed.after.problems);
+        let vol = remount(&media);
+        assert_eq!(vol.metadata("/d/link").unwrap().nlink(), 2);
+        assert!(!vol.exists("/d/victim-entry").unwrap());
+        let md = vol.metadata("/lost+found/#1500").unwrap();
+        assert!(md.is_file());
+        assert_eq!(md.nlink(), 1);
+    }
+}
+
+#[test]
+fn orphans_and_unclean_state_are_found_and_repaired() {
+    for kind in KINDS {
+        let (vol, media) = fresh(kind);
+        vol.write("/keep", b"k").unwrap();
+        vol.write("/gone", &[1u8; 5000]).unwrap();
+        let open = vol.open_file("/gone").unwrap();
+        vol.remove_file("/gone").unwrap();
+        let crashed = crash_copy(&media);
+        drop(open);
+        drop(vol);
+        let r = fsck::check(crashed.clone()).unwrap();
+        assert!(r.has(ProblemKind::NotClean));
+        assert!(r.has(ProblemKind::Orphan));
+        let fixed = fsck::repair(crashed.clone()).unwrap();
+        assert!(fixed.after.is_clean(), "{:#?}", fixed.after.problems);
+        assert!(!fixed.actions.is_empty());
+        let vol = remount(&crashed);
+        assert_eq!(vol.read("/keep").unwrap(), b"k");
+        assert_eq!(vol.read_dir("/").unwrap().count(), 1);
+    }
+}
+
+#[test]
+fn damaged_directory_page_is_reported_not_repaired() {
+    for kind in KINDS {
+        let (media, _) = populated(kind);
+        let img = image(&media);
+        let entry = find(&img, b"victim-entry") - 24;
+        let page = entry & !4095;
+        media.write(PmOff(page as u64 + 2), &[0x55]).unwrap();
+        let r = fsck::check(media.clone()).unwrap();
+        let p = r
+            .problems
+            .iter()
+            .find(|p| p.kind == ProblemKind::DirectoryPage)
+            .expect("page problem");
+        assert_eq!(p.at, page as u64);
+        let fixed = fsck::repair(media.clone()).unwrap();
+        assert!(fixed.after.has(ProblemKind::DirectoryPage));
+        let vol = remount(&media);
+        assert!(matches!(vol.read_dir("/d"), Err(Error::Corrupt { .. })));
+        let io: std::io::Error = vol.read_dir("/d").unwrap_err().into();
+        assert_eq!(io.raw_os_error(), Some(libc::EUCLEAN));
+    }
+}
+
+fn exercise(media: Arc<dyn Media>) {
+    let _ = fsck::check(media.clone());
+    if let Ok(vol) = Volume::mount(media.clone()) {
+        let mut stack = vec!["/".to_owned()];
+        let mut seen = 0;
+        while let Some(d) = stack.pop() {
+            seen += 1;
+            if seen > 50 {
+                break;
+            }
+            let Ok(rd) = vol.read_dir(&d) else { continue };
+            for e in rd.flatten() {
+                let p = e.path().to_str().unwrap().to_owned();
+                match vol.symlink_metadata(&p) {
+                    Ok(md) if md.is_dir() => stack.push(p),
+                    Ok(md) if md.is_file() && md.len() < 1 << 20 => {
+                        let _ = vol.read(&p);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let _ = vol.write("/new", b"n");
+        let _ = vol.rename("/d", "/d2");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(16)
+    ))]
+
+    /// Random damage to the metadata regions: check, mount and use return errors, never
+    /// panic.
+    #[test]
+    fn random_metadata_damage_never_panics(
+        kind_hashfs in any::<bool>(),
+        hits in proptest::collection::vec((0u64..1 << 20, any::<u8>()), 1..40),
+    ) {
+        let kind = if kind_hashfs { KINDS[0] } else { KINDS[1] };
+        let (media, info) = populated(kind);
+        let img = image(&media);
+        let entry = find(&img, b"victim-entry") as u64;
+        let page = entry & !4095;
+        let damaged = HeapRegion::from_image(&img).unwrap();
+        for (pos, byte) in hits {
+            // Spread the hits over superblocks, journal, inode table and the directory page.
+            let off = match pos % 4 {
+                0 => pos % 8192,
+                1 => info.journal_offset + pos % (u64::from(info.journal_slots) * 4096),
+                2 => info.inode_table_offset + pos % (16 * info.inode_size),
+                _ => page + pos % 4096,
+            };
+            damaged.write(PmOff(off), &[byte]).unwrap();
+        }
+        exercise(Arc::new(damaged));
+    }
+}
