@@ -28,7 +28,9 @@
 //! `21 -> 100 (size 3, rev 0)`, `22 -> 101 (2, 1)`, `23 -> 102 (1, 2)`. A lookup of a long
 //! range therefore needs one probe per run, not per block; `rev` finds the start of a run
 //! when a remove cuts it. Runs are at most [`RUN_MAX`](bucket::RUN_MAX) blocks (one
-//! allocation each), which bounds the entries a cut has to rewrite.
+//! allocation each), which bounds the entries a cut has to rewrite. Lookups walk a range run
+//! by run; there is no per-file translation cache (a lookup already costs one probe per run,
+//! and a cached entry would have to be revalidated against a bucket that moves can change).
 //!
 //! # Hashing
 //!
@@ -67,12 +69,13 @@
 //!
 //! The locks live in PM, not in DRAM, because several processes may map the same pool and a
 //! DRAM lock would not exclude another process. The price: a process that dies while holding
-//! a bucket lock leaves it locked, and other users of that bucket wait until
+//! a bucket lock leaves it locked; other users of that bucket wait, and after a second of
+//! waiting give up with [`Error::Corrupt`] (a damaged lock word looks the same), until
 //! [`recover`](FileMapping::recover) runs. Recovery does not have to find such locks: each
 //! lock word carries the *epoch* in which it was taken, recovery increments the epoch kept in
-//! the header block, and a lock of an older epoch counts as free. (HashFS, whose every update
-//! is a single CAS, has no such window; this is one of the costs the paper's comparison of the
-//! two tables does not show.) Mutations of one file are not concurrent with one another (the
+//! the header block, and a lock of an older epoch counts as free. (HashFS takes no locks —
+//! every slot changes by CAS — and has no such window; this is one of the costs the paper's
+//! comparison of the two tables does not show.) Mutations of one file are not concurrent with one another (the
 //! [`FileMapping`] contract), so a key is only ever inserted or removed by one thread at a
 //! time; moves of other files' entries are serialised by the bucket locks.
 
@@ -82,6 +85,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::time::{Duration, Instant};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, CACHE_LINE, Le64, PmOff, Pod, crc32c};
 use pmfs_core::pm::{Media, MediaExt};
@@ -107,6 +111,9 @@ const LOAD_PERCENT: u64 = 85;
 pub const MAX_DEPTH: usize = 5;
 /// Entries the displacement search may visit.
 const MAX_NODES: usize = 1024;
+/// How long a bucket may stay locked (or keep changing under a reader) before the wait
+/// fails.
+const LOCK_PATIENCE: Duration = Duration::from_secs(1);
 /// Attempts of one entry insert when concurrent writers keep invalidating its chain.
 const MAX_ATTEMPTS: usize = 32;
 const SECOND_SEED: u64 = 0x5bd1_e995_c2b2_ae35;
@@ -343,25 +350,39 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
         Ok(Bucket::decode(&line).ok_or(off))
     }
 
-    fn wait(spins: &mut u32) {
-        *spins += 1;
-        if *spins < 64 {
+    /// Backs off while bucket `b` is locked or changing: spins, then yields, then sleeps.
+    /// Gives up with [`Error::Corrupt`] after [`LOCK_PATIENCE`], which a live lock holder (a
+    /// few stores and fences) never causes: the lock word is damaged or its holder died, and
+    /// [`recover`](FileMapping::recover) has to run.
+    fn wait(&self, b: u64, backoff: &mut Backoff) -> Result<()> {
+        backoff.rounds += 1;
+        if backoff.rounds < 64 {
             std::hint::spin_loop();
-        } else {
+        } else if backoff.rounds < 1024 {
             std::thread::yield_now();
+        } else {
+            let since = *backoff.since.get_or_insert_with(Instant::now);
+            if since.elapsed() > LOCK_PATIENCE {
+                return Err(Error::Corrupt {
+                    what: "cuckoo bucket lock never released",
+                    at: self.bucket_off(b),
+                });
+            }
+            std::thread::sleep(Duration::from_micros(50));
         }
+        Ok(())
     }
 
     /// Reads buckets `bs` as one consistent snapshot (seqlock read side).
     fn read_snapshot<const N: usize>(&self, bs: [u64; N]) -> Result<[Bucket; N]> {
         let rule = self.lock_rule();
-        let mut spins = 0;
+        let mut backoff = Backoff::default();
         'retry: loop {
             let mut before = [0u64; N];
             for (v, &b) in before.iter_mut().zip(&bs) {
                 *v = self.media.load_u64(self.bucket_off(b))?;
                 if rule.is_locked(*v) {
-                    Self::wait(&mut spins);
+                    self.wait(b, &mut backoff)?;
                     continue 'retry;
                 }
             }
@@ -372,7 +393,7 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
             fence(Ordering::Acquire);
             for (v, &b) in before.iter().zip(&bs) {
                 if self.media.load_u64(self.bucket_off(b))? != *v {
-                    Self::wait(&mut spins);
+                    self.wait(b, &mut backoff)?;
                     continue 'retry;
                 }
             }
@@ -411,7 +432,7 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
 
     fn lock_one(&self, b: u64) -> Result<u64> {
         let off = self.bucket_off(b);
-        let mut spins = 0;
+        let mut backoff = Backoff::default();
         loop {
             let rule = self.lock_rule();
             let w = self.media.load_u64(off)?;
@@ -421,7 +442,7 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
                     return Ok(locked);
                 }
             }
-            Self::wait(&mut spins);
+            self.wait(b, &mut backoff)?;
         }
     }
 
@@ -843,6 +864,13 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
     }
 }
 
+/// State of one wait for a bucket.
+#[derive(Debug, Default)]
+struct Backoff {
+    rounds: u32,
+    since: Option<Instant>,
+}
+
 /// Both bucket locks of one key, released on drop.
 struct PairGuard<'a, M: Media, A: BlockAllocator> {
     table: &'a CuckooMapping<M, A>,
@@ -1244,6 +1272,27 @@ mod tests {
         let want: Vec<_> = before_a.iter().copied().filter(|&(l, _)| l != 2).collect();
         assert_eq!(blocks(&t, &a), want);
         assert!(t.intents.scan(&t.media, &[2, 3, 4]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_lock_that_is_never_released_is_an_error_until_recovery() {
+        let t = table(100);
+        let f = file(&t, 1);
+        let mut out = Vec::new();
+        t.insert(&f, 0, 1, &mut out).unwrap();
+        let (b1, _) = t.key_buckets(Key::new(1, 0));
+        let w = t.media.load_u64(t.bucket_off(b1)).unwrap();
+        t.media
+            .store_u64(t.bucket_off(b1), t.lock_rule().locked(w))
+            .unwrap();
+        assert!(matches!(
+            t.lookup(&f, 0, 1, &mut out),
+            Err(Error::Corrupt { .. })
+        ));
+        t.recover().unwrap();
+        out.clear();
+        t.lookup(&f, 0, 1, &mut out).unwrap();
+        assert_eq!(out.len(), 1);
     }
 
     #[test]
