@@ -298,16 +298,19 @@ impl GroupState {
             self.bucket = gb;
             d.group = Some(gb);
         }
+        // Reuse the list's allocation: this runs on every allocation.
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
         dirty.dedup();
-        for p in dirty {
+        for &p in &dirty {
             let b = self.page_bucket_now(p);
             if b != self.page_bucket[p as usize] {
                 self.page_bucket[p as usize] = b;
                 d.pages.push((p, b));
             }
         }
+        dirty.clear();
+        self.dirty = dirty;
         d
     }
 
@@ -337,10 +340,10 @@ impl GroupState {
     fn take(&mut self, s: u64, l: u64, extends: bool, fixed_end: bool, small: bool) -> Extent {
         debug_assert!(l > 0 && bits::all(&self.bits, s, s + l, false));
         let (p0, p1) = ((s / PAGE) as u32, ((s + l - 1) / PAGE) as u32);
-        let whole: Vec<u32> = (p0..=p1)
-            .filter(|&p| u64::from(self.page_free[p as usize]) == PAGE)
-            .collect();
-        if let (Some(&a), Some(&b)) = (whole.first(), whole.last()) {
+        let is_whole = |p: &u32| u64::from(self.page_free[*p as usize]) == PAGE;
+        let first_whole = (p0..=p1).find(is_whole);
+        let last_whole = (p0..=p1).rev().find(is_whole);
+        if let (Some(a), Some(b)) = (first_whole, last_whole) {
             let removed = self.runs.remove(u64::from(a), u64::from(b - a + 1));
             debug_assert!(removed, "whole free pages of one free range form one run");
             for p in a..=b {
