@@ -35,7 +35,12 @@ impl FixtureStats {
                 title: title.to_string(),
                 columns: columns.iter().map(|c| c.to_string()).collect(),
                 rows: Vec::new(),
-                notes: notes.to_string(),
+                notes: format!(
+                    "{notes} Layout score: measured on the built file (HashFS places blocks by \
+                     hashing, so its files are not contiguous). Metadata KiB: what a cold \
+                     operation finds evicted — the structure's static area, the file's node \
+                     blocks and, for structures that use it, the allocator's bitmap."
+                ),
             },
         }
     }
