@@ -290,7 +290,6 @@ fn purging_tombstones_never_cuts_a_chain_at_any_crash_point() {
     let want = state(&t).expect("state");
     let tombstones = t.occupancy().expect("occupancy").tombstones;
     assert!(tombstones > 5, "only {tombstones} tombstones to purge");
-    drop(t);
     region.persist_all();
     let result = Explorer::new(11).run(
         &region,
