@@ -1,12 +1,13 @@
 //! The baseline allocator's persistent block bitmap, one bit per managed block.
 //!
-//! # On-media layout (an area of [`bitmap_area_size`] bytes at a 64-byte aligned offset)
+//! # On-media layout
 //!
-//! | line | content |
-//! |---|---|
-//! | 0 | header: `magic`, `version`, `first` block, block `count`, crc32c of those four words (all `Le64`) |
-//! | 1 | intent record: `commit` word, `start`, `len` (written with 8-byte atomic stores) |
-//! | 2.. | `ceil(count / 64)` little-endian words; bit `i % 64` of word `i / 64` is set when block `first + i` is allocated |
+//! An area of [`bitmap_area_size`] bytes at a 64-byte aligned offset:
+//! - line 0, the header: `magic`, `version`, `first` block, block `count` and the crc32c of
+//!   those four words, all `Le64`;
+//! - line 1, the intent record: `commit` word, `start`, `len` (8-byte atomic stores);
+//! - lines 2..: `ceil(count / 64)` little-endian words; bit `i % 64` of word `i / 64` is set
+//!   when block `first + i` is allocated.
 //!
 //! # Crash atomicity
 //!

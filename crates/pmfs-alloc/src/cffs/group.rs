@@ -465,8 +465,8 @@ impl GroupState {
 
     /// The fixed-size greedy allocator at huge-page level: the smallest chunk of whole free
     /// pages that holds `want` blocks, right-aligned (for `want` below a page this splits the
-    /// chunk's last page into a new small page). Without a fitting chunk: nothing if `need_fit`, else the largest
-    /// chunk whole.
+    /// chunk's last page into a new small page). Without a fitting chunk: nothing if
+    /// `need_fit`, else the largest chunk whole.
     pub(super) fn fixed_huge(&mut self, want: u64, need_fit: bool) -> Option<Extent> {
         let k = want.div_ceil(PAGE);
         if let Some((a, n)) = self.runs.best_fit(k) {

@@ -32,7 +32,8 @@
 //! - [`AllocKind::Growing`]: the **growing-size greedy allocator** takes the first group of
 //!   the highest non-empty buddy list that is not in the extension LRU, and in it the largest
 //!   chunk. The whole chunk if `want` covers it; else `want` blocks from a page boundary (2 MiB
-//!   alignment, so the file can be mapped with huge pages): left-aligned at the head of the
+//!   alignment relative to block 0, so the file can be mapped with huge pages when the region
+//!   is mapped 2 MiB-aligned): left-aligned at the head of the
 //!   group or right of a fixed-size fragment, else *centre-aligned*, so that the fragment on
 //!   the left keeps as much reserve as the new one. Without any whole free page outside the
 //!   LRU it tries the LRU groups (least recently extended first), then the largest chunk of
@@ -62,15 +63,18 @@
 //!
 //! Everything here is DRAM state, as in CFFS: [`rebuild`](BlockAllocator::rebuild) recreates
 //! it from the extents the caller reports in use (the file system's mappings, logs and its own
-//! metadata). The fixed-fragment marks and the LRU are heuristics and start empty after a
-//! rebuild; everything else is a function of the used set ([`CffsAllocator::summary`]).
+//! metadata). The fixed-fragment marks, the class of split pages (small or fragment page) and
+//! the LRU are heuristics: they start afresh after a rebuild (no marks, every split page a
+//! fragment page except at the range's edges, an empty LRU). Everything else is a function of
+//! the used set ([`CffsAllocator::summary`]).
 //!
 //! # Locking
 //!
 //! Each group has its own mutex guarding its bitmaps, page counts and chunks. The buddy
-//! structure ([`index`]) has one mutex held only for O(1) list operations. Lock order is
-//! *group(s) in ascending order, then index*; the allocators pick a candidate under the index
-//! lock, release it, then lock the candidate group and re-check (a stale pick is retried).
+//! structure (buddy lists and LRU) has one mutex, held only for O(1) list operations. Lock
+//! order is *group(s) in ascending order, then index*; the allocators pick a candidate under
+//! the index lock, release it, then lock the candidate group and re-check (a stale pick is
+//! retried).
 //! A group's filing in the index is updated before its lock is released, and only when a
 //! bucket actually changes or a different group was extended last, so fragment extension — the
 //! common case for appends — usually takes the group's lock alone.
