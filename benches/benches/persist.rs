@@ -49,6 +49,9 @@ const SIZES: [usize; 8] = [
 ];
 const KERNEL_SIZES: [usize; 3] = [4 << 10, 64 << 10, 1 << 20];
 const POOL: u64 = 64 << 20;
+/// Measurement time of the small groups (per-kernel copies, 8-byte persists), which keeps the
+/// whole suite near two minutes on an idle machine.
+const DIAGNOSTIC_MEASUREMENT: Duration = Duration::from_secs(1);
 const LINE: u64 = 64;
 
 /// A pool file under /dev/shm mapped with `backend`, removed on drop.
@@ -185,6 +188,7 @@ fn persist_copy_kernel(c: &mut Criterion) {
     let pool = Pool::new("kernel", Backend::Mmap);
     let flush = persist::detected_path().flush;
     let mut g = c.benchmark_group("persist_copy_kernel");
+    g.measurement_time(DIAGNOSTIC_MEASUREMENT);
     for copy in CopyKind::ALL {
         let path = DispatchPath { flush, copy };
         if copy == CopyKind::Portable || !path.is_available() {
@@ -210,6 +214,7 @@ fn persist_u64(c: &mut Criterion) {
     #[cfg(feature = "libpmem")]
     pools.push(("libpmem", Pool::new("u64-libpmem", Backend::Libpmem)));
     let mut g = c.benchmark_group("persist_u64");
+    g.measurement_time(DIAGNOSTIC_MEASUREMENT);
     for (name, pool) in &pools {
         let r = pool.region();
         g.bench_function(BenchmarkId::new(*name, "store"), |b| {
