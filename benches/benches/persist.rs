@@ -210,9 +210,12 @@ fn persist_copy_kernel(c: &mut Criterion) {
 }
 
 fn persist_u64(c: &mut Criterion) {
-    let mut pools = vec![("ours", Pool::new("u64-ours", Backend::Mmap))];
-    #[cfg(feature = "libpmem")]
-    pools.push(("libpmem", Pool::new("u64-libpmem", Backend::Libpmem)));
+    let pools = [
+        ("ours", Backend::Mmap),
+        #[cfg(feature = "libpmem")]
+        ("libpmem", Backend::Libpmem),
+    ]
+    .map(|(name, backend)| (name, Pool::new(&format!("u64-{name}"), backend)));
     let mut g = c.benchmark_group("persist_u64");
     g.measurement_time(DIAGNOSTIC_MEASUREMENT);
     for (name, pool) in &pools {
