@@ -41,9 +41,12 @@
 //! Lookups of runs hash eight consecutive blocks at a time ([`simd`]: one AVX-512 vector, two
 //! AVX2 vectors or scalar code, chosen at run time and forcible with [`HashFs::set_kernel`]),
 //! prefetch the eight home slots, then walk them. When a batch is not full (the end of a
-//! request), the spare lanes hash the blocks that follow the request, and if such a block is
-//! found within its home slot's cache line its translation goes into the file's
-//! [translation cache](translation_cache), ready for the next sequential request. A range much
+//! request) and the request continues the previous lookup through the same handle (a
+//! sequential stream), the spare lanes hash the blocks that follow the request, prefetch their
+//! home slots, and if such a block is found within its home slot's cache line its translation
+//! goes into the file's [translation cache](translation_cache), ready for the next request.
+//! Random requests skip this read-ahead: it would load up to seven cold lines for nothing. A
+//! range much
 //! larger than the table (a whole-file lookup or truncate) is answered by one sequential scan
 //! of the table instead of one walk per block.
 //!
@@ -109,6 +112,7 @@ pub(crate) mod slot;
 pub mod translation_cache;
 
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, CACHE_LINE, Le64, PmOff, Pod, crc32c};
 use pmfs_core::pm::{Media, MediaExt};
@@ -157,6 +161,8 @@ pub struct HashFsFile {
     ino: u64,
     seed: u64,
     cache: TranslationCache,
+    /// Where the last lookup through this handle ended: a lookup starting there is sequential.
+    cursor: AtomicU64,
 }
 
 impl HashFsFile {
@@ -493,14 +499,19 @@ impl<M: Media> HashFs<M> {
         Ok(())
     }
 
-    /// The batched lookup of `[lblk, end)` (no scan), with the translation cache.
+    /// The batched lookup of `[lblk, end)` (no scan), with the translation cache. A lookup
+    /// on behalf of the caller (`client`) moves the handle's cursor and, if it continues the
+    /// previous one, reads ahead with the spare lanes; internal lookups of inserts and removes
+    /// do neither.
     fn lookup_batched(
         &self,
         file: &HashFsFile,
         lblk: u64,
         end: u64,
         out: &mut Vec<Run>,
+        client: bool,
     ) -> Result<()> {
+        let read_ahead = client && file.cursor.swap(end, Ordering::Relaxed) == lblk;
         let first = out.len();
         let mut l = lblk;
         while l < end {
@@ -513,7 +524,11 @@ impl<M: Media> HashFs<M> {
             }
             if misses > 0 {
                 let homes = home_slots(self.kernel, file.seed, l, self.n32());
-                let lanes = BATCH.min((LBLK_LIMIT - l) as usize);
+                let lanes = if read_ahead {
+                    BATCH.min((LBLK_LIMIT - l) as usize)
+                } else {
+                    count
+                };
                 for (j, &h) in homes[..lanes].iter().enumerate() {
                     if j >= count || found[j].is_none() {
                         self.media.prefetch(self.slot_off(h));
@@ -553,12 +568,13 @@ impl<M: Media> HashFs<M> {
         lblk: u64,
         end: u64,
         out: &mut Vec<Run>,
+        client: bool,
     ) -> Result<()> {
         if lblk >= end {
             return Ok(());
         }
         if !self.use_scan(lblk, end) {
-            return self.lookup_batched(file, lblk, end, out);
+            return self.lookup_batched(file, lblk, end, out, client);
         }
         let first = out.len();
         let start = self.data.start.0;
@@ -804,12 +820,13 @@ impl<M: Media> FileMapping for HashFs<M> {
             ino: id.ino,
             seed: file_seed(id.ino, self.salt),
             cache: TranslationCache::default(),
+            cursor: AtomicU64::new(u64::MAX),
         })
     }
 
     fn lookup(&self, file: &HashFsFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
         let end = lblk.saturating_add(len).min(LBLK_LIMIT);
-        self.lookup_range(file, lblk, end, out)
+        self.lookup_range(file, lblk, end, out, true)
     }
 
     fn insert(&self, file: &HashFsFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
@@ -823,7 +840,7 @@ impl<M: Media> FileMapping for HashFs<M> {
                     "logical block beyond the 2^32 limit of a global table",
                 ))?;
         let mut existing = Vec::new();
-        self.lookup_range(file, lblk, end, &mut existing)?;
+        self.lookup_range(file, lblk, end, &mut existing, false)?;
         if !existing.is_empty() {
             return Err(Error::InvalidArgument("insert over mapped blocks"));
         }
@@ -860,7 +877,7 @@ impl<M: Media> FileMapping for HashFs<M> {
             )?;
         } else {
             let mut runs = Vec::new();
-            self.lookup_batched(file, lblk, end, &mut runs)?;
+            self.lookup_batched(file, lblk, end, &mut runs, false)?;
             for r in runs {
                 for k in 0..r.len {
                     hits.push((r.lblk + k, r.pblk.0 - self.data.start.0 + k));
@@ -878,7 +895,7 @@ impl<M: Media> FileMapping for HashFs<M> {
 
     fn owned_blocks(&self, file: &HashFsFile, visit: &mut dyn FnMut(Extent)) -> Result<()> {
         let mut runs = Vec::new();
-        self.lookup_range(file, 0, LBLK_LIMIT, &mut runs)?;
+        self.lookup_range(file, 0, LBLK_LIMIT, &mut runs, false)?;
         runs.iter().for_each(|r| visit(r.extent()));
         Ok(())
     }
@@ -1084,19 +1101,22 @@ mod tests {
         t.insert(&f, 0, 16, &mut out).unwrap();
         let map = blocks(&t, &f, 0, 16);
         let reader = file(&t, 6);
+        // A lookup that does not continue the previous one reads nothing ahead.
         assert_eq!(blocks(&t, &reader, 0, 1), map[..1]);
-        // The seven spare lanes of that one-block lookup translated blocks 1..8, as far as
-        // each was in its home slot's cache line.
-        let ahead = (1..8).filter(|&l| reader.cached_slot(l).is_some()).count();
+        assert!((1..8).all(|l| reader.cached_slot(l).is_none()));
+        // The next one is sequential: its seven spare lanes translate blocks 2..9, as far as
+        // each is in its home slot's cache line.
+        assert_eq!(blocks(&t, &reader, 1, 1), map[1..2]);
+        let ahead = (2..9).filter(|&l| reader.cached_slot(l).is_some()).count();
         assert!(ahead >= 5, "only {ahead} of 7 blocks read ahead");
-        for l in 1..8 {
+        for l in 2..9 {
             if let Some(i) = reader.cached_slot(l) {
                 assert_eq!(t.data().start.0 + i, map[l as usize].1);
             }
         }
         // A remove through another handle must not be hidden by the reader's cache.
-        assert_eq!(t.remove(&f, 1, 7).unwrap(), 7);
-        assert_eq!(blocks(&t, &reader, 0, 16), [&map[..1], &map[8..]].concat());
+        assert_eq!(t.remove(&f, 2, 7).unwrap(), 7);
+        assert_eq!(blocks(&t, &reader, 0, 16), [&map[..2], &map[9..]].concat());
     }
 
     #[test]

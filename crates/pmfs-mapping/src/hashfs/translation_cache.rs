@@ -2,12 +2,14 @@
 //! block to slot, kept in the open file's DRAM handle.
 //!
 //! Entry `lblk % 8` holds the translation of `lblk`, so eight consecutive blocks — one hashing
-//! batch — never evict each other. The cache is a hint: entries are filled by lookups
-//! (including the spare lanes of a batch, which translate the blocks right after the requested
-//! range) and by inserts, dropped by this handle's removes, and every hit is validated against
-//! the slot word in PM before it is used, so mutations through other handles or processes can
-//! never make it return a stale translation. The two words of an entry are separate atomics;
-//! a torn pair written by racing threads fails validation like any other stale entry.
+//! batch — never evict each other (the paper indexes the cache with the table's hash; indexing
+//! by block number keeps a read-ahead batch whole). The cache is a hint: entries are filled by
+//! lookups (including, in sequential streams, the spare lanes of a batch, which translate the
+//! blocks right after the requested range) and by inserts, and dropped by this handle's
+//! removes. Every hit is validated against the slot word in PM before it is used, so
+//! mutations through other handles or processes can never make it return a stale
+//! translation. The two words of an entry are separate atomics; a torn pair written by racing
+//! threads fails validation like any other stale entry.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
