@@ -25,8 +25,10 @@ use crate::inode::INODE_SIZE;
 
 /// "PMFS" "VOL1" as a little-endian word.
 pub(crate) const SB_MAGIC: u64 = u64::from_le_bytes(*b"PMFSVOL1");
-/// Format version written by this build.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// Format version written by this build. Version 2 added special files (FIFOs, sockets,
+/// device nodes with their device number) and extended attributes, which version-1 code
+/// would read as damaged inodes and blocks past end of file.
+pub(crate) const FORMAT_VERSION: u32 = 2;
 /// Offset of the mount-state word in block 0.
 pub(crate) const MOUNT_STATE_OFF: PmOff = PmOff(1024);
 /// Mount-state value after a clean close.

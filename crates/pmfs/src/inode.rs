@@ -18,8 +18,8 @@ use crate::format::Geometry;
 
 /// Size of one inode record.
 pub(crate) const INODE_SIZE: u64 = 128;
-/// Version of the record layout.
-pub(crate) const INODE_VERSION: u16 = 1;
+/// Version of the record layout (2: device number and extended-attribute words).
+pub(crate) const INODE_VERSION: u16 = 2;
 /// The live bit of the state word.
 pub(crate) const LIVE: u64 = 1 << 63;
 
@@ -34,6 +34,8 @@ pub(crate) mod field {
     pub const CTIME: u64 = 56;
     pub const ROOT: u64 = 72;
     pub const PARENT: u64 = 80;
+    pub const RDEV: u64 = 88;
+    pub const XATTR: u64 = 96;
 }
 
 /// POSIX file-type bits of `mode`.
@@ -41,6 +43,10 @@ pub(crate) const S_IFMT: u32 = 0o170000;
 pub(crate) const S_IFREG: u32 = 0o100000;
 pub(crate) const S_IFDIR: u32 = 0o040000;
 pub(crate) const S_IFLNK: u32 = 0o120000;
+pub(crate) const S_IFIFO: u32 = 0o010000;
+pub(crate) const S_IFSOCK: u32 = 0o140000;
+pub(crate) const S_IFCHR: u32 = 0o020000;
+pub(crate) const S_IFBLK: u32 = 0o060000;
 
 /// The decoded inode record. On media it is 128 bytes, little-endian:
 ///
@@ -54,7 +60,9 @@ pub(crate) const S_IFLNK: u32 = 0o120000;
 /// | 40..72 | atime, mtime, ctime, btime (ns since the epoch) |
 /// | 72     | mapping root word (per-file mapping structures) |
 /// | 80     | parent directory handle (directories)           |
-/// | 88..128| reserved, zero                                  |
+/// | 88     | device number (character and block devices)     |
+/// | 96     | extended attributes: current block, length, crc |
+/// | 104..128| reserved, zero                                 |
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct InodeRaw {
     pub state: u64,
@@ -71,13 +79,15 @@ pub(crate) struct InodeRaw {
     pub btime: u64,
     pub map_root: u64,
     pub parent: u64,
+    pub rdev: u64,
+    pub xattr: u64,
 }
 
 const O_GID: usize = 16;
 const O_VERSION: usize = 20;
 const O_FLAGS: usize = 22;
 const O_BTIME: usize = 64;
-const _: () = assert!(field::PARENT as usize + 8 <= INODE_SIZE as usize);
+const _: () = assert!(field::XATTR as usize + 8 <= INODE_SIZE as usize);
 
 /// The kind of object an inode holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -85,6 +95,10 @@ pub(crate) enum Kind {
     File,
     Dir,
     Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
 }
 
 impl Kind {
@@ -93,6 +107,10 @@ impl Kind {
             S_IFREG => Some(Kind::File),
             S_IFDIR => Some(Kind::Dir),
             S_IFLNK => Some(Kind::Symlink),
+            S_IFIFO => Some(Kind::Fifo),
+            S_IFSOCK => Some(Kind::Socket),
+            S_IFCHR => Some(Kind::CharDevice),
+            S_IFBLK => Some(Kind::BlockDevice),
             _ => None,
         }
     }
@@ -102,6 +120,10 @@ impl Kind {
             Kind::File => S_IFREG,
             Kind::Dir => S_IFDIR,
             Kind::Symlink => S_IFLNK,
+            Kind::Fifo => S_IFIFO,
+            Kind::Socket => S_IFSOCK,
+            Kind::CharDevice => S_IFCHR,
+            Kind::BlockDevice => S_IFBLK,
         }
     }
 
@@ -111,6 +133,10 @@ impl Kind {
             Kind::File => 1,
             Kind::Dir => 2,
             Kind::Symlink => 3,
+            Kind::Fifo => 4,
+            Kind::Socket => 5,
+            Kind::CharDevice => 6,
+            Kind::BlockDevice => 7,
         }
     }
 
@@ -119,6 +145,10 @@ impl Kind {
             1 => Some(Kind::File),
             2 => Some(Kind::Dir),
             3 => Some(Kind::Symlink),
+            4 => Some(Kind::Fifo),
+            5 => Some(Kind::Socket),
+            6 => Some(Kind::CharDevice),
+            7 => Some(Kind::BlockDevice),
             _ => None,
         }
     }
@@ -168,6 +198,8 @@ impl InodeRaw {
             btime: t,
             map_root: 0,
             parent: if kind == Kind::Dir { parent.word() } else { 0 },
+            rdev: 0,
+            xattr: 0,
         }
     }
 
@@ -189,6 +221,8 @@ impl InodeRaw {
             btime: get64(b, O_BTIME),
             map_root: f(field::ROOT),
             parent: f(field::PARENT),
+            rdev: f(field::RDEV),
+            xattr: f(field::XATTR),
         }
     }
 
@@ -204,6 +238,8 @@ impl InodeRaw {
         f(field::CTIME, self.ctime);
         f(field::ROOT, self.map_root);
         f(field::PARENT, self.parent);
+        f(field::RDEV, self.rdev);
+        f(field::XATTR, self.xattr);
         put32(&mut b, field::MODE_UID as usize, self.mode);
         put32(&mut b, field::MODE_UID as usize + 4, self.uid);
         put32(&mut b, O_GID, self.gid);

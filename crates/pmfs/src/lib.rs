@@ -47,6 +47,9 @@ mod parts;
 
 pub use api::Volume;
 pub use api::file::{File, OpenOptions};
+pub use api::ino::{
+    Attr, AttrChange, Ino, NodeEntry, NodeKind, OpenMode, OpenNode, Owner, SeekTarget, SetTime,
+};
 pub use api::types::{
     DirEntry, FileTimes, FileType, Metadata, Permissions, ReadDir, RenameFlags, StatFs, VolumeInfo,
 };

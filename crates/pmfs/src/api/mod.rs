@@ -6,6 +6,7 @@
 //! matching errno.
 
 pub(crate) mod file;
+pub(crate) mod ino;
 pub(crate) mod types;
 
 use std::path::PathBuf;

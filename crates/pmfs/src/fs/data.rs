@@ -83,6 +83,9 @@ impl Fs {
                         // Only reachable when the link changed under us: resolve again.
                         Kind::Symlink => continue,
                         Kind::File => {}
+                        // FIFOs, sockets and device nodes have no data in the volume: the
+                        // kernel serves them, the embedding API cannot.
+                        _ => return Err(Error::Unsupported("open of a special file")),
                     }
                     self.open_inc(s.h.ino);
                     break s.h;

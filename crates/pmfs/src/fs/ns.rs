@@ -161,7 +161,7 @@ impl Fs {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn create_locked(
+    pub(crate) fn create_locked(
         &self,
         d: &mut DirInner,
         owner: Handle,

@@ -2,6 +2,8 @@
 //! comparable snapshot of a whole namespace.
 #![allow(dead_code)]
 
+pub mod crash;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

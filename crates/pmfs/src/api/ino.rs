@@ -1,0 +1,893 @@
+//! Access by inode number, for frontends that name objects the way the kernel does (FUSE):
+//! look a name up in a directory inode, get and set the attributes of an inode, open an inode,
+//! list a directory inode with resumable positions.
+//!
+//! Objects are named by [`Ino`]: the inode number together with the generation of its current
+//! incarnation. A stale `Ino` (the object was removed, maybe the number reused) fails with
+//! [`Error::NotFound`] instead of reaching the new object. Permission checks and ownership
+//! policy (who may chown, which group a new file gets) belong to the frontend: the engine
+//! stores what it is told.
+//!
+//! Every call is atomic and durable on return, like the path API, except
+//! [`set_attr`](Volume::set_attr), which applies its changes one after the other (each of them
+//! atomic).
+
+use std::sync::Arc;
+
+use pmfs_core::layout::BLOCK_SIZE;
+use pmfs_core::traits::Run;
+
+use super::Volume;
+use super::types::{Metadata, RenameFlags};
+use crate::dir::Dir;
+use crate::error::{Error, Result};
+use crate::fs::data::Node;
+use crate::fs::path::check_name;
+use crate::fs::{Fs, MAX_FILE_SIZE, ns};
+use crate::inode::{Handle, InodeRaw, Kind, field};
+
+/// Offset of the word holding gid, record version and flags in an inode record.
+const GID_WORD: u64 = 16;
+const BS: u64 = BLOCK_SIZE;
+
+/// An inode number with the generation of one incarnation, packed as
+/// `generation << 32 | number`. Stable across remounts; never reused by another object (a
+/// reused number comes with a new generation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ino(u64);
+
+impl Ino {
+    /// The packed value.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// An `Ino` from its packed value (not checked until used).
+    pub fn from_raw(raw: u64) -> Ino {
+        Ino(raw)
+    }
+
+    /// The inode number (index in the inode table).
+    pub fn number(self) -> u32 {
+        self.0 as u32
+    }
+
+    /// The generation of the incarnation.
+    pub fn generation(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    fn handle(self) -> Handle {
+        Handle::from_word(self.0)
+    }
+
+    fn of(h: Handle) -> Ino {
+        Ino(h.word())
+    }
+}
+
+/// The type of an inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NodeKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link.
+    Symlink,
+    /// A named pipe.
+    Fifo,
+    /// A Unix domain socket.
+    Socket,
+    /// A character device node.
+    CharDevice,
+    /// A block device node.
+    BlockDevice,
+}
+
+impl NodeKind {
+    fn of(k: Kind) -> NodeKind {
+        match k {
+            Kind::File => NodeKind::File,
+            Kind::Dir => NodeKind::Dir,
+            Kind::Symlink => NodeKind::Symlink,
+            Kind::Fifo => NodeKind::Fifo,
+            Kind::Socket => NodeKind::Socket,
+            Kind::CharDevice => NodeKind::CharDevice,
+            Kind::BlockDevice => NodeKind::BlockDevice,
+        }
+    }
+
+    fn kind(self) -> Kind {
+        match self {
+            NodeKind::File => Kind::File,
+            NodeKind::Dir => Kind::Dir,
+            NodeKind::Symlink => Kind::Symlink,
+            NodeKind::Fifo => Kind::Fifo,
+            NodeKind::Socket => Kind::Socket,
+            NodeKind::CharDevice => Kind::CharDevice,
+            NodeKind::BlockDevice => Kind::BlockDevice,
+        }
+    }
+
+    /// The POSIX file-type bits (`S_IFREG`, `S_IFDIR`, ...).
+    pub fn mode_bits(self) -> u32 {
+        self.kind().mode_bits()
+    }
+}
+
+/// The attributes of an inode (what `stat` reports).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    /// The object.
+    pub ino: Ino,
+    /// Its type.
+    pub kind: NodeKind,
+    /// Permission bits, including set-user-ID, set-group-ID and sticky (`mode & 0o7777`).
+    pub perm: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Hard links (for a directory: 2 plus its subdirectories).
+    pub nlink: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Space the object occupies, in 512-byte units (whole blocks up to the size; holes are
+    /// not subtracted).
+    pub blocks: u64,
+    /// Access time, ns since the epoch.
+    pub atime: i64,
+    /// Modification time, ns since the epoch.
+    pub mtime: i64,
+    /// Status change time, ns since the epoch.
+    pub ctime: i64,
+    /// Creation time, ns since the epoch.
+    pub btime: i64,
+    /// Device number of a device node (0 otherwise).
+    pub rdev: u64,
+}
+
+/// Owner and group of a new object.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Owner {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// A time to set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetTime {
+    /// The volume's current time (`UTIME_NOW`).
+    Now,
+    /// This time, ns since the epoch.
+    At(i64),
+}
+
+/// Attribute changes for [`Volume::set_attr`]; `None` leaves an attribute alone
+/// (`UTIME_OMIT` for the times).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttrChange {
+    /// New permission bits (`& 0o7777`).
+    pub perm: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size (regular files).
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<SetTime>,
+    /// New modification time.
+    pub mtime: Option<SetTime>,
+}
+
+/// One entry of [`Volume::list_dir`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeEntry {
+    /// The entry's name.
+    pub name: Vec<u8>,
+    /// The object it names.
+    pub ino: Ino,
+    /// The object's type.
+    pub kind: NodeKind,
+    /// The entry's position in the directory: positions grow in listing order, and an
+    /// entry keeps its position for as long as it exists, so a listing can be resumed after
+    /// any position even when entries were added or removed meanwhile.
+    pub pos: u64,
+}
+
+/// How to open an inode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenMode {
+    /// Reads allowed.
+    pub read: bool,
+    /// Writes allowed.
+    pub write: bool,
+    /// Truncate to length 0 (needs `write`).
+    pub truncate: bool,
+}
+
+/// An open regular file, named by inode. While it lives the file stays readable and writable
+/// even when its last name is removed; dropping the last handle of an unlinked file frees it.
+#[derive(Debug)]
+pub struct OpenNode {
+    fs: Arc<Fs>,
+    node: Node,
+    mode: OpenMode,
+}
+
+fn dead(_: Error) -> Error {
+    Error::NotFound
+}
+
+impl Volume {
+    /// The root directory.
+    pub fn root(&self) -> Ino {
+        Ino::of(self.fs.root)
+    }
+
+    /// The live record of `ino`, or `NotFound` when `ino` is stale or out of range.
+    fn live(&self, ino: Ino) -> Result<(Handle, InodeRaw)> {
+        let h = ino.handle();
+        if h.ino == 0 || u64::from(h.ino) >= self.fs.inodes.count() {
+            return Err(Error::NotFound);
+        }
+        let rec = self.fs.inodes.read(self.fs.m(), h.ino)?;
+        if rec.state != h.live_state() {
+            return Err(Error::NotFound);
+        }
+        Ok((h, rec))
+    }
+
+    /// The DRAM state of directory `ino`.
+    fn dir_of(&self, ino: Ino) -> Result<Arc<Dir>> {
+        let (h, rec) = self.live(ino)?;
+        if rec.kind() != Some(Kind::Dir) {
+            return Err(Error::NotADirectory);
+        }
+        let d = self.fs.dir(h).map_err(|e| match e {
+            Error::Corrupt { .. } if self.live(ino).is_err() => Error::NotFound,
+            e => e,
+        })?;
+        if d.inner.read().unwrap_or_else(|e| e.into_inner()).dead {
+            return Err(Error::NotFound);
+        }
+        Ok(d)
+    }
+
+    fn attr_of(&self, h: Handle) -> Result<Attr> {
+        let md: Metadata = self.fs.stat(h)?;
+        let rdev = self.fs.inodes.load(self.fs.m(), h.ino, field::RDEV)?;
+        let blocks = match md.kind {
+            Kind::File | Kind::Dir => md.size.div_ceil(BS) * (BS / 512),
+            Kind::Symlink => BS / 512,
+            _ => 0,
+        };
+        Ok(Attr {
+            ino: Ino::of(h),
+            kind: NodeKind::of(md.kind),
+            perm: md.mode & 0o7777,
+            uid: md.uid,
+            gid: md.gid,
+            nlink: md.nlink,
+            size: md.size,
+            blocks,
+            atime: md.atime,
+            mtime: md.mtime,
+            ctime: md.ctime,
+            btime: md.btime,
+            rdev: if matches!(md.kind, Kind::CharDevice | Kind::BlockDevice) {
+                rdev
+            } else {
+                0
+            },
+        })
+    }
+
+    /// The attributes of `ino`.
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        let (h, _) = self.live(ino)?;
+        self.attr_of(h).map_err(|e| match e {
+            Error::NotFound | Error::Corrupt { .. } if self.live(ino).is_err() => Error::NotFound,
+            e => e,
+        })
+    }
+
+    /// Looks `name` up in directory `parent`.
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        if name.len() > crate::dir::page::NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let d = self.dir_of(parent)?;
+        let slot = {
+            let inner = d.inner.read().unwrap_or_else(|e| e.into_inner());
+            if inner.dead {
+                return Err(Error::NotFound);
+            }
+            inner.get(name).ok_or(Error::NotFound)?
+        };
+        self.getattr(Ino::of(slot.h))
+    }
+
+    /// The parent of directory `dir` (the root is its own parent).
+    pub fn parent_of(&self, dir: Ino) -> Result<Ino> {
+        let d = self.dir_of(dir)?;
+        if d.h == self.fs.root {
+            return Ok(self.root());
+        }
+        Ok(Ino::of(d.parent()))
+    }
+
+    /// Lists directory `dir` in position order, starting after position `after` (`None`:
+    /// from the start), at most `limit` entries.
+    pub fn list_dir(&self, dir: Ino, after: Option<u64>, limit: usize) -> Result<Vec<NodeEntry>> {
+        let d = self.dir_of(dir)?;
+        let inner = d.inner.read().unwrap_or_else(|e| e.into_inner());
+        if inner.dead {
+            return Err(Error::NotFound);
+        }
+        let mut entries: Vec<NodeEntry> = inner
+            .index
+            .iter()
+            .map(|(name, s)| NodeEntry {
+                name: name.to_vec(),
+                ino: Ino::of(s.h),
+                kind: NodeKind::of(s.kind),
+                pos: (u64::from(s.page) << 16) | u64::from(s.off),
+            })
+            .filter(|e| after.is_none_or(|a| e.pos > a))
+            .collect();
+        drop(inner);
+        entries.sort_unstable_by_key(|e| e.pos);
+        entries.truncate(limit);
+        Ok(entries)
+    }
+
+    /// Creates the object `name` in `parent` and returns its handle; `pin` counts it as open
+    /// before the directory is unlocked.
+    #[allow(clippy::too_many_arguments)]
+    fn make(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: Kind,
+        perm: u32,
+        owner: Owner,
+        rdev: u64,
+        target: Option<&[u8]>,
+        pin: bool,
+    ) -> Result<Handle> {
+        let fs = &*self.fs;
+        if fs.read_only {
+            return Err(Error::ReadOnly);
+        }
+        check_name(name)?;
+        let dir = self.dir_of(parent)?;
+        let m = fs.m();
+        let mut d = dir.inner.write().unwrap_or_else(|e| e.into_inner());
+        if d.dead {
+            return Err(Error::NotFound);
+        }
+        if d.get(name).is_some() {
+            return Err(Error::AlreadyExists);
+        }
+        let h = fs.inodes.alloc(m)?;
+        let now = fs.now();
+        let mut rec = InodeRaw::new(h, kind, perm, now, dir.h);
+        rec.uid = owner.uid;
+        rec.gid = owner.gid;
+        rec.rdev = rdev;
+        if let Some(t) = target {
+            rec.size = t.len() as u64;
+        }
+        match fs.create_locked(&mut d, dir.h, name, kind, h, &rec, now, target) {
+            Ok(()) => {
+                if pin {
+                    fs.open_inc(h.ino);
+                }
+                Ok(h)
+            }
+            Err(e) => {
+                // The record never went live: the number can be handed out again.
+                fs.inodes.release(h.ino);
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates a directory.
+    pub fn mkdir(&self, parent: Ino, name: &[u8], perm: u32, owner: Owner) -> Result<Attr> {
+        let h = self.make(parent, name, Kind::Dir, perm, owner, 0, None, false)?;
+        self.attr_of(h)
+    }
+
+    /// Creates a regular file, FIFO, socket or device node (`kind` must not be a directory or
+    /// symbolic link). `rdev` is kept for device nodes only.
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: NodeKind,
+        perm: u32,
+        owner: Owner,
+        rdev: u64,
+    ) -> Result<Attr> {
+        let kind = kind.kind();
+        if matches!(kind, Kind::Dir | Kind::Symlink) {
+            return Err(Error::InvalidArgument(
+                "mknod of a directory or symbolic link",
+            ));
+        }
+        let rdev = if matches!(kind, Kind::CharDevice | Kind::BlockDevice) {
+            rdev
+        } else {
+            0
+        };
+        let h = self.make(parent, name, kind, perm, owner, rdev, None, false)?;
+        self.attr_of(h)
+    }
+
+    /// Creates the symbolic link `name` in `parent` pointing at `target` (1 to 4095 bytes,
+    /// no NUL).
+    pub fn symlink_at(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+        owner: Owner,
+    ) -> Result<Attr> {
+        if target.is_empty() {
+            return Err(Error::NotFound);
+        }
+        if target.len() >= BS as usize {
+            return Err(Error::NameTooLong);
+        }
+        if target.contains(&0) {
+            return Err(Error::InvalidArgument("symbolic link target contains NUL"));
+        }
+        let h = self.make(
+            parent,
+            name,
+            Kind::Symlink,
+            0o777,
+            owner,
+            0,
+            Some(target),
+            false,
+        )?;
+        self.attr_of(h)
+    }
+
+    /// Creates a regular file and opens it (`O_CREAT`); with `exclusive` an existing name
+    /// fails with `AlreadyExists`, otherwise the existing file is opened (and truncated when
+    /// `mode.truncate`). Returns the attributes after the open and whether the file was
+    /// created.
+    pub fn create_open(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        perm: u32,
+        owner: Owner,
+        exclusive: bool,
+        mode: OpenMode,
+    ) -> Result<(Attr, OpenNode, bool)> {
+        for _ in 0..16 {
+            match self.make(parent, name, Kind::File, perm, owner, 0, None, true) {
+                Ok(h) => {
+                    let node = self.node_of(
+                        h,
+                        OpenMode {
+                            truncate: false,
+                            ..mode
+                        },
+                    )?;
+                    return Ok((self.attr_of(h)?, node, true));
+                }
+                Err(Error::AlreadyExists) if !exclusive => {
+                    let existing = match self.lookup(parent, name) {
+                        Ok(a) => a,
+                        // Removed meanwhile: try to create it again.
+                        Err(Error::NotFound) => continue,
+                        Err(e) => return Err(e),
+                    };
+                    let node = match self.open(existing.ino, mode) {
+                        Err(Error::NotFound) => continue,
+                        other => other?,
+                    };
+                    return Ok((self.getattr(existing.ino)?, node, false));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Busy)
+    }
+
+    /// Builds the open handle of `h`, which the caller already counted as open.
+    fn node_of(&self, h: Handle, mode: OpenMode) -> Result<OpenNode> {
+        let map = match self.fs.map.open_file(self.fs.file_id(h.ino)) {
+            Ok(map) => map,
+            Err(e) => {
+                self.fs.open_dec(h.ino);
+                return Err(e);
+            }
+        };
+        let node = OpenNode {
+            fs: self.fs.clone(),
+            node: Node { h, map },
+            mode,
+        };
+        if mode.truncate && mode.write {
+            self.fs.set_len(&node.node, 0)?;
+        }
+        Ok(node)
+    }
+
+    /// Opens the regular file `ino`.
+    pub fn open(&self, ino: Ino, mode: OpenMode) -> Result<OpenNode> {
+        if (mode.write || mode.truncate) && self.fs.read_only {
+            return Err(Error::ReadOnly);
+        }
+        if mode.truncate && !mode.write {
+            return Err(Error::InvalidArgument("truncate without write access"));
+        }
+        let h = ino.handle();
+        {
+            // Under the inode lock, so that a concurrent removal of the last name either
+            // frees the inode before (we fail) or sees it open (and leaves it to us).
+            let _il = self
+                .fs
+                .ilock(h.ino)
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            let (_, rec) = self.live(ino)?;
+            match rec.kind() {
+                Some(Kind::File) => {}
+                Some(Kind::Dir) => return Err(Error::IsADirectory),
+                Some(Kind::Symlink) => return Err(Error::FilesystemLoop),
+                _ => return Err(Error::Unsupported("open of a special file")),
+            }
+            self.fs.open_inc(h.ino);
+        }
+        self.node_of(h, mode)
+    }
+
+    /// Removes the non-directory `name` from `parent`.
+    pub fn unlink_at(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        let d = self.dir_of(parent)?;
+        self.fs.remove(&d, name, false)
+    }
+
+    /// Removes the empty directory `name` from `parent`.
+    pub fn rmdir_at(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        let d = self.dir_of(parent)?;
+        self.fs.remove(&d, name, true)
+    }
+
+    /// Renames `parent/name` to `new_parent/new_name` (`renameat2` flags).
+    pub fn rename_at(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
+        let sp = self.dir_of(parent)?;
+        let dp = self.dir_of(new_parent)?;
+        self.fs.rename(
+            &sp,
+            name,
+            &dp,
+            new_name,
+            ns::RenameFlags {
+                noreplace: flags.noreplace,
+                exchange: flags.exchange,
+            },
+        )
+    }
+
+    /// Adds the name `new_parent/new_name` for the non-directory `ino`.
+    pub fn link_at(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {
+        let (h, _) = self.live(ino)?;
+        let d = self.dir_of(new_parent)?;
+        self.fs.link(h, &d, new_name)?;
+        self.attr_of(h)
+    }
+
+    /// The target of the symbolic link `ino`.
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let (h, _) = self.live(ino)?;
+        self.fs.read_link_of(h)
+    }
+
+    /// Changes owner and/or group of `h` (journaled with its ctime).
+    fn chown(&self, h: Handle, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
+        let fs = &*self.fs;
+        if fs.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let m = fs.m();
+        let _il = fs.ilock(h.ino).write().unwrap_or_else(|e| e.into_inner());
+        let rec = fs.inodes.read_live(m, h).map_err(dead)?;
+        let mode_uid = u64::from(rec.mode) | u64::from(uid.unwrap_or(rec.uid)) << 32;
+        let gid_off = fs.inodes.field(h.ino, GID_WORD);
+        let gid_word = (m.load_u64(gid_off)? & !0xffff_ffff) | u64::from(gid.unwrap_or(rec.gid));
+        let now = fs.now();
+        let mut tx = fs.journal.begin();
+        tx.protect(fs.inodes.field(h.ino, field::MODE_UID));
+        tx.protect(gid_off);
+        tx.protect(fs.inodes.field(h.ino, field::CTIME));
+        crate::journal::run_armed(&mut tx, m, |_| {
+            fs.inodes.store(m, h.ino, field::MODE_UID, mode_uid)?;
+            fs.inodes.store(m, h.ino, GID_WORD, gid_word)?;
+            fs.inodes.store(m, h.ino, field::CTIME, now as u64)
+        })
+    }
+
+    /// Applies `change` to `ino` and returns the new attributes. A size change goes through
+    /// `via` when given (the handle the caller truncates through), else through a
+    /// temporary handle. The changes are applied one by one: size, owner, permissions, times.
+    pub fn set_attr(&self, ino: Ino, change: AttrChange, via: Option<&OpenNode>) -> Result<Attr> {
+        let (h, rec) = self.live(ino)?;
+        if let Some(size) = change.size {
+            match via {
+                Some(n) if n.node.h == h => n.set_len(size)?,
+                _ => {
+                    if rec.kind() == Some(Kind::Dir) {
+                        return Err(Error::IsADirectory);
+                    }
+                    let n = self.open(
+                        ino,
+                        OpenMode {
+                            write: true,
+                            ..OpenMode::default()
+                        },
+                    )?;
+                    n.set_len(size)?;
+                }
+            }
+        }
+        if change.uid.is_some() || change.gid.is_some() {
+            self.chown(h, change.uid, change.gid)?;
+        }
+        if let Some(perm) = change.perm {
+            self.fs.set_mode(h, perm & 0o7777).map_err(dead)?;
+        }
+        if change.atime.is_some() || change.mtime.is_some() {
+            let now = self.fs.now();
+            let resolve = |t: SetTime| match t {
+                SetTime::Now => now,
+                SetTime::At(ns) => ns,
+            };
+            self.fs
+                .set_times(h, change.atime.map(resolve), change.mtime.map(resolve))?;
+        }
+        self.attr_of(h)
+    }
+
+    /// Orders every update before this call (every call is already durable on return).
+    pub fn sync(&self) {
+        self.fs.m().fence();
+    }
+}
+
+/// Where [`OpenNode::seek`] looks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeekTarget {
+    /// The next byte that lies in a mapped block (`SEEK_DATA`).
+    Data,
+    /// The next byte that lies in a hole or at end of file (`SEEK_HOLE`).
+    Hole,
+}
+
+/// How many blocks a seek looks up at once.
+const SEEK_CHUNK: u64 = 4096;
+
+impl OpenNode {
+    /// The open object.
+    pub fn ino(&self) -> Ino {
+        Ino::of(self.node.h)
+    }
+
+    /// Reads at `offset`; returns how many bytes were read (0 at end of file).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        if !self.mode.read {
+            return Err(Error::BadHandle("file not opened for reading"));
+        }
+        self.fs.read_at(&self.node, buf, offset)
+    }
+
+    /// Writes `buf` at `offset`; durable on return.
+    pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<usize> {
+        if !self.mode.write {
+            return Err(Error::BadHandle("file not opened for writing"));
+        }
+        self.fs.write_at(&self.node, buf, offset)
+    }
+
+    /// Truncates or extends the file.
+    pub fn set_len(&self, size: u64) -> Result<()> {
+        self.fs.set_len(&self.node, size)
+    }
+
+    /// The file's size.
+    pub fn size(&self) -> Result<u64> {
+        self.fs.size_of(&self.node)
+    }
+
+    /// Orders every update before this call (every write is already durable on return).
+    pub fn sync(&self) {
+        self.fs.m().fence();
+    }
+
+    /// The mapped runs of logical blocks `[from, from + len)`, in order.
+    fn runs(&self, from: u64, len: u64) -> Result<Vec<Run>> {
+        let mut runs = Vec::new();
+        self.fs.map.lookup(&self.node.map, from, len, &mut runs)?;
+        runs.sort_unstable_by_key(|r| r.lblk);
+        Ok(runs)
+    }
+
+    /// The first offset at or after `offset` that holds data or starts a hole (end of file
+    /// counts as a hole). `None` when `offset` is at or past end of file, or no data follows.
+    pub fn seek(&self, offset: u64, target: SeekTarget) -> Result<Option<u64>> {
+        let _il = self
+            .fs
+            .ilock(self.node.h.ino)
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let size = self.fs.size_of(&self.node)?;
+        if offset >= size {
+            return Ok(None);
+        }
+        let end_blk = size.div_ceil(BS);
+        let mut blk = offset / BS;
+        while blk < end_blk {
+            let len = SEEK_CHUNK.min(end_blk - blk);
+            let runs = self.runs(blk, len)?;
+            match target {
+                SeekTarget::Data => {
+                    if let Some(r) = runs.iter().find(|r| r.lblk + r.len > blk) {
+                        return Ok(Some((r.lblk * BS).max(offset)).filter(|&o| o < size));
+                    }
+                }
+                SeekTarget::Hole => {
+                    let mut cursor = blk;
+                    for r in &runs {
+                        if r.lblk > cursor {
+                            break;
+                        }
+                        cursor = cursor.max(r.lblk + r.len);
+                    }
+                    if cursor < blk + len {
+                        return Ok(Some((cursor * BS).max(offset).min(size)));
+                    }
+                }
+            }
+            blk += len;
+        }
+        Ok(match target {
+            SeekTarget::Data => None,
+            SeekTarget::Hole => Some(size),
+        })
+    }
+
+    /// Makes sure every block of `[offset, offset + len)` is allocated (holes are filled
+    /// with zeros) and, unless `keep_size`, that the file is at least `offset + len` long
+    /// (`fallocate` modes 0 and `FALLOC_FL_KEEP_SIZE`). Blocks past end of file cannot be
+    /// allocated in this volume: `keep_size` with a range past the end fails with
+    /// `Unsupported`.
+    pub fn allocate(&self, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        if !self.mode.write {
+            return Err(Error::BadHandle("file not opened for writing"));
+        }
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or(Error::FileTooLarge)?;
+        let size = self.size()?;
+        if keep_size && end > size {
+            return Err(Error::Unsupported("preallocation past end of file"));
+        }
+        let first = offset / BS;
+        let last = end.div_ceil(BS);
+        // Fill the holes below end of file, then extend.
+        let mut holes = Vec::new();
+        let mut blk = first;
+        let eof_blk = size.div_ceil(BS).min(last);
+        while blk < eof_blk {
+            let n = SEEK_CHUNK.min(eof_blk - blk);
+            let mut cursor = blk;
+            for r in self.runs(blk, n)? {
+                if r.lblk > cursor {
+                    holes.push((cursor, r.lblk - cursor));
+                }
+                cursor = cursor.max(r.lblk + r.len);
+            }
+            if cursor < blk + n {
+                holes.push((cursor, blk + n - cursor));
+            }
+            blk += n;
+        }
+        let zeros = vec![0u8; (256 * BS) as usize];
+        for (s, l) in holes {
+            let mut at = s * BS;
+            let stop = ((s + l) * BS).min(size);
+            while at < stop {
+                let n = (stop - at).min(zeros.len() as u64);
+                // The range is a hole: writing zeros maps it without changing what it reads.
+                self.fs.write_at(&self.node, &zeros[..n as usize], at)?;
+                at += n;
+            }
+        }
+        if end > size && !keep_size {
+            let mut at = size;
+            while at < end {
+                let n = (end - at).min(zeros.len() as u64);
+                self.fs.write_at(&self.node, &zeros[..n as usize], at)?;
+                at += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deallocates `[offset, offset + len)` (clamped to the file): the range reads as zeros
+    /// afterwards, the size does not change (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`).
+    pub fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
+        if !self.mode.write {
+            return Err(Error::BadHandle("file not opened for writing"));
+        }
+        let size = self.size()?;
+        let end = offset.saturating_add(len).min(size);
+        if offset >= end {
+            return Ok(());
+        }
+        let whole_from = offset.div_ceil(BS);
+        let whole_to = end / BS;
+        // Partial blocks at the edges are zeroed in place.
+        let zero = |from: u64, to: u64| -> Result<()> {
+            if from < to {
+                let buf = vec![0u8; (to - from) as usize];
+                self.fs.write_at(&self.node, &buf, from)?;
+            }
+            Ok(())
+        };
+        if whole_from > whole_to {
+            return zero(offset, end);
+        }
+        zero(offset, whole_from * BS)?;
+        zero(whole_to * BS, end)?;
+        if whole_to > whole_from {
+            let _il = self
+                .fs
+                .ilock(self.node.h.ino)
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            self.fs
+                .map
+                .remove(&self.node.map, whole_from, whole_to - whole_from)?;
+            let m = self.fs.m();
+            let now = self.fs.now() as u64;
+            self.fs
+                .inodes
+                .store(m, self.node.h.ino, field::MTIME, now)?;
+            self.fs
+                .inodes
+                .store(m, self.node.h.ino, field::CTIME, now)?;
+            m.fence();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OpenNode {
+    fn drop(&mut self) {
+        // The last handle of an unlinked file frees it. A failure leaves an orphan that the
+        // next mount after a crash frees; nothing is lost by ignoring it here.
+        let _ = self.fs.release_node(&self.node);
+    }
+}
