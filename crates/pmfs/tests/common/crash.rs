@@ -74,9 +74,7 @@ pub fn check_op<S, T>(
             },
             |cp| {
                 let got = recover_and_check(cp.image)?;
-                if got == after {
-                    Ok(())
-                } else if got == before && !done.get() {
+                if got == after || (got == before && !done.get()) {
                     Ok(())
                 } else {
                     Err(format!(
