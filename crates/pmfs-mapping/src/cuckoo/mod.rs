@@ -18,16 +18,16 @@
 //! | 4           | number of buckets                           |
 //! | 5           | hash salt                                   |
 //! | 6           | number of intent records (64)               |
-//! | 7..15       | reserved, zero                              |
+//! | 7..14       | reserved, zero                              |
 //! | 15          | crc32c of words 0..15 (low 32 bits)         |
 //!
 //! Each bucket holds a seqlock word and three 16-byte entries. An entry maps one logical block
 //! and is *ranged*: besides its physical block it stores `size`, the number of blocks from it
 //! to the end of its run of physically contiguous blocks, and `rev`, the number of blocks of
-//! the run before it. Logical blocks 21..24 mapped to 100..103 are four entries
+//! the run before it. Logical blocks 21..24 mapped to 100..103 are three entries
 //! `21 -> 100 (size 3, rev 0)`, `22 -> 101 (2, 1)`, `23 -> 102 (1, 2)`. A lookup of a long
 //! range therefore needs one probe per run, not per block; `rev` finds the start of a run
-//! when a remove cuts it. Runs are at most [`RUN_MAX`](bucket::RUN_MAX) blocks (one
+//! when a remove cuts it. Runs are at most [`RUN_MAX`] blocks (one
 //! allocation each), which bounds the entries a cut has to rewrite. Lookups walk a range run
 //! by run; there is no per-file translation cache (a lookup already costs one probe per run,
 //! and a cached entry would have to be revalidated against a bucket that moves can change).

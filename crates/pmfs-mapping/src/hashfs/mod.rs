@@ -20,7 +20,7 @@
 //! | 4, 5        | data extent: first block, length (= slots)    |
 //! | 6           | hash salt                                     |
 //! | 7           | number of intent records (64)                 |
-//! | 8..15       | reserved, zero                                |
+//! | 8..14       | reserved, zero                                |
 //! | 15          | crc32c of words 0..15 (low 32 bits)           |
 //!
 //! A slot word packs `lblk` (32 bits), `ino` (28 bits), a version bit reserved for
@@ -45,10 +45,9 @@
 //! sequential stream), the spare lanes hash the blocks that follow the request, prefetch their
 //! home slots, and if such a block is found within its home slot's cache line its translation
 //! goes into the file's [translation cache](translation_cache), ready for the next request.
-//! Random requests skip this read-ahead: it would load up to seven cold lines for nothing. A
-//! range much
-//! larger than the table (a whole-file lookup or truncate) is answered by one sequential scan
-//! of the table instead of one walk per block.
+//! Random requests skip this read-ahead: it would load up to seven cold lines for nothing.
+//! A range larger than a quarter of the table (a whole-file lookup or truncate) is answered
+//! by one sequential scan of the table instead of one walk per block.
 //!
 //! # Deletion: tombstones
 //!
@@ -106,9 +105,9 @@
 //! the recovery of that data path resolve the short window with two committed versions from
 //! the log, never from the table alone.
 
-pub(crate) mod intent;
+pub mod intent;
 pub mod simd;
-pub(crate) mod slot;
+pub mod slot;
 pub mod translation_cache;
 
 use std::hash::{BuildHasher, RandomState};
