@@ -15,10 +15,10 @@
 //! stores durable without any system call: that is what [`PmRegion::is_pmem`] calls *real
 //! PM*. Any other file system (tmpfs, ext4 without DAX, ...) rejects the flag with
 //! `EOPNOTSUPP` (old kernels: `EINVAL`); the region falls back to a plain `MAP_SHARED` mapping
-//! and reports `is_pmem() == false`. Such a mapping runs the same code (flushes and fences
-//! still order the page cache, so tests and benchmarks are meaningful), and stores survive a
-//! crash of the process, but surviving power loss needs [`PmRegion::msync`] (or, on tmpfs,
-//! is impossible).
+//! and reports `is_pmem() == false`. Such a mapping runs exactly the same instructions (the
+//! flushes write lines back to the page cache's DRAM, so tests and benchmarks exercise the
+//! real code paths), and its stores survive a crash of the process, but surviving power loss
+//! needs [`PmRegion::msync`] (and on tmpfs is impossible).
 //!
 //! # Backends
 //! [`Backend::Mmap`] maps with `mmap(2)` directly and uses the run-time dispatched primitives
