@@ -18,8 +18,10 @@ use crate::format::Geometry;
 
 /// Size of one inode record.
 pub(crate) const INODE_SIZE: u64 = 128;
-/// Version of the record layout (2: device number and extended-attribute words).
-pub(crate) const INODE_VERSION: u16 = 2;
+/// Version of the record layout. The device-number and extended-attribute words took
+/// formerly reserved (zero) space, where zero means "none": the version did not change; the
+/// superblock's format version tells old code that the words may be set.
+pub(crate) const INODE_VERSION: u16 = 1;
 /// The live bit of the state word.
 pub(crate) const LIVE: u64 = 1 << 63;
 
