@@ -413,6 +413,23 @@ mod tests {
     }
 
     #[test]
+    fn blocks_cached_at_a_crash_come_back_at_the_rebuild() {
+        let a = ThreadCached::new(SimpleAllocator::new(BlockNo(100), 200), BlockNo(100));
+        let keep = a.alloc(50, AllocHint::default()).unwrap();
+        let lost = a.alloc(30, AllocHint::metadata()).unwrap();
+        a.free(lost).unwrap();
+        assert!(a.cached_blocks() >= 30);
+        // After a crash the file system reports only what it still uses.
+        a.rebuild(&mut std::iter::once(keep)).unwrap();
+        assert_eq!(a.cached_blocks(), 0);
+        assert_eq!(a.free_blocks(), 150);
+        assert_eq!(a.inner().free_blocks(), 150);
+        assert!(matches!(a.free(lost), Err(Error::InvalidArgument(_))));
+        a.free(keep).unwrap();
+        assert_eq!(a.free_blocks(), 200);
+    }
+
+    #[test]
     fn other_threads_caches_are_drained_before_no_space() {
         let a = ThreadCached::new(SimpleAllocator::new(BlockNo(0), 64), BlockNo(0));
         let e = a.alloc(64, AllocHint::default()).unwrap();
