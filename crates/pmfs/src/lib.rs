@@ -44,6 +44,7 @@ mod inode;
 mod journal;
 mod mapping;
 mod parts;
+mod xattr;
 
 pub use api::Volume;
 pub use api::file::{File, OpenOptions};
@@ -57,3 +58,4 @@ pub use error::{Error, Result};
 pub use format::{AllocatorKind, Options};
 pub use fs::MountReport;
 pub use pmfs_core::traits::MappingKind;
+pub use xattr::{XATTR_NAME_MAX, XattrSet};

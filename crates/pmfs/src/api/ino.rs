@@ -494,7 +494,7 @@ impl Volume {
                         Err(Error::NotFound) => continue,
                         Err(e) => return Err(e),
                     };
-                    let node = match self.open(existing.ino, mode) {
+                    let node = match self.open_ino(existing.ino, mode) {
                         Err(Error::NotFound) => continue,
                         other => other?,
                     };
@@ -527,7 +527,7 @@ impl Volume {
     }
 
     /// Opens the regular file `ino`.
-    pub fn open(&self, ino: Ino, mode: OpenMode) -> Result<OpenNode> {
+    pub fn open_ino(&self, ino: Ino, mode: OpenMode) -> Result<OpenNode> {
         if (mode.write || mode.truncate) && self.fs.read_only {
             return Err(Error::ReadOnly);
         }
@@ -640,7 +640,7 @@ impl Volume {
                     if rec.kind() == Some(Kind::Dir) {
                         return Err(Error::IsADirectory);
                     }
-                    let n = self.open(
+                    let n = self.open_ino(
                         ino,
                         OpenMode {
                             write: true,

@@ -41,8 +41,9 @@ use crate::journal::{Cleanup, Journal};
 use crate::mapping::{MapFile, Mapper};
 use crate::parts::{self, FreeCount, Pm};
 
-/// Largest file size: 2^32 blocks (the logical-block limit of the global tables).
-pub(crate) const MAX_FILE_SIZE: u64 = (1 << 32) * BLOCK_SIZE;
+/// Largest file size: 2^32 blocks (the logical-block limit of the global tables) less the
+/// logical blocks that hold extended attributes.
+pub(crate) const MAX_FILE_SIZE: u64 = crate::xattr::XATTR_LBLK * BLOCK_SIZE;
 /// Most hard links an inode may have.
 pub(crate) const MAX_LINKS: u64 = 65_000;
 pub(crate) const LOCK_STRIPES: usize = 1024;
@@ -541,6 +542,8 @@ impl Fs {
             if blocks > 0 {
                 self.map.remove(f, 0, blocks)?;
             }
+            self.map
+                .remove(f, crate::xattr::XATTR_LBLK, crate::xattr::XATTR_BLOCKS)?;
         } else {
             self.map.remove_file(f)?;
         }
