@@ -50,6 +50,7 @@ pub use api::Volume;
 pub use api::file::{File, OpenOptions};
 pub use api::ino::{
     Attr, AttrChange, Ino, NodeEntry, NodeKind, OpenMode, OpenNode, Owner, SeekTarget, SetTime,
+    Usage,
 };
 pub use api::types::{
     DirEntry, FileTimes, FileType, Metadata, Permissions, ReadDir, RenameFlags, StatFs, VolumeInfo,

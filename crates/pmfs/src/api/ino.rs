@@ -891,3 +891,91 @@ impl Drop for OpenNode {
         let _ = self.fs.release_node(&self.node);
     }
 }
+
+/// What the objects of a volume occupy, for `pmfs info`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Usage {
+    /// Regular files.
+    pub files: u64,
+    /// Directories (the root included).
+    pub dirs: u64,
+    /// Symbolic links.
+    pub symlinks: u64,
+    /// FIFOs, sockets and device nodes.
+    pub special: u64,
+    /// Inodes that carry extended attributes.
+    pub with_xattrs: u64,
+    /// Sum of the regular files' sizes.
+    pub file_bytes: u64,
+    /// Data blocks mapped by regular files.
+    pub file_blocks: u64,
+    /// Physically contiguous runs those blocks form.
+    pub file_extents: u64,
+    /// Layout score of the regular files (HashFS paper §4.1, from Smith and Seltzer): the
+    /// fraction of blocks that directly follow their file's previous block; 1.0 means every
+    /// file is one contiguous run.
+    pub layout_score: f64,
+}
+
+impl Volume {
+    /// Walks every live inode and measures what it occupies. `progress(done, total)` is
+    /// called as the walk proceeds over the inode table.
+    pub fn usage(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<Usage> {
+        let fs = &*self.fs;
+        let m = fs.m();
+        let mut live = Vec::new();
+        fs.inodes.scan(m, |ino, r| {
+            if ino != 0 && r.is_live() {
+                live.push((ino, r.kind(), r.size, r.xattr));
+            }
+            Ok(())
+        })?;
+        let total = live.len() as u64;
+        let mut u = Usage::default();
+        let mut files: Vec<Vec<pmfs_core::traits::Extent>> = Vec::new();
+        for (i, (ino, kind, size, xattr)) in live.into_iter().enumerate() {
+            progress(i as u64, total);
+            u.with_xattrs += u64::from(xattr != 0);
+            match kind {
+                Some(Kind::File) => {}
+                Some(Kind::Dir) => {
+                    u.dirs += 1;
+                    continue;
+                }
+                Some(Kind::Symlink) => {
+                    u.symlinks += 1;
+                    continue;
+                }
+                _ => {
+                    u.special += 1;
+                    continue;
+                }
+            }
+            u.files += 1;
+            u.file_bytes += size;
+            let f = fs.map.open_file(fs.file_id(ino))?;
+            let blocks = size.div_ceil(BS);
+            let mut extents: Vec<pmfs_core::traits::Extent> = Vec::new();
+            let mut blk = 0;
+            while blk < blocks {
+                let n = SEEK_CHUNK.min(blocks - blk);
+                let mut runs = Vec::new();
+                fs.map.lookup(&f, blk, n, &mut runs)?;
+                runs.sort_unstable_by_key(|r| r.lblk);
+                for r in runs {
+                    u.file_blocks += r.len;
+                    match extents.last_mut() {
+                        Some(e) if e.start.0 + e.len == r.pblk.0 => e.len += r.len,
+                        _ => extents.push(pmfs_core::traits::Extent::new(r.pblk, r.len)),
+                    }
+                }
+                blk += n;
+            }
+            u.file_extents += extents.len() as u64;
+            files.push(extents);
+        }
+        progress(total, total);
+        u.layout_score = pmfs_alloc::aging::layout_score(&files);
+        Ok(u)
+    }
+}
