@@ -183,7 +183,12 @@ impl Workload {
         Ok(())
     }
 
-    /// Runs the operation `iters` times and returns the time spent in the operations.
+    /// Runs the operation `iters` times and returns the time of `iters` operations.
+    ///
+    /// Hot operations are timed in batches and summed. Cold operations are timed one by one
+    /// and the sample is `iters` times their median: on a shared machine one operation in a
+    /// sample may be preempted for milliseconds, which would swamp a mean of microsecond
+    /// operations.
     pub fn run<S: Structure>(
         &mut self,
         h: &mut Harness,
@@ -191,6 +196,7 @@ impl Workload {
         iters: u64,
     ) -> Result<Duration> {
         let mut total = Duration::ZERO;
+        let mut cold = Vec::new();
         let mut done = 0;
         while done < iters {
             if self.op.kind == OpKind::Append {
@@ -199,7 +205,7 @@ impl Workload {
             match self.op.cache {
                 Cache::Cold => {
                     h.evictor.evict(fx.region(), &self.areas)?;
-                    total += self.one(&h.timer, fx)?;
+                    cold.push(self.one(&h.timer, fx)?);
                     done += 1;
                 }
                 Cache::Hot => {
@@ -209,7 +215,10 @@ impl Workload {
                 }
             }
         }
-        Ok(total)
+        if cold.is_empty() {
+            return Ok(total);
+        }
+        Ok(median(&mut cold).mul_f64(iters as f64))
     }
 
     /// How many hot operations may run before the next shrink check.
@@ -259,6 +268,15 @@ impl Workload {
         }
         Ok(t.elapsed())
     }
+}
+
+/// The median of `times` (the upper one of an even count; zero for none).
+fn median(times: &mut [Duration]) -> Duration {
+    if times.is_empty() {
+        return Duration::ZERO;
+    }
+    let mid = times.len() / 2;
+    *times.select_nth_unstable(mid).1
 }
 
 /// Times of a concurrent run, averaged over threads.
@@ -388,6 +406,14 @@ mod tests {
             Op::new(Cache::Hot, OpKind::Append, 16).to_string(),
             "hot-append"
         );
+    }
+
+    #[test]
+    fn medians_ignore_one_preempted_operation() {
+        let us = Duration::from_micros;
+        assert_eq!(median(&mut [us(3), us(1), us(5000), us(2), us(2)]), us(2));
+        assert_eq!(median(&mut [us(4), us(1)]), us(4));
+        assert_eq!(median(&mut []), Duration::ZERO);
     }
 
     #[test]
