@@ -12,8 +12,10 @@
 
 pub mod error;
 pub mod layout;
+pub mod log;
 pub mod pm;
 pub mod sim;
+pub mod sync;
 pub mod traits;
 
 pub use error::{Error, Result};

@@ -1,0 +1,629 @@
+//! The per-file operation log (MadFS §4.3–4.6): a chain of log blocks of 8-byte slots, one
+//! slot per metadata update, committed by a compare-and-swap into the first empty slot.
+//!
+//! The log is a data structure over [`Media`] and nothing else: it knows neither files nor
+//! mapping structures. A caller (the engine) keeps one 8-byte *head word* per log, e.g. in
+//! the inode, and hands its offset to [`Log::create`] / [`Log::open`]. Entries say which
+//! logical blocks now live where and how the size changes ([`Entry`]); replaying them in log
+//! order rebuilds a file's block table.
+//!
+//! # On-media format
+//!
+//! A **log block** is a 4 KiB block: a 64-byte header, then 504 slots of 8 bytes.
+//!
+//! | bytes | field | |
+//! |---|---|---|
+//! | 0..4 | magic | `"PLOG"` |
+//! | 4..6 | version | 1 |
+//! | 6..8 | flags | bit 0: written by a compaction; others 0 |
+//! | 8..16 | next | next block of the chain, 0 for none; set once, by CAS |
+//! | 16..24 | base | log sequence number (LSN) of the first slot |
+//! | 24..32 | owner | offset of the log's head word (the log's identity) |
+//! | 32..36 | crc | crc32c of bytes 0..8 and 16..32 |
+//! | 36..64 | reserved | 0 |
+//!
+//! Every header field but `next` is written before the block becomes reachable and never
+//! changes. Along a chain the LSNs are contiguous (`next.base = base + 504`).
+//!
+//! A **slot** is a little-endian `u64` written once, by an 8-byte CAS from zero, so it is
+//! never torn. Its top two bits say what it is:
+//!
+//! | bits 63..62 | kind | remaining bits |
+//! |---|---|---|
+//! | — | empty | the whole word is 0 |
+//! | `10` | inline entry | 61..56 `len - 1` (runs of 1..=64 blocks), 55..32 `lblk` (24 bits), 31..0 `pblk` (32 bits) |
+//! | `11` | inline entry, extending | as `10`; the size becomes at least `(lblk + len) * 4096` |
+//! | `01` | indirect entry | 61..48 low 14 bits of the first segment's crc, 47..0 segment offset / 8 |
+//! | `00` | `RESERVE n` | 61..16 a fixed 46-bit constant, 15..0 `n`: the next `n` slots are reserved |
+//!
+//! Any other word with tag `00` is garbage ([`Error::Corrupt`]). Slots covered by a
+//! reservation are not entries: they hold the *segments* of an extended entry, or nothing
+//! (padding). The slots that are not inside a reservation are the *boundary* slots.
+//!
+//! An **extended entry** is a record of payload words split into one or more segments, each
+//! in its own reservation (`RESERVE n` followed by a 24-byte header and `n - 3` payload
+//! words):
+//!
+//! | bytes | field | |
+//! |---|---|---|
+//! | 0..2 | magic | `0x5E6D` |
+//! | 2 | version | 1 |
+//! | 3 | flags | 0 |
+//! | 4..6 | words | payload words in this segment |
+//! | 6..8 | index | segment number in the record, from 0 |
+//! | 8..16 | next | offset of the next segment's header, 0 for the last |
+//! | 16..20 | crc | crc32c of the owner, this header with crc 0, and the payload |
+//! | 20..24 | total | payload words of the whole record |
+//!
+//! The record's payload words: `w0` = kind (bits 7..0: 1 write, 2 truncate, 3 punch) and the
+//! run count (bits 63..32); a write continues with `extend_to` and two words per run
+//! (`lblk`; `pblk` in bits 39..0 and `len` in bits 63..40); a truncate with the new size; a
+//! punch with `lblk` and `len`. An entry is inline when it is a write of one run that fits the
+//! inline fields and leaves the size alone or extends it to exactly the run's end; everything
+//! else (long or scattered runs, unaligned size changes, truncation, punching) is extended.
+//!
+//! # Commit protocol
+//!
+//! The commit point of an update is one CAS of its slot word into the first empty boundary
+//! slot: slot order is commit order, and the tail is a timestamp for optimistic concurrency
+//! control (MadFS §4.4). [`Log::prepare`] encodes the entry: an inline word, or, for an
+//! extended entry, it first reserves spans (each reservation is itself a CAS of a `RESERVE`
+//! word into the first empty slot), writes the segments with non-temporal stores and fences,
+//! and only then builds the indirect word — extended entries are durable before anything
+//! points at them. [`Prepared::try_commit`] then commits at the first empty slot *unless an
+//! entry was committed since the caller's snapshot position*, in which case the caller gets the
+//! new tail back to check the winners for conflicts (re-copy its unaligned parts) and retry
+//! with the same prepared entry. [`Log::append`] and [`Log::append_since`] commit
+//! unconditionally (the latter reporting the entries that won before it).
+//!
+//! When the walk reaches the end of a full block, the appender links a new one: it writes the
+//! block (header and its own word already in the first slot), persists it and the body of the
+//! full block, and CASes the full block's `next` from 0. Concurrent appenders agree on the
+//! winner; a loser keeps its block as a spare for the next link.
+//!
+//! # Persistence and ordering (MadFS §4.6)
+//!
+//! The CAS orders; durability follows separately. Each handle keeps a *tail hint*: a position
+//! before which every boundary slot is committed and durable, and every link too. An appender
+//! starts from the hint, commits, then flushes only the lines between the hint and its own slot
+//! (plus the headers of blocks it crossed, for their links), fences, and advances the hint: a
+//! commit costs one fence and usually one or two line flushes, and when [`append`](Log::append)
+//! returns, the entry and everything before it are durable. The linker persists a full block
+//! before linking it, so a visible link implies a durable body.
+//!
+//! A reader that sees an entry it did not commit may see it before its committer flushed it
+//! (or after the committer died). Readers *help*: a [`Replay`] persists each batch of slots it
+//! read beyond the hint (same flushes, one fence) before handing out its entries, and a
+//! [`Moved`](Commit::Moved) tail is made durable before it is returned. So no caller ever acts
+//! on an entry that a crash could take back, and a crash leaves a prefix of the commit order:
+//! replay stops at the first empty boundary slot. What lies beyond a hole after a crash (slots
+//! of lines written back early, a reservation whose `RESERVE` word was lost) was never
+//! returned to anyone; [`recover`] zeroes it before the log is used again.
+//!
+//! # Garbage collection and reclamation (MadFS §4.5)
+//!
+//! [`Log::compaction_point`] names the start of the block holding the tail; every block before
+//! it is full and immutable. The caller folds the entries before that point into a shorter list
+//! of live entries and hands it to [`Log::compact`], which writes them into fresh blocks
+//! (flagged as compacted, LSNs ending right before the point, the last block padded and linked
+//! to the tail block), persists them, and publishes the new head with one CAS on the head word.
+//! Appends racing with the compaction are never lost: they land in the tail block or later,
+//! which both the old and the new chain share. Readers and writers are never blocked: whoever
+//! is inside the old chain keeps walking it into the shared suffix.
+//!
+//! The old blocks are retired, not freed. Inside a process, every operation runs pinned in a
+//! grace-period epoch, and [`Log::reclaim`] frees retired blocks only after every operation
+//! pinned before the retirement has finished. Positions the caller keeps across calls are not
+//! pinned: a handle stamps each [`Position`] with its reclamation era, and a position taken
+//! before a reclamation that lies before the compacted range's end is refused
+//! ([`Error::InvalidArgument`]); the caller then replays from [`Log::start`]. A segment reserved
+//! before a compaction but referenced by an entry committed after it is kept (held) until no
+//! entry of the current chain references it.
+//!
+//! # Across processes
+//!
+//! The log lives in a pool that several processes map; a DRAM epoch protects only the threads
+//! of one process. Cross-process protection is in PM: the top 16 bits of the head word count
+//! the handles open on the log in every process (pins, changed by CAS when a handle opens or
+//! closes). Retired blocks are freed only while the reclaiming handle is the only one open, so
+//! a block another process may still be reading (or appending from a stale hint into) is never
+//! reused under it. If another process keeps the log open, retired blocks wait; if the
+//! reclaiming process exits first, they stay unreachable and unfreed until the allocator is
+//! rebuilt at the next mount ([`owned_blocks`] does not report them). A process killed while
+//! open leaves its pin behind, which only delays reclamation: [`recover`], run once at mount
+//! before any handle opens, resets the count.
+//!
+//! Commit, linking and compaction need no DRAM lock and no liveness of other processes: a
+//! process killed at any instruction leaves at worst an unreferenced reservation, an
+//! unpersisted committed slot (the next reader persists it), or an unlinked block (leaked until
+//! the next mount).
+
+mod append;
+mod chain;
+mod entry;
+mod epoch;
+mod format;
+mod gc;
+mod recover;
+mod replay;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::sync::Arc as StdArc;
+
+use crate::error::{Error, Result};
+use crate::layout::{BlockNo, PmOff};
+use crate::pm::Media;
+use crate::sync::Mutex;
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::traits::{AllocHint, BlockAllocator, Extent};
+
+use chain::{Chain, Walk};
+use epoch::{Epoch, Guard};
+use format::{
+    BlockHeader, FIRST_SLOT, HEADER_SLOTS, HeadWord, MAX_PINS, SLOT_BYTES, SLOTS_PER_BLOCK,
+    slot_off,
+};
+use gc::Retired;
+
+pub use append::{Commit, Prepared};
+pub use entry::{Entry, MAX_RUN_LEN};
+pub use format::{ENTRIES_PER_BLOCK, INLINE_MAX_LEN, LOG_VERSION};
+pub use gc::Compaction;
+pub use recover::{Recovery, owned_blocks, recover};
+pub use replay::Replay;
+
+/// Largest region a log may live in (indirect entries address segments in 48 bits of words).
+const MAX_REGION: u64 = 1 << 51;
+
+/// A place in the log: a boundary slot, named by block and slot, ordered by its log sequence
+/// number (LSN).
+///
+/// Positions compare by LSN only. Blocks written by a compaction reuse the LSNs of the blocks
+/// they replace, so positions taken on either side of a compaction compare meaningfully only
+/// at or after the compaction point. A position belongs to the handle that produced it.
+#[derive(Clone, Copy, Debug)]
+pub struct Position {
+    block: BlockNo,
+    slot: u64,
+    lsn: u64,
+    era: u64,
+}
+
+impl Position {
+    /// The log sequence number.
+    pub fn lsn(&self) -> u64 {
+        self.lsn
+    }
+
+    /// The block holding the slot.
+    pub fn block(&self) -> BlockNo {
+        self.block
+    }
+
+    /// The slot index inside the block (`SLOTS_PER_BLOCK` for "past the last slot").
+    pub fn slot(&self) -> u64 {
+        self.slot
+    }
+
+    fn base(&self) -> u64 {
+        self.lsn - (self.slot - FIRST_SLOT)
+    }
+}
+
+impl PartialEq for Position {
+    fn eq(&self, other: &Self) -> bool {
+        self.lsn == other.lsn
+    }
+}
+
+impl Eq for Position {}
+
+impl PartialOrd for Position {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Position {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.lsn.cmp(&other.lsn)
+    }
+}
+
+/// The tail hint packs a block number and a slot index.
+const HINT_SLOT_BITS: u32 = 10;
+
+fn pack(block: BlockNo, slot: u64) -> u64 {
+    block.0 << HINT_SLOT_BITS | slot
+}
+
+fn unpack(h: u64) -> (BlockNo, u64) {
+    (
+        BlockNo(h >> HINT_SLOT_BITS),
+        h & ((1 << HINT_SLOT_BITS) - 1),
+    )
+}
+
+/// One process's handle on a log. Share it between the threads of a process (it is `Sync`);
+/// open one handle per log per process.
+pub struct Log<M: Media, A: BlockAllocator + ?Sized> {
+    media: M,
+    alloc: StdArc<A>,
+    /// Offset of the head word; also the log's identity (the `owner` of its blocks).
+    root: PmOff,
+    blocks: u64,
+    /// Packed `(block, slot)`: every boundary slot before it is committed and durable, and so
+    /// is every link up to its block.
+    hint: AtomicU64,
+    epoch: Epoch,
+    /// Bumped by every reclamation (before it frees anything).
+    era: AtomicU64,
+    /// Positions of an older era below this LSN may lie in freed blocks.
+    reclaimed_below: AtomicU64,
+    /// A block prepared for a link that another appender won, or 0.
+    spare: AtomicU64,
+    retired: Mutex<Retired>,
+    closed: bool,
+}
+
+impl<M: Media, A: BlockAllocator + ?Sized> fmt::Debug for Log<M, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (b, s) = unpack(self.hint.load(Ordering::Relaxed));
+        f.debug_struct("Log")
+            .field("root", &self.root)
+            .field("hint_block", &b)
+            .field("hint_slot", &s)
+            .finish_non_exhaustive()
+    }
+}
+
+fn check_root<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<()> {
+    if !root.is_aligned(8) {
+        return Err(Error::Unaligned(root));
+    }
+    if media.size() > MAX_REGION {
+        return Err(Error::Unsupported("log regions above 2 PiB"));
+    }
+    if root.checked_add(8).is_none_or(|end| end.0 > media.size()) {
+        return Err(Error::OutOfBounds {
+            off: root,
+            len: 8,
+            size: media.size(),
+        });
+    }
+    Ok(())
+}
+
+impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
+    /// Creates an empty log whose head word is at `root` (which must hold 0) and opens it.
+    /// The first block comes from `alloc`, as will every block the log grows by.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the head word is in use; allocation and media errors.
+    pub fn create(media: M, root: PmOff, alloc: StdArc<A>) -> Result<Self> {
+        check_root(&media, root)?;
+        if media.load_u64(root)? != 0 {
+            return Err(Error::InvalidArgument("log head word in use"));
+        }
+        // Not pinned until the head word is published: dropping it early must not unpin.
+        let mut log = Self::assemble(media, root, alloc);
+        log.closed = true;
+        let b = log.alloc_block()?;
+        let published = log.write_block(b, 0, 0, &[], 0).and_then(|()| {
+            log.media.fence();
+            log.media.cas_u64(root, 0, HeadWord::new(b, 1).0)
+        });
+        match published {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => {
+                let _ = log.alloc.free(Extent::new(b, 1));
+                return Err(Error::InvalidArgument("log head word in use"));
+            }
+            Err(e) => {
+                let _ = log.alloc.free(Extent::new(b, 1));
+                return Err(e);
+            }
+        }
+        log.closed = false;
+        log.media.persist(root, 8)?;
+        log.hint.store(pack(b, FIRST_SLOT), Ordering::Release);
+        Ok(log)
+    }
+
+    /// Opens the log whose head word is at `root`. After a crash, [`recover`] must have run
+    /// once on it first (at mount, before any handle opens).
+    ///
+    /// Walks the chain to the tail, persisting what earlier handles may have left unflushed.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the head word holds no log, [`Error::Unsupported`] if too
+    /// many handles are open, [`Error::Corrupt`] on a damaged chain.
+    pub fn open(media: M, root: PmOff, alloc: StdArc<A>) -> Result<Self> {
+        check_root(&media, root)?;
+        let mut cur = media.load_u64(root)?;
+        loop {
+            let hw = HeadWord(cur);
+            if hw.head().is_none() {
+                return Err(Error::InvalidArgument("no log at this head word"));
+            }
+            if hw.pins() == MAX_PINS {
+                return Err(Error::Unsupported("too many open handles on one log"));
+            }
+            match media.cas_u64(root, cur, hw.with_pins(hw.pins() + 1).0)? {
+                Ok(_) => break,
+                Err(actual) => cur = actual,
+            }
+        }
+        // From here on, dropping the handle unpins.
+        let log = Self::assemble(media, root, alloc);
+        log.init_hint()?;
+        Ok(log)
+    }
+
+    fn assemble(media: M, root: PmOff, alloc: StdArc<A>) -> Self {
+        let blocks = media.size() / crate::layout::BLOCK_SIZE;
+        Log {
+            media,
+            alloc,
+            root,
+            blocks,
+            hint: AtomicU64::new(0),
+            epoch: Epoch::new(),
+            era: AtomicU64::new(0),
+            reclaimed_below: AtomicU64::new(0),
+            spare: AtomicU64::new(0),
+            retired: Mutex::new(Retired::default()),
+            closed: false,
+        }
+    }
+
+    /// Walks from the head to the tail, makes every link and the tail block's slots durable,
+    /// and sets the hint at the tail.
+    fn init_hint(&self) -> Result<()> {
+        let _g = self.epoch.pin();
+        let chain = self.chain();
+        let mut walk = self.walk_from_head()?;
+        chain.to_tail(&mut walk)?;
+        if self.media.needs_flush() {
+            for &b in walk.crossed.iter().chain([&walk.block]) {
+                self.media.flush(b.offset(), HEADER_SLOTS * SLOT_BYTES)?;
+            }
+            self.flush_slots(walk.block, FIRST_SLOT, walk.slot)?;
+        }
+        self.media.fence();
+        self.hint
+            .store(pack(walk.block, walk.slot), Ordering::Release);
+        Ok(())
+    }
+
+    /// Closes the handle: reclaims what it can, releases its spare block and its pin.
+    /// Dropping the handle does the same but ignores errors.
+    pub fn close(mut self) -> Result<()> {
+        let r = self.shutdown();
+        self.closed = true;
+        r
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        let reclaimed = self.reclaim().map(drop);
+        let spare = self.spare.swap(0, Ordering::AcqRel);
+        let freed = if spare != 0 {
+            self.alloc.free(Extent::new(BlockNo(spare), 1))
+        } else {
+            Ok(())
+        };
+        let mut cur = self.media.load_u64(self.root)?;
+        loop {
+            let hw = HeadWord(cur);
+            let new = hw.with_pins(hw.pins().saturating_sub(1));
+            match self.media.cas_u64(self.root, cur, new.0)? {
+                Ok(_) => break,
+                Err(actual) => cur = actual,
+            }
+        }
+        reclaimed.and(freed)
+    }
+
+    /// The media the log lives on.
+    pub fn media(&self) -> &M {
+        &self.media
+    }
+
+    /// The offset of the head word.
+    pub fn root(&self) -> PmOff {
+        self.root
+    }
+
+    /// The first position of the log (the head block's first slot).
+    pub fn start(&self) -> Result<Position> {
+        let _g = self.epoch.pin();
+        let era = self.era.load(Ordering::SeqCst);
+        let walk = self.walk_from_head()?;
+        Ok(self.position(&walk, era))
+    }
+
+    /// The tail: the first empty boundary slot (or the end of the last block). Everything
+    /// before it is durable when this returns.
+    pub fn tail(&self) -> Result<Position> {
+        let _g = self.epoch.pin();
+        let era = self.era.load(Ordering::SeqCst);
+        let mut walk = self.walk_from_hint()?;
+        self.chain().to_tail(&mut walk)?;
+        let end = walk.slot;
+        self.make_durable(&mut walk, end)?;
+        Ok(self.position(&walk, era))
+    }
+
+    /// Whether `pos` may still be used: it was taken after this handle's last reclamation, or
+    /// it lies at or after the end of every range compacted and reclaimed since.
+    pub fn is_current(&self, pos: Position) -> bool {
+        pos.era == self.era.load(Ordering::SeqCst)
+            || pos.lsn >= self.reclaimed_below.load(Ordering::SeqCst)
+    }
+
+    fn check_pos(&self, pos: Position) -> Result<()> {
+        if !(FIRST_SLOT..=SLOTS_PER_BLOCK).contains(&pos.slot) {
+            return Err(Error::InvalidArgument("log position out of range"));
+        }
+        if !self.is_current(pos) {
+            return Err(Error::InvalidArgument(
+                "log position predates a reclaimed compaction",
+            ));
+        }
+        Ok(())
+    }
+
+    fn chain(&self) -> Chain<'_, M> {
+        Chain {
+            media: &self.media,
+            owner: self.root.0,
+            blocks: self.blocks,
+        }
+    }
+
+    fn position(&self, walk: &Walk, era: u64) -> Position {
+        Position {
+            block: walk.block,
+            slot: walk.slot,
+            lsn: walk.lsn(),
+            era,
+        }
+    }
+
+    /// The current head block and its header.
+    fn head(&self) -> Result<(BlockNo, BlockHeader)> {
+        let Some(head) = HeadWord(self.media.load_u64(self.root)?).head() else {
+            return Err(Error::Corrupt {
+                what: "log head word",
+                at: self.root,
+            });
+        };
+        Ok((head, self.chain().check_block(head, self.root)?))
+    }
+
+    fn walk_from_head(&self) -> Result<Walk> {
+        let (head, h) = self.head()?;
+        Ok(Walk::new(head, h.base.get(), FIRST_SLOT, self.blocks))
+    }
+
+    fn walk_from_hint(&self) -> Result<Walk> {
+        let (b, s) = unpack(self.hint.load(Ordering::Acquire));
+        Ok(Walk::new(b, self.chain().base(b)?, s, self.blocks))
+    }
+
+    /// A walk at a caller's position (checked for staleness; the caller holds a pin).
+    fn walk_from(&self, pos: Position) -> Result<Walk> {
+        self.check_pos(pos)?;
+        Ok(Walk::new(pos.block, pos.base(), pos.slot, self.blocks))
+    }
+
+    fn flush_slots(&self, b: BlockNo, from: u64, to: u64) -> Result<()> {
+        if to > from {
+            self.media
+                .flush(slot_off(b, from), (to - from) * SLOT_BYTES)?;
+        }
+        Ok(())
+    }
+
+    /// Makes every boundary slot before `(walk.block, end)` durable, with the links on the
+    /// way, and advances the hint there. Only what lies between the hint and that position is
+    /// flushed; blocks crossed on the way were persisted by their linkers, so only their
+    /// headers (the links) are. Afterwards the walk forgets the blocks it crossed: the hint is
+    /// now at or after its current block.
+    fn make_durable(&self, walk: &mut Walk, end: u64) -> Result<()> {
+        let seen = self.hint.load(Ordering::Acquire);
+        let (hb, hs) = unpack(seen);
+        let from = if hb == walk.block {
+            (hs < end).then_some((walk.crossed.len(), hs))
+        } else {
+            walk.crossed
+                .iter()
+                .position(|&b| b == hb)
+                .map(|i| (i, FIRST_SLOT))
+        };
+        // Otherwise the hint is ahead of the walk: everything up to `end` is durable already.
+        if let Some((i, first)) = from {
+            if self.media.needs_flush() {
+                for &b in &walk.crossed[i..] {
+                    self.media.flush(b.offset(), HEADER_SLOTS * SLOT_BYTES)?;
+                }
+                self.flush_slots(walk.block, first, end)?;
+            }
+            self.media.fence();
+            self.advance_hint(seen, walk, end);
+        }
+        walk.crossed.clear();
+        Ok(())
+    }
+
+    /// Moves the hint from `seen` to `(walk.block, end)` unless someone moved it further.
+    fn advance_hint(&self, mut seen: u64, walk: &Walk, end: u64) {
+        let target = pack(walk.block, end);
+        loop {
+            match self
+                .hint
+                .compare_exchange(seen, target, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(now) => {
+                    let (nb, ns) = unpack(now);
+                    let behind = (nb == walk.block && ns < end) || walk.crossed.contains(&nb);
+                    if !behind {
+                        return;
+                    }
+                    seen = now;
+                }
+            }
+        }
+    }
+
+    /// One block from the allocator, checked to lie in the region.
+    fn alloc_block(&self) -> Result<BlockNo> {
+        let ext = self.alloc.alloc(1, AllocHint::metadata())?;
+        if ext.len > 1 {
+            self.alloc.free(Extent::new(ext.start + 1, ext.len - 1))?;
+        }
+        if ext.len == 0 || ext.start.0 == 0 || ext.start.0 >= self.blocks {
+            return Err(Error::InvalidArgument(
+                "allocator returned a block outside the region",
+            ));
+        }
+        Ok(ext.start)
+    }
+
+    /// Writes a whole log block with non-temporal stores (durable at the next fence): header
+    /// with `base`, `flags` and `next`, then `slots` from the first entry slot, zeros after.
+    fn write_block(
+        &self,
+        b: BlockNo,
+        base: u64,
+        flags: u16,
+        slots: &[u64],
+        next: u64,
+    ) -> Result<()> {
+        debug_assert!(slots.len() as u64 <= SLOTS_PER_BLOCK - FIRST_SLOT);
+        let mut bytes = vec![0u8; (SLOTS_PER_BLOCK * SLOT_BYTES) as usize];
+        let header = BlockHeader::new(self.root.0, base, flags).words(next);
+        for (i, w) in header.iter().chain(slots).enumerate() {
+            bytes[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        self.media.write_nt(b.offset(), &bytes)
+    }
+
+    fn pin(&self) -> (Guard<'_>, u64) {
+        let g = self.epoch.pin();
+        let era = self.era.load(Ordering::SeqCst);
+        (g, era)
+    }
+}
+
+impl<M: Media, A: BlockAllocator + ?Sized> Drop for Log<M, A> {
+    fn drop(&mut self) {
+        if !self.closed {
+            let _ = self.shutdown();
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! Unit tests of the log on a heap region.
+
+use std::sync::Arc;
+
+use super::format::{ENTRIES_PER_BLOCK, FIRST_SLOT, HeadWord, SLOTS_PER_BLOCK, slot_off};
+use super::*;
+use crate::layout::BLOCK_SIZE;
+use crate::pm::HeapRegion;
+use crate::traits::{Run, SimpleAllocator};
+
+const BLOCKS: u64 = 1024;
+const ROOT: PmOff = PmOff(64);
+
+fn setup() -> (Arc<HeapRegion>, Arc<SimpleAllocator>) {
+    let r = Arc::new(HeapRegion::new(BLOCKS * BLOCK_SIZE).unwrap());
+    let a = Arc::new(SimpleAllocator::new(BlockNo(1), BLOCKS - 1));
+    (r, a)
+}
+
+type TestLog = Log<Arc<HeapRegion>, SimpleAllocator>;
+
+fn inline(i: u64) -> Entry {
+    Entry::write(i % 1000, BlockNo(100 + i % 500), 1 + i % 3, 0)
+}
+
+fn extended(i: u64) -> Entry {
+    Entry::write(i, BlockNo(7), 2, i * BLOCK_SIZE + 17)
+}
+
+fn replay(log: &TestLog) -> Vec<Entry> {
+    log.iter().unwrap().map(|r| r.unwrap().1).collect()
+}
+
+#[test]
+fn appends_replay_in_order_across_blocks() {
+    let (r, a) = setup();
+    let log = TestLog::create(r.clone(), ROOT, a.clone()).unwrap();
+    let n = 2 * ENTRIES_PER_BLOCK + 10;
+    let mut want = Vec::new();
+    let mut last = None;
+    for i in 0..n {
+        let e = if i % 7 == 0 { extended(i) } else { inline(i) };
+        let p = log.append(&e).unwrap();
+        assert!(last.is_none_or(|l| p > l), "positions grow");
+        last = Some(p);
+        want.push(e);
+    }
+    assert_eq!(replay(&log), want);
+    let tail = log.tail().unwrap();
+    assert!(tail > last.unwrap());
+    // A second handle (another process) sees the same log and pins it.
+    let other = TestLog::open(r.clone(), ROOT, a.clone()).unwrap();
+    assert_eq!(HeadWord(r.load_u64(ROOT).unwrap()).pins(), 2);
+    assert_eq!(replay(&other), want);
+    other.close().unwrap();
+    assert_eq!(HeadWord(r.load_u64(ROOT).unwrap()).pins(), 1);
+    drop(log);
+    assert_eq!(HeadWord(r.load_u64(ROOT).unwrap()).pins(), 0);
+    let mut owned = Vec::new();
+    owned_blocks(&*r, ROOT, &mut |b| owned.push(b)).unwrap();
+    assert!(owned.len() >= 3);
+    assert_eq!(
+        a.free_blocks() + owned.len() as u64,
+        BLOCKS - 1,
+        "every allocated block is owned by the log"
+    );
+}
+
+#[test]
+fn multi_segment_entries_round_trip() {
+    let (r, a) = setup();
+    let log = TestLog::create(r.clone(), ROOT, a).unwrap();
+    log.append(&inline(1)).unwrap();
+    let runs: Vec<Run> = (0..700)
+        .map(|i| Run {
+            lblk: i * 3,
+            pblk: BlockNo(10 + i),
+            len: 1 + i % 5,
+        })
+        .collect();
+    let big = Entry::Write {
+        runs,
+        extend_to: 1 << 40,
+    };
+    let p = log.prepare(&big).unwrap();
+    assert!(!p.is_inline());
+    p.commit().unwrap();
+    log.append(&Entry::Punch { lblk: 5, len: 6 }).unwrap();
+    log.append(&Entry::Truncate { size: 99 }).unwrap();
+    let got = replay(&log);
+    assert_eq!(got.len(), 4);
+    assert_eq!(got[1], big);
+    assert_eq!(got[3], Entry::Truncate { size: 99 });
+}
+
+#[test]
+fn try_commit_reports_a_moved_tail_and_retries() {
+    let (r, a) = setup();
+    let log = TestLog::create(r, ROOT, a).unwrap();
+    log.append(&inline(0)).unwrap();
+    let since = log.tail().unwrap();
+    let mine = log.prepare(&extended(5)).unwrap();
+    // Another writer commits first.
+    log.append(&inline(1)).unwrap();
+    let Commit::Moved { prepared, tail } = mine.try_commit(since).unwrap() else {
+        panic!("the tail moved")
+    };
+    let winners: Vec<Entry> = log
+        .iter_from(since)
+        .unwrap()
+        .map(|r| r.unwrap())
+        .take_while(|(p, _)| *p < tail)
+        .map(|(_, e)| e)
+        .collect();
+    assert_eq!(winners, vec![inline(1)]);
+    let Commit::Done(at) = prepared.try_commit(tail).unwrap() else {
+        panic!("nothing moved since")
+    };
+    assert_eq!(at, tail);
+    let mut won = Vec::new();
+    log.append_since(&inline(2), since, &mut won).unwrap();
+    assert_eq!(
+        won.into_iter().map(|(_, e)| e).collect::<Vec<_>>(),
+        vec![inline(1), extended(5)]
+    );
+    assert_eq!(
+        replay(&log),
+        vec![inline(0), inline(1), extended(5), inline(2)]
+    );
+}
+
+#[test]
+fn compaction_keeps_the_suffix_and_reclaims_old_blocks() {
+    let (r, a) = setup();
+    let log = TestLog::create(r.clone(), ROOT, a.clone()).unwrap();
+    for i in 0..3 * ENTRIES_PER_BLOCK + 5 {
+        let e = if i % 5 == 0 { extended(i) } else { inline(i) };
+        log.append(&e).unwrap();
+    }
+    let early = log.start().unwrap();
+    let point = log.compaction_point().unwrap().unwrap();
+    assert_eq!(point.lsn() % ENTRIES_PER_BLOCK, 0);
+    let blocks_before = point.lsn() / ENTRIES_PER_BLOCK;
+    assert!(blocks_before >= 3);
+    let all: Vec<(Position, Entry)> = log.iter().unwrap().map(|r| r.unwrap()).collect();
+    let cut = all.iter().position(|(p, _)| *p >= point).unwrap();
+    let (before, after): (Vec<Entry>, Vec<Entry>) = (
+        all[..cut].iter().map(|(_, e)| e.clone()).collect(),
+        all[cut..].iter().map(|(_, e)| e.clone()).collect(),
+    );
+    let live: Vec<Entry> = before
+        .iter()
+        .filter(|e| e.inline().is_none())
+        .take(20)
+        .cloned()
+        .collect();
+    let free_before = a.free_blocks();
+    let c = log.compact(point, &live).unwrap();
+    assert_eq!(
+        c,
+        Compaction::Compacted {
+            written: 1,
+            retired: blocks_before
+        }
+    );
+    // One block written, the old ones freed at once: nobody else is pinned or open.
+    assert_eq!(a.free_blocks(), free_before + blocks_before - 1);
+    let mut want = live.clone();
+    want.extend_from_slice(&after);
+    assert_eq!(replay(&log), want);
+    // A position in a reclaimed block is refused; one in the suffix is still good.
+    assert!(!log.is_current(early));
+    assert!(log.iter_from(early).is_err());
+    assert!(log.is_current(point));
+    let tail_entries: Vec<Entry> = log
+        .iter_from(point)
+        .unwrap()
+        .map(|r| r.unwrap().1)
+        .collect();
+    assert_eq!(tail_entries, after);
+    // Appends go on; a second compaction point is the same block: nothing to do.
+    log.append(&inline(9)).unwrap();
+    let p2 = log.compaction_point().unwrap().unwrap();
+    assert_eq!(p2, point);
+    assert_eq!(log.compact(p2, &live).unwrap(), Compaction::NotSmaller);
+    // Recovery of a cleanly closed, compacted log changes nothing.
+    drop(log);
+    let rec = recover(&*r, ROOT).unwrap();
+    assert_eq!(rec.discarded, 0);
+    assert_eq!(rec.entries, want.len() as u64 + 1);
+}
+
+#[test]
+fn another_open_handle_defers_reclamation_until_it_closes() {
+    let (r, a) = setup();
+    let log = TestLog::create(r.clone(), ROOT, a.clone()).unwrap();
+    for i in 0..2 * ENTRIES_PER_BLOCK + 1 {
+        log.append(&inline(i)).unwrap();
+    }
+    let other = TestLog::open(r.clone(), ROOT, a.clone()).unwrap();
+    let old_start = other.start().unwrap();
+    let point = log.compaction_point().unwrap().unwrap();
+    let free_before = a.free_blocks();
+    assert!(matches!(
+        log.compact(point, &[inline(1)]).unwrap(),
+        Compaction::Compacted { retired: 2, .. }
+    ));
+    assert_eq!(a.free_blocks(), free_before - 1, "nothing freed yet");
+    // The other handle still reads the old chain from its old position, into the suffix.
+    assert!(other.is_current(old_start));
+    assert_eq!(
+        other.iter_from(old_start).unwrap().count() as u64,
+        2 * ENTRIES_PER_BLOCK + 1
+    );
+    other.close().unwrap();
+    assert_eq!(log.reclaim().unwrap(), 2);
+    assert_eq!(a.free_blocks(), free_before + 1);
+}
+
+#[test]
+fn a_live_replay_holds_back_reclamation() {
+    let (r, a) = setup();
+    let log = TestLog::create(r, ROOT, a).unwrap();
+    for i in 0..2 * ENTRIES_PER_BLOCK + 1 {
+        log.append(&inline(i)).unwrap();
+    }
+    let mut it = log.iter().unwrap();
+    assert_eq!(it.next().unwrap().unwrap().1, inline(0));
+    let point = log.compaction_point().unwrap().unwrap();
+    assert!(matches!(
+        log.compact(point, &[]).unwrap(),
+        Compaction::Compacted { .. }
+    ));
+    assert_eq!(
+        log.reclaim().unwrap(),
+        0,
+        "the replay may still be in old blocks"
+    );
+    // It goes on through the old chain into the shared suffix.
+    assert_eq!(it.by_ref().count() as u64, 2 * ENTRIES_PER_BLOCK);
+    drop(it);
+    assert_eq!(log.reclaim().unwrap(), 2);
+    assert_eq!(replay(&log), vec![inline(2 * ENTRIES_PER_BLOCK)]);
+}
+
+#[test]
+fn recovery_zeroes_words_beyond_a_hole() {
+    let (r, a) = setup();
+    let log = TestLog::create(r.clone(), ROOT, a).unwrap();
+    for i in 0..3 {
+        log.append(&inline(i)).unwrap();
+    }
+    let tail = log.tail().unwrap();
+    drop(log);
+    // What a crash can leave: a later line written back while the tail slot was not.
+    let stray = slot_off(tail.block(), tail.slot() + 9);
+    r.store_u64(stray, inline(7).inline().unwrap().encode())
+        .unwrap();
+    let rec = recover(&*r, ROOT).unwrap();
+    assert_eq!(rec.discarded, 1);
+    assert_eq!(rec.entries, 3);
+    assert_eq!(r.load_u64(stray).unwrap(), 0);
+}
+
+#[test]
+fn damaged_slots_and_segments_are_corrupt_not_panics() {
+    let (r, a) = setup();
+    let log = TestLog::create(r.clone(), ROOT, a.clone()).unwrap();
+    log.append(&extended(3)).unwrap();
+    let head = log.start().unwrap().block();
+    drop(log);
+    // The segment header sits right after the RESERVE word in the first slot.
+    let seg = slot_off(head, FIRST_SLOT + 1 + 3);
+    let w = r.load_u64(seg).unwrap();
+    r.store_u64(seg, w ^ 1).unwrap();
+    assert!(matches!(recover(&*r, ROOT), Err(Error::Corrupt { .. })));
+    r.store_u64(seg, w).unwrap();
+    recover(&*r, ROOT).unwrap();
+    // A control word without the reservation constant.
+    let log = TestLog::open(r.clone(), ROOT, a).unwrap();
+    let t = log.tail().unwrap();
+    r.store_u64(slot_off(t.block(), t.slot()), 3).unwrap();
+    assert!(matches!(
+        log.iter().unwrap().last().unwrap(),
+        Err(Error::Corrupt { .. })
+    ));
+    assert!(log.append(&inline(1)).is_err());
+}
+
+#[test]
+fn misuse_is_rejected() {
+    let (r, a) = setup();
+    assert!(matches!(
+        TestLog::open(r.clone(), ROOT, a.clone()),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        TestLog::create(r.clone(), PmOff(3), a.clone()),
+        Err(Error::Unaligned(_))
+    ));
+    let log = TestLog::create(r.clone(), ROOT, a.clone()).unwrap();
+    assert!(matches!(
+        TestLog::create(r.clone(), ROOT, a.clone()),
+        Err(Error::InvalidArgument(_))
+    ));
+    let outside = Entry::write(0, BlockNo(BLOCKS - 1), 2, 0);
+    assert!(matches!(
+        log.append(&outside),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        log.append(&Entry::Punch { lblk: 1, len: 0 }),
+        Err(Error::InvalidArgument(_))
+    ));
+    let start = log.start().unwrap();
+    assert_eq!(start.slot(), FIRST_SLOT);
+    assert_eq!(log.compaction_point().unwrap(), None);
+    let mid = Position {
+        slot: FIRST_SLOT + 1,
+        ..start
+    };
+    assert!(log.compact(mid, &[]).is_err());
+    let beyond = Position {
+        slot: SLOTS_PER_BLOCK + 1,
+        ..start
+    };
+    assert!(log.iter_from(beyond).is_err());
+}
