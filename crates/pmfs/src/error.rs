@@ -126,7 +126,15 @@ impl From<pmfs_core::Error> for Error {
             pmfs_core::Error::InvalidArgument(what) => Error::InvalidArgument(what),
             pmfs_core::Error::Unsupported(what) => Error::Unsupported(what),
             pmfs_core::Error::Io(e) => Error::Io(e),
-            _ => Error::Unsupported("unknown media error"),
+            pmfs_core::Error::PoolNotFound(_) => Error::NotFound,
+            pmfs_core::Error::PoolExists(_) => Error::AlreadyExists,
+            pmfs_core::Error::PoolTooSmall { .. } => {
+                Error::InvalidArgument("pool size below the minimum")
+            }
+            pmfs_core::Error::PoolSizeUnaligned { .. } => {
+                Error::InvalidArgument("pool size is not a whole number of blocks")
+            }
+            other => Error::Io(std::io::Error::other(other)),
         }
     }
 }

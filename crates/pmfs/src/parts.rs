@@ -9,9 +9,11 @@ use pmfs_core::layout::BLOCK_SIZE;
 use pmfs_core::pm::Media;
 use pmfs_core::traits::{BlockAllocator, MappingKind, SimpleAllocator};
 use pmfs_mapping::cuckoo::CuckooMapping;
+use pmfs_mapping::extent::ExtentTree;
 use pmfs_mapping::hashfs::HashFs;
+use pmfs_mapping::radix::RadixTree;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::format::{AllocatorKind, Geometry};
 use crate::mapping::Mapper;
 
@@ -49,7 +51,8 @@ pub(crate) fn map_meta_blocks(kind: MappingKind, data_blocks: u64) -> u64 {
     match kind {
         MappingKind::HashFs => HashFs::<Pm>::meta_blocks(data_blocks),
         MappingKind::Cuckoo => CuckooMapping::<Pm, DynAlloc>::meta_blocks(data_blocks),
-        MappingKind::Extent | MappingKind::Radix => 0,
+        MappingKind::Extent => ExtentTree::<Pm, DynAlloc>::meta_blocks(),
+        MappingKind::Radix => RadixTree::<Pm, DynAlloc>::meta_blocks(),
     }
 }
 
@@ -113,8 +116,25 @@ pub(crate) fn build(media: &Pm, g: &Geometry, fresh: bool) -> Result<Parts> {
             };
             Ok(with_alloc(Arc::new(map), alloc))
         }
-        MappingKind::Extent | MappingKind::Radix => Err(Error::Unsupported(
-            "mapping structure not available in this build",
-        )),
+        MappingKind::Extent => {
+            let alloc = build_alloc(media, g, fresh)?;
+            let shared = Arc::new(alloc.clone());
+            let map = if fresh {
+                ExtentTree::format(media.clone(), g.map_extent(), shared)?
+            } else {
+                ExtentTree::open(media.clone(), g.map_extent(), shared)?
+            };
+            Ok(with_alloc(Arc::new(map), alloc))
+        }
+        MappingKind::Radix => {
+            let alloc = build_alloc(media, g, fresh)?;
+            let shared = Arc::new(alloc.clone());
+            let map = if fresh {
+                RadixTree::format(media.clone(), g.map_extent(), shared)?
+            } else {
+                RadixTree::open(media.clone(), g.map_extent(), shared)?
+            };
+            Ok(with_alloc(Arc::new(map), alloc))
+        }
     }
 }

@@ -213,10 +213,10 @@ proptest! {
     /// panic.
     #[test]
     fn random_metadata_damage_never_panics(
-        kind_hashfs in any::<bool>(),
+        kind in 0usize..4,
         hits in proptest::collection::vec((0u64..1 << 20, any::<u8>()), 1..40),
     ) {
-        let kind = if kind_hashfs { KINDS[0] } else { KINDS[1] };
+        let kind = KINDS[kind];
         let (media, info) = populated(kind);
         let img = image(&media);
         let entry = find(&img, b"victim-entry") as u64;

@@ -9,10 +9,10 @@ pub(crate) mod file;
 pub(crate) mod ino;
 pub(crate) mod types;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use pmfs_core::pm::Media;
+use pmfs_core::pm::{Media, PmRegion};
 use pmfs_core::traits::MappingKind;
 
 use self::file::{File, OpenOptions};
@@ -87,6 +87,19 @@ fn split_parent(fs: &Fs, path: &str) -> Result<(Arc<crate::dir::Dir>, Vec<u8>, b
 }
 
 impl Volume {
+    /// Creates the pool file `path` of `opts.size` bytes, formats it and mounts the volume
+    /// (like `File::create_new`: fails with `AlreadyExists` if the file exists).
+    pub fn create(path: impl AsRef<Path>, opts: &Options) -> Result<Volume> {
+        let region = PmRegion::create(path, opts.size)?;
+        Volume::format(Arc::new(region), opts)
+    }
+
+    /// Opens the pool file `path` and mounts its volume, recovering it if it was not closed
+    /// cleanly.
+    pub fn open(path: impl AsRef<Path>) -> Result<Volume> {
+        Volume::mount(Arc::new(PmRegion::open(path)?))
+    }
+
     /// Formats `media` as a new volume and mounts it.
     pub fn format(media: Arc<dyn Media>, opts: &Options) -> Result<Volume> {
         Ok(Volume {

@@ -11,7 +11,12 @@ use pmfs::{MappingKind, Options, Volume};
 use pmfs_core::pm::{HeapRegion, Media};
 
 /// The mapping kinds every scenario runs on.
-pub const KINDS: [MappingKind; 2] = [MappingKind::HashFs, MappingKind::Cuckoo];
+pub const KINDS: [MappingKind; 4] = [
+    MappingKind::Extent,
+    MappingKind::Radix,
+    MappingKind::Cuckoo,
+    MappingKind::HashFs,
+];
 
 /// Size of the test volumes.
 pub const SIZE: u64 = 32 << 20;
