@@ -1,21 +1,28 @@
 //! A region in ordinary heap memory: volatile, for tests and tools that want [`Media`] without
 //! a file.
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
-
 use super::raw::{RawRegion, media_via_raw};
 use crate::error::{Error, Result};
-use crate::layout::{CACHE_LINE, PmOff};
+use crate::layout::PmOff;
 
-/// A zero-initialised, cache-line-aligned heap buffer implementing [`Media`](super::Media).
+/// A zero-initialised, page-aligned anonymous memory region implementing
+/// [`Media`](super::Media).
 ///
 /// It runs the real persistence primitives (so benchmarks and tests exercise them) but its
-/// content is lost with the process.
+/// content is lost with the process. Pages are zero-filled lazily by the kernel, so a large
+/// region costs nothing until it is touched.
 #[derive(Debug)]
 pub struct HeapRegion {
     raw: RawRegion,
-    layout: Layout,
+    // Owns the memory `raw` points into; declared after `raw` so it is dropped last.
+    _memory: Memory,
 }
+
+#[cfg(not(miri))]
+type Memory = memmap2::MmapMut;
+
+#[cfg(miri)]
+type Memory = Vec<std::sync::atomic::AtomicU64>;
 
 impl HeapRegion {
     /// Allocates a zeroed region of `size` bytes.
@@ -25,17 +32,24 @@ impl HeapRegion {
         if bytes == 0 {
             return Err(Error::InvalidArgument("empty region"));
         }
-        let layout = Layout::from_size_align(bytes, CACHE_LINE as usize)
-            .map_err(|_| Error::InvalidArgument("region too large"))?;
-        // SAFETY: `layout` has a non-zero size.
-        let base = unsafe { alloc_zeroed(layout) };
-        if base.is_null() {
-            return Err(Error::NoSpace);
-        }
-        // SAFETY: `base` is a fresh allocation of `bytes` bytes aligned to 64, freed only in
-        // `drop` after `raw` is no longer used.
+        #[cfg(not(miri))]
+        let mut memory = memmap2::MmapMut::map_anon(bytes)?;
+        #[cfg(not(miri))]
+        let base = memory.as_mut_ptr();
+        #[cfg(miri)]
+        let memory: Memory = (0..bytes.div_ceil(8))
+            .map(|_| std::sync::atomic::AtomicU64::new(0))
+            .collect();
+        #[cfg(miri)]
+        let base = memory.as_ptr().cast_mut().cast::<u8>();
+        // SAFETY: `base` points to `bytes` zeroed, writable bytes, page-aligned (mmap) or
+        // 8-aligned (the Miri vector of words), owned by `memory`, which lives as long as
+        // `raw` and is never moved out of its heap or mapping location.
         let raw = unsafe { RawRegion::new(base, size) };
-        Ok(Self { raw, layout })
+        Ok(Self {
+            raw,
+            _memory: memory,
+        })
     }
 
     /// A region holding a copy of `image`.
@@ -51,13 +65,6 @@ impl HeapRegion {
 }
 
 media_via_raw!(HeapRegion);
-
-impl Drop for HeapRegion {
-    fn drop(&mut self) {
-        // SAFETY: `base` was allocated in `new` with exactly `self.layout`.
-        unsafe { dealloc(self.raw.base(), self.layout) };
-    }
-}
 
 #[cfg(test)]
 mod tests {
