@@ -1,0 +1,882 @@
+//! The FUSE file system: fuser's [`Filesystem`] over a [`Volume`], by inode number.
+//!
+//! This module is plumbing: it turns requests into calls of the engine's inode-number API,
+//! engine results into replies, and engine errors into errno ([`errno`], the only place that
+//! does). What it decides itself is what FUSE leaves to a file system:
+//!
+//! - **Node ids.** The kernel's node id of an object is its [`Ino`] (inode number and
+//!   generation in one word), except the root, which FUSE calls 1. A node id therefore never
+//!   names a later object that reuses the inode number: such requests fail with `ENOENT`.
+//!   `st_ino` is the node id too, stable across remounts.
+//! - **Ownership of new objects.** Owner is the caller; the group is the caller's, or the
+//!   directory's when the directory is set-group-ID (new subdirectories inherit the bit). A
+//!   caller outside the new file's group loses a requested set-group-ID bit.
+//! - **Permissions.** The mount uses `default_permissions`: the kernel checks modes, sticky
+//!   directories, who may chown/chmod/utime, and clears set-user-ID/set-group-ID bits on
+//!   write and chown (it sends the mode change). [`access`](Filesystem::access) answers from
+//!   the same mode bits, with the caller's supplementary groups.
+//! - **Caching.** Attributes are cached for `attr_timeout` (default 0: every `stat` asks, so
+//!   sizes and times written by data clients that bypass the kernel are never stale), names
+//!   for `entry_timeout` (default 1 s: only the daemon changes names, and the kernel keeps
+//!   its own name cache exact). Open does not keep the page cache (`keep_cache` off) and the
+//!   kernel drops cached pages when it sees mtime or size change (`FUSE_AUTO_INVAL_DATA`).
+//! - **Concurrency.** fuser runs several event-loop threads, each with its own cloned
+//!   `/dev/fuse` descriptor; handlers run on them concurrently (the engine is `Sync`).
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use pmfs::{
+    Attr, AttrChange, Ino, NodeKind, OpenMode, OpenNode, Owner, SeekTarget, SetTime, Volume,
+    XattrSet,
+};
+
+/// Largest attribute value the kernel passes (`XATTR_SIZE_MAX`).
+const XATTR_SIZE_MAX: usize = 65536;
+const S_ISGID: u32 = 0o2000;
+
+/// How long the kernel may cache what the daemon tells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Attributes (`attr_timeout`).
+    pub attr: Duration,
+    /// Names (`entry_timeout`).
+    pub entry: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            attr: Duration::ZERO,
+            entry: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The errno for an engine error (the one conversion point).
+pub fn errno(e: &pmfs::Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn ns(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_nanos()).map_or(i64::MIN, |n| -n),
+    }
+}
+
+fn file_type(k: NodeKind) -> FileType {
+    match k {
+        NodeKind::File => FileType::RegularFile,
+        NodeKind::Dir => FileType::Directory,
+        NodeKind::Symlink => FileType::Symlink,
+        NodeKind::Fifo => FileType::NamedPipe,
+        NodeKind::Socket => FileType::Socket,
+        NodeKind::CharDevice => FileType::CharDevice,
+        NodeKind::BlockDevice => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn node_kind(mode: u32) -> Option<NodeKind> {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => Some(NodeKind::File),
+        libc::S_IFIFO => Some(NodeKind::Fifo),
+        libc::S_IFSOCK => Some(NodeKind::Socket),
+        libc::S_IFCHR => Some(NodeKind::CharDevice),
+        libc::S_IFBLK => Some(NodeKind::BlockDevice),
+        _ => None,
+    }
+}
+
+/// The supplementary groups of process `pid` (from `/proc`), empty if it is gone.
+fn groups_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
+                g.split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
+
+fn in_group(req: &Request, gid: u32) -> bool {
+    req.gid() == gid || groups_of(req.pid()).contains(&gid)
+}
+
+/// The file system a `pmfs mount` daemon serves.
+#[derive(Debug)]
+pub struct PmfsFs {
+    vol: Volume,
+    root: Ino,
+    ttl: Timeouts,
+    files: RwLock<HashMap<u64, Arc<OpenNode>>>,
+    next_fh: AtomicU64,
+}
+
+impl PmfsFs {
+    /// A file system serving `vol`.
+    pub fn new(vol: Volume, ttl: Timeouts) -> PmfsFs {
+        PmfsFs {
+            root: vol.root(),
+            vol,
+            ttl,
+            files: RwLock::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    fn ino(&self, n: INodeNo) -> Ino {
+        if n == INodeNo::ROOT {
+            self.root
+        } else {
+            Ino::from_raw(n.0)
+        }
+    }
+
+    fn node_id(&self, ino: Ino) -> INodeNo {
+        if ino == self.root {
+            INodeNo::ROOT
+        } else {
+            INodeNo(ino.raw())
+        }
+    }
+
+    fn attr(&self, a: &Attr) -> FileAttr {
+        FileAttr {
+            ino: self.node_id(a.ino),
+            size: a.size,
+            blocks: a.blocks,
+            atime: time(a.atime),
+            mtime: time(a.mtime),
+            ctime: time(a.ctime),
+            crtime: time(a.btime),
+            kind: file_type(a.kind),
+            perm: a.perm as u16,
+            nlink: u32::try_from(a.nlink).unwrap_or(u32::MAX),
+            uid: a.uid,
+            gid: a.gid,
+            rdev: a.rdev as u32,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn entry(&self, reply: ReplyEntry, r: pmfs::Result<Attr>) {
+        match r {
+            Ok(a) => reply.entry_with_ttls(
+                &self.ttl.attr,
+                &self.ttl.entry,
+                &self.attr(&a),
+                Generation(u64::from(a.ino.generation())),
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn file(&self, fh: FileHandle) -> Result<Arc<OpenNode>, Errno> {
+        self.files
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&fh.0)
+            .cloned()
+            .ok_or(Errno::EBADF)
+    }
+
+    fn add_file(&self, node: OpenNode) -> FileHandle {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.files
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(fh, Arc::new(node));
+        FileHandle(fh)
+    }
+
+    /// Owner, group and permission bits of an object `req` creates in `parent`.
+    fn new_owner(
+        &self,
+        req: &Request,
+        parent: Ino,
+        mode: u32,
+        umask: u32,
+        dir: bool,
+    ) -> pmfs::Result<(Owner, u32)> {
+        let p = self.vol.getattr(parent)?;
+        let mut perm = mode & 0o7777 & !umask;
+        let gid = if p.perm & S_ISGID != 0 {
+            if dir {
+                perm |= S_ISGID;
+            }
+            p.gid
+        } else {
+            req.gid()
+        };
+        if !dir && perm & S_ISGID != 0 && req.uid() != 0 && !in_group(req, gid) {
+            perm &= !S_ISGID;
+        }
+        Ok((
+            Owner {
+                uid: req.uid(),
+                gid,
+            },
+            perm,
+        ))
+    }
+
+    fn open_mode(flags: OpenFlags) -> OpenMode {
+        OpenMode {
+            // Reads are allowed on every handle: the kernel checked the access mode at open,
+            // and may read through any handle of the file (page cache, mmap).
+            read: true,
+            write: flags.acc_mode() != OpenAccMode::O_RDONLY,
+            truncate: flags.0 & libc::O_TRUNC != 0 && flags.acc_mode() != OpenAccMode::O_RDONLY,
+        }
+    }
+
+    fn list(
+        &self,
+        ino: Ino,
+        offset: u64,
+        mut add: impl FnMut(u64, Ino, NodeKind, &[u8]) -> bool,
+    ) -> pmfs::Result<()> {
+        // Offsets: 1 after ".", 2 after "..", entry position + 3 after an entry.
+        if offset == 0 && add(1, ino, NodeKind::Dir, b".") {
+            return Ok(());
+        }
+        if offset <= 1 {
+            let parent = self.vol.parent_of(ino)?;
+            if add(2, parent, NodeKind::Dir, b"..") {
+                return Ok(());
+            }
+        }
+        let mut after = offset.checked_sub(3);
+        loop {
+            let batch = self.vol.list_dir(ino, after, 128)?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            for e in &batch {
+                if add(e.pos + 3, e.ino, e.kind, &e.name) {
+                    return Ok(());
+                }
+                after = Some(e.pos);
+            }
+        }
+    }
+}
+
+impl Filesystem for PmfsFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_AUTO_INVAL_DATA
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_PARALLEL_DIROPS;
+        let _ = config.add_capabilities(wanted & config.capabilities());
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.entry(reply, self.vol.lookup(self.ino(parent), name.as_bytes()));
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        // An open handle keeps an unlinked file alive: its attributes stay readable.
+        let ino = match fh.map(|fh| self.file(fh)) {
+            Some(Ok(f)) => f.ino(),
+            _ => self.ino(ino),
+        };
+        match self.vol.getattr(ino) {
+            Ok(a) => reply.attr(&self.ttl.attr, &self.attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = |t: TimeOrNow| match t {
+            TimeOrNow::Now => SetTime::Now,
+            TimeOrNow::SpecificTime(t) => SetTime::At(ns(t)),
+        };
+        let change = AttrChange {
+            perm: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(set),
+            mtime: mtime.map(set),
+        };
+        let via = fh.and_then(|fh| self.file(fh).ok());
+        let ino = via.as_ref().map_or(self.ino(ino), |f| f.ino());
+        match self.vol.set_attr(ino, change, via.as_deref()) {
+            Ok(a) => reply.attr(&self.ttl.attr, &self.attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.vol.readlink(self.ino(ino)) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let Some(kind) = node_kind(mode) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let parent = self.ino(parent);
+        let r = self
+            .new_owner(req, parent, mode, umask, false)
+            .and_then(|(owner, perm)| {
+                self.vol
+                    .mknod(parent, name.as_bytes(), kind, perm, owner, u64::from(rdev))
+            });
+        self.entry(reply, r);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let parent = self.ino(parent);
+        let r = self
+            .new_owner(req, parent, mode, umask, true)
+            .and_then(|(owner, perm)| self.vol.mkdir(parent, name.as_bytes(), perm, owner));
+        self.entry(reply, r);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.vol.unlink_at(self.ino(parent), name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.vol.rmdir_at(self.ino(parent), name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let parent = self.ino(parent);
+        let r = self
+            .new_owner(req, parent, 0o777, 0, false)
+            .and_then(|(owner, _)| {
+                self.vol.symlink_at(
+                    parent,
+                    link_name.as_bytes(),
+                    target.as_os_str().as_bytes(),
+                    owner,
+                )
+            });
+        self.entry(reply, r);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
+        if !known.contains(flags) {
+            return reply.error(Errno::EINVAL);
+        }
+        let flags = pmfs::RenameFlags {
+            noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+        };
+        match self.vol.rename_at(
+            self.ino(parent),
+            name.as_bytes(),
+            self.ino(newparent),
+            newname.as_bytes(),
+            flags,
+        ) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let r = self
+            .vol
+            .link_at(self.ino(ino), self.ino(newparent), newname.as_bytes());
+        self.entry(reply, r);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.vol.open_ino(self.ino(ino), Self::open_mode(flags)) {
+            Ok(node) => reply.opened(self.add_file(node), FopenFlags::empty()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let f = match self.file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        let mut buf = vec![0u8; size as usize];
+        match f.read_at(&mut buf, offset) {
+            Ok(n) => reply.data(&buf[..n]),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let f = match self.file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        match f.write_at(data, offset) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Every write is durable when it returns: nothing is buffered here.
+        match self.file(fh) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.files
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.file(fh) {
+            Ok(f) => {
+                f.sync();
+                reply.ok();
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.vol.getattr(self.ino(ino)) {
+            Ok(a) if a.kind == NodeKind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(_) => reply.error(Errno::ENOTDIR),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let r = self.list(self.ino(ino), offset, |next, ino, kind, name| {
+            reply.add(
+                self.node_id(ino),
+                next,
+                file_type(kind),
+                OsStr::from_bytes(name),
+            )
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let dir = self.ino(ino);
+        let r = self.list(dir, offset, |next, ino, _, name| {
+            match self.vol.getattr(ino) {
+                Ok(a) => reply.add(
+                    self.node_id(ino),
+                    next,
+                    OsStr::from_bytes(name),
+                    &self.ttl.attr,
+                    &self.attr(&a),
+                    Generation(u64::from(ino.generation())),
+                ),
+                // Removed since the listing was taken: skip it.
+                Err(_) => false,
+            }
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.vol.sync();
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.vol.statfs() {
+            Ok(s) => reply.statfs(
+                s.total_blocks,
+                s.free_blocks,
+                s.free_blocks,
+                s.total_inodes,
+                s.free_inodes,
+                s.block_size as u32,
+                s.name_max as u32,
+                s.block_size as u32,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let name = name.as_bytes();
+        if let Err(e) = check_xattr_name(name) {
+            return reply.error(e);
+        }
+        if value.len() > XATTR_SIZE_MAX {
+            return reply.error(Errno::E2BIG);
+        }
+        let how = match flags {
+            0 => XattrSet::Any,
+            libc::XATTR_CREATE => XattrSet::Create,
+            libc::XATTR_REPLACE => XattrSet::Replace,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        match self.vol.set_xattr(self.ino(ino), name, value, how) {
+            Ok(true) => reply.ok(),
+            Ok(false) => reply.error(Errno::NO_XATTR),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = name.as_bytes();
+        if let Err(e) = check_xattr_name(name) {
+            return reply.error(e);
+        }
+        match self.vol.get_xattr(self.ino(ino), name) {
+            Ok(Some(v)) => sized(reply, size, &v),
+            Ok(None) => reply.error(Errno::NO_XATTR),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.vol.list_xattr(self.ino(ino)) {
+            Ok(names) => {
+                let mut buf = Vec::new();
+                for n in names {
+                    buf.extend_from_slice(&n);
+                    buf.push(0);
+                }
+                sized(reply, size, &buf);
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.as_bytes();
+        if let Err(e) = check_xattr_name(name) {
+            return reply.error(e);
+        }
+        match self.vol.remove_xattr(self.ino(ino), name) {
+            Ok(true) => reply.ok(),
+            Ok(false) => reply.error(Errno::NO_XATTR),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let a = match self.vol.getattr(self.ino(ino)) {
+            Ok(a) => a,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        if may_access(req, &a, mask) {
+            reply.ok();
+        } else {
+            reply.error(Errno::EACCES);
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let parent = self.ino(parent);
+        let flags = OpenFlags(flags);
+        let r = self
+            .new_owner(req, parent, mode, umask, false)
+            .and_then(|(owner, perm)| {
+                self.vol.create_open(
+                    parent,
+                    name.as_bytes(),
+                    perm,
+                    owner,
+                    flags.0 & libc::O_EXCL != 0,
+                    Self::open_mode(flags),
+                )
+            });
+        match r {
+            Ok((a, node, _)) => {
+                let fh = self.add_file(node);
+                reply.created(
+                    &self.ttl.entry,
+                    &self.attr(&a),
+                    Generation(u64::from(a.ino.generation())),
+                    fh,
+                    FopenFlags::empty(),
+                );
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let f = match self.file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        let r = match mode {
+            0 => f.allocate(offset, length, false),
+            libc::FALLOC_FL_KEEP_SIZE => f.allocate(offset, length, true),
+            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => {
+                f.punch_hole(offset, length)
+            }
+            _ => return reply.error(Errno::EOPNOTSUPP),
+        };
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let f = match self.file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        let target = match whence {
+            libc::SEEK_DATA => SeekTarget::Data,
+            libc::SEEK_HOLE => SeekTarget::Hole,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        match f.seek(offset, target) {
+            Ok(Some(o)) => reply.offset(o as i64),
+            Ok(None) => reply.error(Errno::ENXIO),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+/// Attribute namespaces the volume stores (POSIX ACLs in `system.` are not supported).
+fn check_xattr_name(name: &[u8]) -> Result<(), Errno> {
+    if name.len() > pmfs::XATTR_NAME_MAX {
+        return Err(Errno::ERANGE);
+    }
+    let ok = [&b"user."[..], b"trusted.", b"security."]
+        .iter()
+        .any(|ns| name.starts_with(ns) && name.len() > ns.len());
+    if ok { Ok(()) } else { Err(Errno::EOPNOTSUPP) }
+}
+
+/// Replies with `data`, or with its size when the caller asked for the size (`size == 0`).
+fn sized(reply: ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(data.len() as u32);
+    } else if data.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(data);
+    }
+}
+
+/// Whether `req`'s caller may access `a` as `mask` asks (`access(2)` rules).
+fn may_access(req: &Request, a: &Attr, mask: AccessFlags) -> bool {
+    let want = (mask.bits() & 7) as u32;
+    if req.uid() == 0 {
+        // Root may read and write anything, and execute what anybody may execute.
+        return want & 1 == 0 || a.kind == NodeKind::Dir || a.perm & 0o111 != 0;
+    }
+    let bits = if req.uid() == a.uid {
+        a.perm >> 6
+    } else if in_group(req, a.gid) {
+        a.perm >> 3
+    } else {
+        a.perm
+    } & 7;
+    bits & want == want
+}

@@ -1,0 +1,356 @@
+//! `pmfs mount`: mount options, the daemon's life cycle (background start, signals, clean
+//! unmount) and the `mount.pmfs` helper's argument conventions.
+//!
+//! # Life cycle
+//! Without `--foreground`, `pmfs mount` starts itself again in the background (a new session,
+//! so closing the terminal does not stop it) and returns once the file system is mounted, or
+//! with the daemon's error. The daemon:
+//! 1. takes the pool's owner lock and mounts the volume (recovering it after a crash);
+//! 2. mounts the FUSE file system (`fuse.pmfs`, source = the pool file);
+//! 3. serves requests on several threads until the file system is unmounted: by
+//!    `fusermount3 -u` / `umount`, or by `SIGINT`, `SIGTERM` or `SIGHUP`, which make the daemon
+//!    unmount it itself (a busy mount point is reported and kept; a second signal detaches it
+//!    lazily);
+//! 4. closes the volume cleanly and releases the lock.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use fuser::{Config, MountOption, Session, SessionACL};
+use nix::sys::signal::{SigSet, Signal};
+
+use crate::error::{Error, Result};
+use crate::fs::{PmfsFs, Timeouts};
+use crate::pool::{Pool, volume_error};
+
+/// What the `-o` options of a mount ask for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MountOptions {
+    /// Mount read-only (the volume is not written at all; it must have been closed cleanly).
+    pub read_only: bool,
+    /// Kernel mount flags and FUSE options passed through.
+    pub kernel: Vec<MountOption>,
+    /// Who may use the mount.
+    pub acl: SessionACL,
+    /// Cache lifetimes.
+    pub timeouts: Timeouts,
+    /// Request-serving threads.
+    pub threads: usize,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            read_only: false,
+            kernel: Vec::new(),
+            acl: if nix::unistd::geteuid().is_root() {
+                SessionACL::All
+            } else {
+                SessionACL::Owner
+            },
+            timeouts: Timeouts::default(),
+            threads: 4,
+        }
+    }
+}
+
+fn seconds(key: &str, v: &str) -> Result<Duration> {
+    let s: f64 = v
+        .parse()
+        .map_err(|_| Error::new(format!("mount option {key}={v}: not a number of seconds")))?;
+    Duration::try_from_secs_f64(s)
+        .map_err(|_| Error::new(format!("mount option {key}={v}: out of range")))
+}
+
+/// Options that mount(8) and fstab use and that mean nothing to the daemon.
+fn ignored(opt: &str) -> bool {
+    matches!(
+        opt,
+        "" | "defaults"
+            | "auto"
+            | "noauto"
+            | "user"
+            | "nouser"
+            | "users"
+            | "owner"
+            | "group"
+            | "_netdev"
+            | "nofail"
+            | "relatime"
+            | "strictatime"
+            | "lazytime"
+            | "default_permissions"
+    ) || opt.starts_with("x-")
+        || opt.starts_with("comment=")
+}
+
+/// Parses `-o` option lists (each a comma-separated list).
+pub fn parse_options<S: AsRef<str>>(lists: &[S]) -> Result<MountOptions> {
+    let mut o = MountOptions::default();
+    let (mut suid, mut dev) = (false, false);
+    for opt in lists.iter().flat_map(|l| l.as_ref().split(',')) {
+        let (key, val) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        match (key, val) {
+            ("ro", None) => o.read_only = true,
+            ("rw", None) => o.read_only = false,
+            ("suid", None) => suid = true,
+            ("nosuid", None) => suid = false,
+            ("dev", None) => dev = true,
+            ("nodev", None) => dev = false,
+            ("exec", None) => o.kernel.push(MountOption::Exec),
+            ("noexec", None) => o.kernel.push(MountOption::NoExec),
+            ("atime", None) => o.kernel.push(MountOption::Atime),
+            ("noatime", None) => o.kernel.push(MountOption::NoAtime),
+            ("sync", None) => o.kernel.push(MountOption::Sync),
+            ("async", None) => o.kernel.push(MountOption::Async),
+            ("dirsync", None) => o.kernel.push(MountOption::DirSync),
+            ("allow_other", None) => o.acl = SessionACL::All,
+            ("allow_root", None) => o.acl = SessionACL::RootAndOwner,
+            ("attr_timeout", Some(v)) => o.timeouts.attr = seconds(key, v)?,
+            ("entry_timeout", Some(v)) => o.timeouts.entry = seconds(key, v)?,
+            ("threads", Some(v)) => {
+                o.threads = v
+                    .parse()
+                    .ok()
+                    .filter(|&n| (1..=64).contains(&n))
+                    .ok_or_else(|| Error::new(format!("mount option threads={v}: not 1..=64")))?
+            }
+            _ if ignored(opt) => {}
+            _ => return Err(Error::new(format!("unknown mount option {opt:?}"))),
+        }
+    }
+    o.kernel.push(if suid {
+        MountOption::Suid
+    } else {
+        MountOption::NoSuid
+    });
+    o.kernel.push(if dev {
+        MountOption::Dev
+    } else {
+        MountOption::NoDev
+    });
+    if o.read_only {
+        o.kernel.push(MountOption::RO);
+    }
+    Ok(o)
+}
+
+/// Checks that `dir` can be a mount point and returns its absolute path.
+pub fn check_mount_point(dir: &Path) -> Result<PathBuf> {
+    let shown = dir.display();
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => dir
+            .canonicalize()
+            .map_err(|e| Error::new(format!("{shown}: {e}"))),
+        Ok(_) => Err(Error::new(format!(
+            "{shown}: mount point is not a directory"
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(Error::new(format!("{shown}: mount point does not exist")))
+        }
+        Err(e) => Err(Error::new(format!("{shown}: {e}"))),
+    }
+}
+
+/// Whether `dir` is a mount point of a pmfs file system now.
+pub fn is_mounted(dir: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = dir.as_os_str().to_string_lossy();
+    info.lines().any(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let fstype = f.iter().skip_while(|&&x| x != "-").nth(1);
+        f.get(4).is_some_and(|m| unescape(m) == want) && fstype == Some(&"fuse.pmfs")
+    })
+}
+
+/// Undoes the octal escapes of mountinfo paths (`\040` for a space).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
+        {
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Starts the daemon in the background (this executable, `mount ... --foreground
+/// --notify-ready`) and waits until it has mounted the file system or failed.
+pub fn spawn_daemon(pool: &Path, mountpoint: &Path, options: &[String]) -> Result<()> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::new(format!("cannot find the pmfs executable: {e}")))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount")
+        .arg(pool)
+        .arg(mountpoint)
+        .arg("--foreground")
+        .arg("--notify-ready");
+    for o in options {
+        cmd.arg("-o").arg(o);
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .current_dir("/")
+        .spawn()
+        .map_err(|e| Error::new(format!("cannot start the pmfs daemon: {e}")))?;
+    let Some(out) = child.stdout.take() else {
+        return Err(Error::new("cannot read from the pmfs daemon"));
+    };
+    let mut line = String::new();
+    let _ = BufReader::new(out).read_line(&mut line);
+    if line.trim() == "ready" {
+        return Ok(());
+    }
+    // The daemon ended without mounting; it reported why on stderr.
+    let status = child
+        .wait()
+        .ok()
+        .and_then(|s| s.code())
+        .filter(|&c| c != 0)
+        .unwrap_or(1);
+    Err(Error::silent(status))
+}
+
+/// Runs the daemon in this process until the file system is unmounted.
+pub fn serve(
+    pool: &Path,
+    mountpoint: &Path,
+    opts: &MountOptions,
+    notify_ready: bool,
+) -> Result<()> {
+    let mountpoint = check_mount_point(mountpoint)?;
+    if notify_ready {
+        // Leave the caller's session: the daemon outlives the terminal that started it.
+        let _ = nix::unistd::setsid();
+    }
+    let pool = Pool::open(pool)?;
+    let media = pool.media()?;
+    let vol = if opts.read_only {
+        pmfs::Volume::mount_read_only(media)
+    } else {
+        pmfs::Volume::mount(media)
+    }
+    .map_err(|e| match e {
+        pmfs::Error::ReadOnly => Error::new(format!(
+            "{}: the volume was not closed cleanly; mount it read-write once (or run pmfs fsck --repair) before mounting it read-only",
+            pool.path().display()
+        )),
+        e => volume_error(pool.path(), e),
+    })?;
+
+    // Signals are taken by a dedicated thread: block them here, before fuser starts its
+    // threads, so that every thread inherits the mask.
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    signals
+        .thread_block()
+        .map_err(|e| Error::new(format!("cannot block signals: {e}")))?;
+
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(pool.path().display().to_string()),
+        MountOption::Subtype("pmfs".into()),
+        MountOption::DefaultPermissions,
+    ];
+    config.mount_options.extend(opts.kernel.iter().cloned());
+    config.acl = opts.acl;
+    config.n_threads = Some(opts.threads);
+    config.clone_fd = true;
+    let fs = PmfsFs::new(vol.clone(), opts.timeouts);
+    let mut session = Session::new(fs, &mountpoint, &config)
+        .map_err(|e| Error::new(format!("{}: cannot mount: {e}", mountpoint.display())))?;
+    let mut unmounter = session.unmount_callable();
+    let shown = mountpoint.clone();
+    std::thread::Builder::new()
+        .name("pmfs-signals".into())
+        .spawn(move || {
+            let mut lazy = false;
+            while signals.wait().is_ok() {
+                let r = if lazy {
+                    Command::new("fusermount3")
+                        .args(["-u", "-z"])
+                        .arg(&shown)
+                        .status()
+                        .map(drop)
+                } else {
+                    unmounter.unmount()
+                };
+                match r {
+                    Ok(()) if !lazy => {}
+                    Ok(()) => break,
+                    Err(e) => {
+                        let _ = writeln!(
+                            std::io::stderr(),
+                            "pmfs: cannot unmount {}: {e}; still serving (signal again to detach it lazily)",
+                            shown.display()
+                        );
+                        lazy = true;
+                    }
+                }
+            }
+        })
+        .map_err(|e| Error::new(format!("cannot start the signal thread: {e}")))?;
+    if notify_ready {
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "ready").and_then(|()| out.flush());
+    }
+    let served = session.run();
+    let closed = vol.close().map_err(|e| volume_error(pool.path(), e));
+    drop(pool);
+    served.map_err(|e| Error::new(format!("{}: {e}", mountpoint.display())))?;
+    closed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_and_reject_unknown_ones() {
+        let o = parse_options(&[
+            "ro,noexec,attr_timeout=0.5",
+            "threads=2,nofail,x-systemd.automount",
+        ])
+        .unwrap();
+        assert!(o.read_only);
+        assert_eq!(o.threads, 2);
+        assert_eq!(o.timeouts.attr, Duration::from_millis(500));
+        assert!(o.kernel.contains(&MountOption::NoExec));
+        assert!(o.kernel.contains(&MountOption::RO));
+        assert!(o.kernel.contains(&MountOption::NoSuid));
+        assert!(o.kernel.contains(&MountOption::NoDev));
+        let o = parse_options(&["suid,dev"]).unwrap();
+        assert!(o.kernel.contains(&MountOption::Suid));
+        assert!(o.kernel.contains(&MountOption::Dev));
+        assert!(parse_options(&["bogus"]).is_err());
+        assert!(parse_options(&["threads=0"]).is_err());
+        assert!(parse_options(&["entry_timeout=x"]).is_err());
+    }
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape("/tmp/a\\040b"), "/tmp/a b");
+        assert_eq!(unescape("/plain"), "/plain");
+        assert_eq!(unescape("/end\\04"), "/end\\04");
+    }
+}
