@@ -10,7 +10,7 @@ use super::format::{
     SEGMENT_HEADER_WORDS, SLOTS_PER_BLOCK, SegmentHeader, Slot, reserve_word, segment_words,
     slot_off,
 };
-use super::{Log, Position, pack, unpack};
+use super::{Log, Position, pack};
 use crate::error::{Error, Result};
 use crate::layout::{BlockNo, PmOff};
 use crate::pm::Media;
@@ -154,6 +154,8 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         let chain = self.chain();
         let mut walk = self.walk_from_hint()?;
         chain.to_tail(&mut walk)?;
+        let end = walk.slot;
+        self.make_durable(&mut walk, end)?;
         let (head, _) = self.head()?;
         if walk.block == head {
             return Ok(None);
@@ -376,24 +378,9 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
             compacted = walk.enter(&chain, next)?.compacted();
         }
         let suffix = self.position(&walk, self.era.load(Ordering::SeqCst));
-        loop {
-            let seen = self.hint.load(Ordering::Acquire);
-            let (hb, _) = unpack(seen);
-            if hb == walk.block || chain.base(hb)? >= suffix.lsn {
-                break;
-            }
-            if self
-                .hint
-                .compare_exchange(
-                    seen,
-                    pack(walk.block, FIRST_SLOT),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
-            {
-                break;
-            }
+        let seen = self.hint.load(Ordering::Acquire);
+        if self.hint_lsn(seen)? < suffix.lsn {
+            self.advance_hint(seen, pack(walk.block, FIRST_SLOT), suffix.lsn)?;
         }
         Ok(suffix)
     }

@@ -529,22 +529,27 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
     }
 
     /// Makes every boundary slot before `(walk.block, end)` durable, with the links on the
-    /// way, and advances the hint there. Only what lies between the hint and that position is
-    /// flushed; blocks crossed on the way were persisted by their linkers, so only their
-    /// headers (the links) are. Afterwards the walk forgets the blocks it crossed: the hint is
-    /// now at or after its current block.
+    /// way, and advances the hint there.
+    ///
+    /// Only what lies between the hint and that position is flushed: blocks crossed on the way
+    /// were persisted by their linkers, so only their headers (the links) are. Whether the
+    /// hint is ahead is judged by LSN, which the hint only ever increases. Blocks that are not
+    /// in the current chain's retained suffix are durable as a whole (full and linked, or
+    /// written by a compaction), so a hint on another branch of the chain than the walk is
+    /// correctly judged by its LSN too; when it is behind, everything the walk crossed since
+    /// it last made itself durable is flushed. Afterwards the walk forgets the blocks it
+    /// crossed.
     fn make_durable(&self, walk: &mut Walk, end: u64) -> Result<()> {
         let seen = self.hint.load(Ordering::Acquire);
         let (hb, hs) = unpack(seen);
+        let target = walk.base + (end - FIRST_SLOT);
         let from = if hb == walk.block {
             (hs < end).then_some((walk.crossed.len(), hs))
+        } else if let Some(i) = walk.crossed.iter().position(|&b| b == hb) {
+            Some((i, FIRST_SLOT))
         } else {
-            walk.crossed
-                .iter()
-                .position(|&b| b == hb)
-                .map(|i| (i, FIRST_SLOT))
+            (self.hint_lsn(seen)? < target).then_some((0, FIRST_SLOT))
         };
-        // Otherwise the hint is ahead of the walk: everything up to `end` is durable already.
         if let Some((i, first)) = from {
             if self.media.needs_flush() {
                 for &b in &walk.crossed[i..] {
@@ -553,29 +558,29 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
                 self.flush_slots(walk.block, first, end)?;
             }
             self.media.fence();
-            self.advance_hint(seen, walk, end);
+            self.advance_hint(seen, pack(walk.block, end), target)?;
         }
         walk.crossed.clear();
         Ok(())
     }
 
-    /// Moves the hint from `seen` to `(walk.block, end)` unless someone moved it further.
-    fn advance_hint(&self, mut seen: u64, walk: &Walk, end: u64) {
-        let target = pack(walk.block, end);
+    /// The LSN a packed hint stands for. The hint's block is never freed while it is the hint
+    /// or while an operation pinned before it moved is running.
+    fn hint_lsn(&self, h: u64) -> Result<u64> {
+        let (b, s) = unpack(h);
+        Ok(self.chain().base(b)? + (s - FIRST_SLOT))
+    }
+
+    /// Moves the hint from `seen` to `to` (at LSN `to_lsn`) unless it is already further.
+    fn advance_hint(&self, mut seen: u64, to: u64, to_lsn: u64) -> Result<()> {
         loop {
             match self
                 .hint
-                .compare_exchange(seen, target, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(seen, to, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return,
-                Err(now) => {
-                    let (nb, ns) = unpack(now);
-                    let behind = (nb == walk.block && ns < end) || walk.crossed.contains(&nb);
-                    if !behind {
-                        return;
-                    }
-                    seen = now;
-                }
+                Ok(_) => return Ok(()),
+                Err(now) if self.hint_lsn(now)? < to_lsn => seen = now,
+                Err(_) => return Ok(()),
             }
         }
     }
