@@ -84,3 +84,11 @@ fn hashfs_survives_concurrent_writers_in_a_nearly_full_table() {
     let s = subject(4, 3000, HashKernel::detect());
     stress_files(&s, &StressConfig::default());
 }
+
+#[test]
+fn hashfs_readers_that_scan_the_table_beside_a_writer_see_consistent_blocks() {
+    // 150 slots: reader lookups of more than 37 blocks scan the whole table while the writer
+    // inserts and removes.
+    let s = subject(1, 150, HashKernel::detect());
+    stress_one_writer(&s, 2, &StressConfig::default());
+}

@@ -6,7 +6,7 @@
 //!
 //! | meta block | content                                                              |
 //! |------------|----------------------------------------------------------------------|
-//! | 0          | header: sixteen `Le64` words (below); the lock epoch at byte 512     |
+//! | 0          | header: sixteen `Le64` words (below); lock epoch at byte 512, move gate at byte 1024 |
 //! | 1, 2       | 64 intent records of two cache lines (operation, entry move)         |
 //! | 3..        | buckets of one cache line each ([`bucket`] format), 64 per block     |
 //!
@@ -78,6 +78,17 @@
 //! comparison of the two tables does not show.) Mutations of one file are not concurrent with one another (the
 //! [`FileMapping`] contract), so a key is only ever inserted or removed by one thread at a
 //! time; moves of other files' entries are serialised by the bucket locks.
+//!
+//! A range larger than a quarter of the table (a truncate, `remove_file`, a whole-file lookup)
+//! is answered by one pass over all buckets, and bucket seqlocks do not make such a pass a
+//! snapshot: a move running meanwhile can carry an entry from a bucket the pass has not read
+//! yet into one it has (the entry is missed) or the other way (seen twice). A *move gate*
+//! word in the header block counts moves started and finished; a pass counts only if no move
+//! was running when it began and none started before it ended. After a few overlapped passes
+//! the scanner closes the gate (new moves wait), lets running moves finish and scans once
+//! more. Lookups of shorter ranges probe key by key, and each probe reads the key's two
+//! buckets as one snapshot. Like a lock, a gate left closed by a dead process makes movers
+//! give up after a second with an error; recovery reopens it.
 
 pub mod bucket;
 
@@ -101,6 +112,14 @@ const MAGIC: u64 = u64::from_le_bytes(*b"PMFSCUCK");
 const VERSION: u64 = 1;
 const HEADER_WORDS: usize = 16;
 const EPOCH_OFF: u64 = 512;
+/// The move gate word in the header block (see [`CuckooMapping::gated`]).
+const GATE_OFF: u64 = 1024;
+/// Gate bit: a scanner has stopped new moves.
+const GATE_FROZEN: u64 = 1 << 63;
+/// Width mask of the gate's two move counters (started: bits 32..63, finished: bits 0..31).
+const GATE_COUNT: u64 = (1 << 31) - 1;
+/// Scans attempted while moves run before a scanner stops new moves.
+const GATE_TRIES: usize = 4;
 const INTENT_RECORDS: u64 = 64;
 const INTENT_LINES: u64 = 2;
 const FIRST_BUCKET_BLOCK: u64 = 3;
@@ -254,6 +273,8 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
         let at = meta.start.offset();
         this.media.write_pod(at, &h)?;
         this.media.store_u64(at + EPOCH_OFF, 1)?;
+        this.media.store_u64(at + GATE_OFF, 0)?;
+        this.media.flush(at + GATE_OFF, 8)?;
         this.media.flush(at, size_of::<Header>() as u64)?;
         this.media.persist(at + EPOCH_OFF, 8)?;
         Ok(this)
@@ -355,6 +376,15 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
     /// few stores and fences) never causes: the lock word is damaged or its holder died, and
     /// [`recover`](FileMapping::recover) has to run.
     fn wait(&self, b: u64, backoff: &mut Backoff) -> Result<()> {
+        self.wait_on(
+            self.bucket_off(b),
+            "cuckoo bucket lock never released",
+            backoff,
+        )
+    }
+
+    /// The back-off of [`wait`](Self::wait) for any word at `at`.
+    fn wait_on(&self, at: PmOff, what: &'static str, backoff: &mut Backoff) -> Result<()> {
         backoff.rounds += 1;
         if backoff.rounds < 64 {
             std::hint::spin_loop();
@@ -363,14 +393,68 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
         } else {
             let since = *backoff.since.get_or_insert_with(Instant::now);
             if since.elapsed() > LOCK_PATIENCE {
-                return Err(Error::Corrupt {
-                    what: "cuckoo bucket lock never released",
-                    at: self.bucket_off(b),
-                });
+                return Err(Error::Corrupt { what, at });
             }
             std::thread::sleep(Duration::from_micros(50));
         }
         Ok(())
+    }
+
+    fn gate_off(&self) -> PmOff {
+        self.meta.start.offset() + GATE_OFF
+    }
+
+    /// Changes the gate word with `f` (CAS loop); `f` returns `None` to wait and retry.
+    fn gate_update(&self, f: impl Fn(u64) -> Option<u64>) -> Result<u64> {
+        let off = self.gate_off();
+        let mut backoff = Backoff::default();
+        loop {
+            let w = self.media.load_u64(off)?;
+            match f(w) {
+                Some(new) => {
+                    if self.media.cas_u64(off, w, new)?.is_ok() {
+                        return Ok(new);
+                    }
+                }
+                None => self.wait_on(off, "cuckoo move gate never reopened", &mut backoff)?,
+            }
+        }
+    }
+
+    /// Announces an entry move to scanners (waits while a scanner has stopped moves).
+    fn gate_enter(&self) -> Result<GateGuard<'_, M, A>> {
+        self.gate_update(|w| {
+            (w & GATE_FROZEN == 0).then(|| {
+                let started = ((w >> 32) + 1) & GATE_COUNT;
+                (w & !(GATE_COUNT << 32)) | (started << 32)
+            })
+        })?;
+        Ok(GateGuard { table: self })
+    }
+
+    /// Runs `scan`, a pass over all buckets, so that no entry move overlaps it: a move in
+    /// flight could carry an entry from a bucket the pass has not read yet into one it has
+    /// (missed) or the other way round (seen twice). The gate word counts moves started and
+    /// finished; a pass is accepted if no move was in flight when it began and none started
+    /// until it ended. After [`GATE_TRIES`] overlapped passes the scanner stops new moves,
+    /// waits for the running ones and scans once more.
+    fn gated<T>(&self, mut scan: impl FnMut() -> Result<T>) -> Result<T> {
+        let off = self.gate_off();
+        let quiet = |w: u64| w & GATE_FROZEN == 0 && (w >> 32) & GATE_COUNT == w & GATE_COUNT;
+        for _ in 0..GATE_TRIES {
+            let w0 = self.media.load_u64(off)?;
+            if quiet(w0) {
+                let r = scan()?;
+                if self.media.load_u64(off)? == w0 {
+                    return Ok(r);
+                }
+            }
+            std::thread::yield_now();
+        }
+        self.gate_update(|w| (w & GATE_FROZEN == 0).then_some(w | GATE_FROZEN))?;
+        let _open = Unfreeze { table: self };
+        self.gate_update(|w| ((w >> 32) & GATE_COUNT == w & GATE_COUNT).then_some(w))?;
+        scan()
     }
 
     /// Reads buckets `bs` as one consistent snapshot (seqlock read side).
@@ -602,6 +686,7 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
     /// Moves `hop.key` from `(hop.bucket, hop.way)` to the free way `dst` under both locks and
     /// a move record. Returns false if the source or destination changed meanwhile.
     fn move_entry(&self, intent: &Intent<'_, M>, hop: Hop, dst: (u64, usize)) -> Result<bool> {
+        let _moving = self.gate_enter()?;
         let _guard = self.lock_pair(hop.bucket, dst.0)?;
         let src = self.locked_bucket(hop.bucket)?;
         let Some((_, value)) = src.entries[hop.way].filter(|(k, _)| *k == hop.key) else {
@@ -677,17 +762,23 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
 
     /// Every mapped block of `ino` in `[lblk, end)` from a scan of all buckets, ascending.
     fn scan_blocks(&self, ino: u64, lblk: u64, end: u64) -> Result<Vec<(u64, Value)>> {
-        let mut hits = Vec::new();
-        self.scan_all(&mut |b, bucket| {
-            for (key, v) in bucket.entries.iter().flatten() {
-                if key.ino == ino && (lblk..end).contains(&key.lblk) {
-                    self.alternate(*key, b)?;
-                    hits.push((key.lblk, *v));
+        let mut hits = self.gated(|| {
+            let mut hits = Vec::new();
+            self.scan_all(&mut |b, bucket| {
+                for (key, v) in bucket.entries.iter().flatten() {
+                    if key.ino == ino && (lblk..end).contains(&key.lblk) {
+                        self.alternate(*key, b)?;
+                        hits.push((key.lblk, *v));
+                    }
                 }
-            }
-            Ok(())
+                Ok(())
+            })?;
+            Ok(hits)
         })?;
         hits.sort_unstable_by_key(|h| h.0);
+        // A block removed and inserted again by a writer of the file while a lookup scanned
+        // may be seen twice; either value is one it had during the lookup.
+        hits.dedup_by_key(|h| h.0);
         Ok(hits)
     }
 
@@ -805,19 +896,22 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
     /// (`size` and `rev` of `lblk + 1` follow from those of `lblk`). Returns the number of
     /// entries.
     pub fn verify(&self) -> Result<u64> {
-        let mut keys: HashMap<Key, Value> = HashMap::new();
-        let mut pblks = HashSet::new();
-        self.scan_all(&mut |b, bucket| {
-            for (key, v) in bucket.entries.iter().flatten() {
-                self.alternate(*key, b)?;
-                if keys.insert(*key, *v).is_some() || !pblks.insert(v.pblk) {
-                    return Err(Error::Corrupt {
-                        what: "cuckoo key or block mapped twice",
-                        at: self.bucket_off(b),
-                    });
+        let (keys, _) = self.gated(|| {
+            let mut keys: HashMap<Key, Value> = HashMap::new();
+            let mut pblks = HashSet::new();
+            self.scan_all(&mut |b, bucket| {
+                for (key, v) in bucket.entries.iter().flatten() {
+                    self.alternate(*key, b)?;
+                    if keys.insert(*key, *v).is_some() || !pblks.insert(v.pblk) {
+                        return Err(Error::Corrupt {
+                            what: "cuckoo key or block mapped twice",
+                            at: self.bucket_off(b),
+                        });
+                    }
                 }
-            }
-            Ok(())
+                Ok(())
+            })?;
+            Ok((keys, pblks))
         })?;
         for (key, v) in &keys {
             let next = (v.size > 1).then(|| {
@@ -869,6 +963,33 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
 struct Backoff {
     rounds: u32,
     since: Option<Instant>,
+}
+
+/// A move announced at the gate; counted as finished on drop.
+struct GateGuard<'a, M: Media, A: BlockAllocator> {
+    table: &'a CuckooMapping<M, A>,
+}
+
+impl<M: Media, A: BlockAllocator> Drop for GateGuard<'_, M, A> {
+    fn drop(&mut self) {
+        // On failure the gate keeps counting the move as running; scanners then stop with an
+        // error after their patience until recovery resets the gate.
+        let _ = self
+            .table
+            .gate_update(|w| Some((w & !GATE_COUNT) | ((w + 1) & GATE_COUNT)));
+    }
+}
+
+/// Lets moves run again when a scanner that stopped them is done.
+struct Unfreeze<'a, M: Media, A: BlockAllocator> {
+    table: &'a CuckooMapping<M, A>,
+}
+
+impl<M: Media, A: BlockAllocator> Drop for Unfreeze<'_, M, A> {
+    fn drop(&mut self) {
+        // A failure leaves moves stopped until recovery resets the gate.
+        let _ = self.table.gate_update(|w| Some(w & !GATE_FROZEN));
+    }
 }
 
 /// Both bucket locks of one key, released on drop.
@@ -1022,6 +1143,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
         let epoch = (self.media.load_u64(epoch_at)? + 1) & 0xffff_ffff;
         self.media.store_u64_persist(epoch_at, epoch)?;
         self.epoch.store(epoch, Ordering::Release);
+        self.media.store_u64(self.gate_off(), 0)?;
         let records = self
             .intents
             .scan(&self.media, &[OP_INSERT, OP_REMOVE, OP_MOVE])?;

@@ -477,6 +477,9 @@ impl<M: Media> HashFs<M> {
                 }
             }
             hits.sort_unstable();
+            // A block removed and inserted again by a writer of the file while a lookup
+            // scanned may be seen twice; either slot is one it had during the lookup.
+            hits.dedup_by_key(|h| h.0);
             hits.into_iter().for_each(|(l, i)| f(l, i));
             return Ok(());
         }
