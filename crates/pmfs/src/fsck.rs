@@ -679,6 +679,43 @@ pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
     })
 }
 
+/// What [`check_dentry_page`] found in one directory page.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DentryPage {
+    /// The names of the entries, in list order (up to a half-done operation).
+    pub names: Vec<Vec<u8>>,
+    /// Whether the list holds a half-done insertion or removal, which recovery would undo or
+    /// complete. The walk stops there: `names` lists the entries before it.
+    pub pending: bool,
+}
+
+/// Parses one directory page on its own, with the same code the checker and mount use: the
+/// header must belong to page `index` of the directory whose inode is `owner` (its
+/// [`Ino::raw`](crate::Ino::raw) value: generation above, number below), and the dentry list
+/// must be well formed with matching entry checksums. For tools that inspect single pages
+/// and for fuzzing the page parser.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if `page` is not one block long; [`Error::Corrupt`] for a
+/// damaged or foreign header or a damaged dentry list (`at` is the offset in the page).
+pub fn check_dentry_page(page: &[u8], owner: u64, index: u64) -> Result<DentryPage> {
+    if page.len() != PAGE {
+        return Err(Error::InvalidArgument("a directory page is one block long"));
+    }
+    let view = PageView::new(page);
+    if !view.header_ok(owner, index) {
+        return Err(Error::Corrupt {
+            what: "directory page header",
+            at: PmOff(0),
+        });
+    }
+    let walk = view.walk(|o| PmOff(u64::from(o)))?;
+    Ok(DentryPage {
+        names: walk.entries.into_iter().map(|e| e.name).collect(),
+        pending: walk.pending.is_some(),
+    })
+}
+
 /// Applies the fixes for what `examine` found on a mounted volume.
 fn fix(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
     let m = fs.m();
