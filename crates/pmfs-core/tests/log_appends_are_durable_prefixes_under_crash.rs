@@ -234,17 +234,22 @@ fn a_new_handle_persists_the_tail_it_starts_from() {
     let log = Log::create(&region, ROOT, alloc).unwrap();
     log.append(&inline(0)).unwrap();
     region.persist_all();
-    let orphan = Entry::write(42, BlockNo(5), 1, 0);
     let returned = Cell::new(false);
+    let orphans = Cell::new(0u64);
     Explorer::new(10)
         .run(
             &region,
             |pm| {
+                // Dead committers fill the rest of the tail's cache line without flushing it,
+                // so the next entry lands in the next line.
                 let tail = log.tail().unwrap();
-                let slot = tail.block().offset() + tail.slot() * 8;
-                pm.cas_u64(slot, 0, documented_inline_word(42, 5))
-                    .unwrap()
-                    .unwrap();
+                for s in tail.slot()..tail.slot().next_multiple_of(8) {
+                    let slot = tail.block().offset() + s * 8;
+                    pm.cas_u64(slot, 0, documented_inline_word(40 + s, 5))
+                        .unwrap()
+                        .unwrap();
+                    orphans.set(orphans.get() + 1);
+                }
                 // Another process opens the log after the committer died, and appends.
                 let theirs = Arc::new(SimpleAllocator::new(BlockNo(4), BLOCKS - 4));
                 let other = Log::open(pm, ROOT, theirs).unwrap();
@@ -253,10 +258,11 @@ fn a_new_handle_persists_the_tail_it_starts_from() {
             },
             |cp| {
                 let got = recover_and_replay(ImageRegion::new(cp.image).unwrap())?;
-                let ok = match got.len() {
-                    1 | 2 => !returned.get() && got[1..] == [orphan.clone()][..got.len() - 1],
-                    3 => got[1] == orphan && got[2] == inline(1),
-                    _ => false,
+                let n = orphans.get() as usize;
+                let ok = if returned.get() {
+                    got.len() == n + 2 && got[n + 1] == inline(1)
+                } else {
+                    got.len() <= n + 2
                 };
                 if ok {
                     Ok(())
