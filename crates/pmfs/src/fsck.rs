@@ -549,9 +549,14 @@ impl Checker<'_> {
             if info.kind != Some(Kind::Dir) {
                 let eof = info.size.div_ceil(BLOCK_SIZE);
                 // Up to the extended-attribute blocks, which lie past any end of file.
-                let span = data.len.max(1).min(crate::xattr::XATTR_LBLK - eof);
+                let span = data
+                    .len
+                    .max(1)
+                    .min(crate::xattr::XATTR_LBLK.saturating_sub(eof));
                 let mut runs = Vec::new();
-                fs.map.lookup(&map, eof, span, &mut runs)?;
+                if span > 0 {
+                    fs.map.lookup(&map, eof, span, &mut runs)?;
+                }
                 if let Some(last) = runs.last() {
                     self.problem(
                         ProblemKind::BlocksBeyondEof,
