@@ -59,12 +59,18 @@ pub fn throughput(t: Throughput, median_ns: f64) -> String {
     format!("{} {}{suffix}", sig(scaled, 3), prefixes[i])
 }
 
-/// A table number: integers as integers, others with 4 significant digits.
+/// A table number: integers as integers, others with up to 4 significant digits and no
+/// trailing zeros.
 pub fn number(n: f64) -> String {
     if n.fract() == 0.0 && n.abs() < 1e15 {
         format!("{}", n as i64)
     } else {
-        sig(n, 4)
+        let s = sig(n, 4);
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
     }
 }
 
@@ -99,6 +105,9 @@ mod tests {
     fn numbers_keep_integers_whole() {
         assert_eq!(number(262144.0), "262144");
         assert_eq!(number(0.84873), "0.8487");
+        assert_eq!(number(0.85), "0.85");
+        assert_eq!(number(0.0156), "0.0156");
+        assert_eq!(number(7.63), "7.63");
         assert_eq!(number(-3.0), "-3");
         assert_eq!(sig(0.0, 3), "0");
     }
