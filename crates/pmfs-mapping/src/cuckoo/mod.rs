@@ -546,18 +546,33 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
         })
     }
 
+    /// Stores an entry (not flushed: the caller collects the bucket for
+    /// [`flush_buckets`](Self::flush_buckets)).
     fn write_entry(&self, b: u64, way: usize, key: Key, v: Value) -> Result<()> {
         let at = self.bucket_off(b);
         self.media.store_u64(value_off(at, way), v.encode())?;
-        self.media.store_u64(key_off(at, way), key.committed())?;
-        self.media.flush(at, CACHE_LINE)
+        self.media.store_u64(key_off(at, way), key.committed())
     }
 
+    /// Frees an entry (not flushed, like [`write_entry`](Self::write_entry)).
     fn clear_entry(&self, b: u64, way: usize) -> Result<()> {
         let at = self.bucket_off(b);
         self.media.store_u64(key_off(at, way), 0)?;
-        self.media.store_u64(value_off(at, way), 0)?;
-        self.media.flush(at, CACHE_LINE)
+        self.media.store_u64(value_off(at, way), 0)
+    }
+
+    /// Writes back the buckets in `dirty` and empties it. Entries are flushed after all the
+    /// locked updates of an operation, not one by one: on x86 a locked instruction (the next
+    /// bucket lock's CAS) waits for earlier CLWB/CLFLUSHOPT to complete, which would
+    /// serialise the write-backs.
+    fn flush_buckets(&self, dirty: &mut Vec<u64>) -> Result<()> {
+        dirty.sort_unstable();
+        dirty.dedup();
+        for &b in dirty.iter() {
+            self.media.flush(self.bucket_off(b), CACHE_LINE)?;
+        }
+        dirty.clear();
+        Ok(())
     }
 
     /// The value of `key`, read without locks.
@@ -570,15 +585,26 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
 
     /// Applies `f` to the entry of `key` under its bucket locks; `f` returns the new value,
     /// or `None` to delete the entry. Returns the old value.
-    fn update(&self, key: Key, f: impl FnOnce(Value) -> Option<Value>) -> Result<Option<Value>> {
+    fn update(
+        &self,
+        key: Key,
+        dirty: &mut Vec<u64>,
+        f: impl FnOnce(Value) -> Option<Value>,
+    ) -> Result<Option<Value>> {
         let (b1, b2) = self.key_buckets(key);
         let _guard = self.lock_pair(b1, b2)?;
         for b in [b1, b2] {
             if let Some((way, old)) = self.locked_bucket(b)?.find(key) {
                 match f(old) {
                     Some(new) if new == old => {}
-                    Some(new) => self.write_entry(b, way, key, new)?,
-                    None => self.clear_entry(b, way)?,
+                    Some(new) => {
+                        self.write_entry(b, way, key, new)?;
+                        dirty.push(b);
+                    }
+                    None => {
+                        self.clear_entry(b, way)?;
+                        dirty.push(b);
+                    }
                 }
                 return Ok(Some(old));
             }
@@ -587,13 +613,20 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
     }
 
     /// Inserts a new entry, displacing others if both buckets are full.
-    fn insert_entry(&self, intent: &Intent<'_, M>, key: Key, v: Value) -> Result<()> {
+    fn insert_entry(
+        &self,
+        intent: &Intent<'_, M>,
+        key: Key,
+        v: Value,
+        dirty: &mut Vec<u64>,
+    ) -> Result<()> {
         let (b1, b2) = self.key_buckets(key);
         for _ in 0..MAX_ATTEMPTS {
             {
                 let _guard = self.lock_pair(b1, b2)?;
                 for b in [b1, b2] {
                     if let Some(way) = self.locked_bucket(b)?.free_way() {
+                        dirty.push(b);
                         return self.write_entry(b, way, key, v);
                     }
                 }
@@ -708,9 +741,10 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
             ],
         )?;
         self.write_entry(dst.0, dst.1, hop.key, value)?;
-        self.media.fence();
+        self.media.persist(self.bucket_off(dst.0), CACHE_LINE)?;
         self.clear_entry(hop.bucket, hop.way)?;
-        self.media.fence();
+        self.media
+            .persist(self.bucket_off(hop.bucket), CACHE_LINE)?;
         rec.finish()?;
         Ok(true)
     }
@@ -745,7 +779,7 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
                 let b = start + i as u64;
                 let after = self.media.load_u64(self.bucket_off(b))?;
                 let bucket = if after == before[i] && !rule.is_locked(after) {
-                    Bucket::decode(line).ok_or(Error::Corrupt {
+                    Bucket::decode(line).ok_or_else(|| Error::Corrupt {
                         what: "cuckoo bucket",
                         at: self.bucket_off(b),
                     })?
@@ -852,7 +886,7 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
     }
 
     /// Deletes every entry of `ino` in `[lblk, end)` (insert rollback); returns how many.
-    fn delete_range(&self, ino: u64, lblk: u64, end: u64) -> Result<u64> {
+    fn delete_range(&self, ino: u64, lblk: u64, end: u64, dirty: &mut Vec<u64>) -> Result<u64> {
         let keys: Vec<u64> = if self.use_scan(lblk, end) {
             self.scan_blocks(ino, lblk, end)?
                 .into_iter()
@@ -863,7 +897,7 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
         };
         let mut n = 0;
         for l in keys {
-            if self.update(Key::new(ino, l), |_| None)?.is_some() {
+            if self.update(Key::new(ino, l), dirty, |_| None)?.is_some() {
                 n += 1;
             }
         }
@@ -871,10 +905,10 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
     }
 
     /// The run repairs and deletions of a remove; idempotent (also the recovery redo).
-    fn apply_remove(&self, ino: u64, fields: [u64; 4]) -> Result<()> {
+    fn apply_remove(&self, ino: u64, fields: [u64; 4], dirty: &mut Vec<u64>) -> Result<()> {
         let [lblk, end, left, right] = fields;
         for l in left..lblk {
-            self.update(Key::new(ino, l), |v| {
+            self.update(Key::new(ino, l), dirty, |v| {
                 Some(Value {
                     size: v.size.min(lblk - l),
                     ..v
@@ -882,12 +916,12 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
             })?;
         }
         for l in end..right {
-            self.update(Key::new(ino, l), |v| {
+            self.update(Key::new(ino, l), dirty, |v| {
                 let rev = v.rev.min(l - end);
                 Some(Value { rev, ..v })
             })?;
         }
-        self.delete_range(ino, lblk, end)?;
+        self.delete_range(ino, lblk, end, dirty)?;
         Ok(())
     }
 
@@ -1061,6 +1095,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
             }
         };
         intent.begin(OP_INSERT, [file.ino, lblk, end, 0, 0, 0])?;
+        let mut dirty = Vec::new();
         let mut l = lblk;
         for e in &runs {
             for k in 0..e.len {
@@ -1069,10 +1104,11 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
                     size: e.len - k,
                     rev: k,
                 };
-                match self.insert_entry(&intent, Key::new(file.ino, l + k), v) {
+                match self.insert_entry(&intent, Key::new(file.ino, l + k), v, &mut dirty) {
                     Ok(()) => {}
                     Err(Error::NoSpace) => {
-                        self.delete_range(file.ino, lblk, end)?;
+                        self.delete_range(file.ino, lblk, end, &mut dirty)?;
+                        self.flush_buckets(&mut dirty)?;
                         self.media.fence();
                         intent.finish()?;
                         free_runs(&runs)?;
@@ -1083,6 +1119,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
             }
             l += e.len;
         }
+        self.flush_buckets(&mut dirty)?;
         self.media.fence();
         intent.finish()?;
         let first = out.len();
@@ -1118,7 +1155,9 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
         };
         let mut intent = self.intents.acquire(&self.media)?;
         intent.begin(OP_REMOVE, [file.ino, lblk, end, left, right, 0])?;
-        self.apply_remove(file.ino, [lblk, end, left, right])?;
+        let mut dirty = Vec::new();
+        self.apply_remove(file.ino, [lblk, end, left, right], &mut dirty)?;
+        self.flush_buckets(&mut dirty)?;
         self.media.fence();
         intent.finish()?;
         for r in &runs {
@@ -1166,9 +1205,11 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
                 .load_u64(key_off(self.bucket_off(db), dw as usize))?;
             if src == key && dst == key {
                 self.clear_entry(db, dw as usize)?;
+                self.media.flush(self.bucket_off(db), CACHE_LINE)?;
             }
         }
         self.media.fence();
+        let mut dirty = Vec::new();
         for r in records.iter().filter(|r| r.line == 0) {
             let at = self.intents.record(r.index);
             let [ino, lblk, end, left, right, _] = r.fields;
@@ -1176,7 +1217,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
             match r.kind {
                 OP_INSERT => {
                     self.check_recovered(at, range_ok)?;
-                    self.delete_range(ino, lblk, end)?;
+                    self.delete_range(ino, lblk, end, &mut dirty)?;
                 }
                 OP_REMOVE => {
                     self.check_recovered(
@@ -1188,11 +1229,12 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
                             && right - end < RUN_MAX
                             && right <= LBLK_LIMIT,
                     )?;
-                    self.apply_remove(ino, [lblk, end, left, right])?;
+                    self.apply_remove(ino, [lblk, end, left, right], &mut dirty)?;
                 }
                 _ => self.check_recovered(at, false)?,
             }
         }
+        self.flush_buckets(&mut dirty)?;
         self.media.fence();
         self.intents.reset(&self.media)
     }
@@ -1377,6 +1419,7 @@ mod tests {
                 size: 2,
                 rev: 0,
             },
+            &mut Vec::new(),
         )
         .unwrap();
         // A remove of a's block 2 that crashed before touching anything.

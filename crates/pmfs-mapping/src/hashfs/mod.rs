@@ -615,10 +615,7 @@ impl<M: Media> HashFs<M> {
             }
             for (j, &h) in homes[..count].iter().enumerate() {
                 match self.claim(h, Key::new(file.ino, l + j as u64).tentative())? {
-                    Some(i) => {
-                        claimed.push(i);
-                        self.media.flush(self.slot_off(i), 8)?;
-                    }
+                    Some(i) => claimed.push(i),
                     None => {
                         full = true;
                         break 'claim;
@@ -630,22 +627,37 @@ impl<M: Media> HashFs<M> {
         if full {
             for &i in &claimed {
                 self.media.store_u64(self.slot_off(i), TOMBSTONE)?;
-                self.media.flush(self.slot_off(i), 8)?;
             }
+            self.flush_slots(&claimed)?;
             self.media.fence();
             intent.finish()?;
             return Err(Error::NoSpace);
         }
+        self.flush_slots(&claimed)?;
         self.media.fence();
         intent.set_kind(INSERT_COMMITTED)?;
         for (j, &i) in claimed.iter().enumerate() {
             let key = Key::new(file.ino, lblk + j as u64);
             self.media.store_u64(self.slot_off(i), key.committed())?;
-            self.media.flush(self.slot_off(i), 8)?;
         }
+        self.flush_slots(&claimed)?;
         self.media.fence();
         intent.finish()?;
         Ok(claimed)
+    }
+
+    /// Writes back the lines of `slots`. Callers issue all their CASes and stores first and
+    /// flush afterwards: on x86 a locked instruction waits for earlier CLWB/CLFLUSHOPT to
+    /// complete, so a flush between two CASes would serialise the write-backs.
+    fn flush_slots(&self, slots: &[u64]) -> Result<()> {
+        let mut lines: Vec<u64> = slots.iter().map(|i| i / SLOTS_PER_LINE).collect();
+        lines.sort_unstable();
+        lines.dedup();
+        for line in lines {
+            self.media
+                .flush(self.slot_off(line * SLOTS_PER_LINE), CACHE_LINE)?;
+        }
+        Ok(())
     }
 
     /// Tombstones the given slots (all committed blocks of one remove), atomically.
@@ -659,7 +671,7 @@ impl<M: Media> HashFs<M> {
             rec.begin(REMOVING, [ino, lblk, end, 0, 0, 0])?;
             intent = Some(rec);
         }
-        let mut freed = 0;
+        let mut freed = Vec::with_capacity(hits.len());
         for &(l, i) in hits {
             let off = self.slot_off(i);
             if self
@@ -667,11 +679,12 @@ impl<M: Media> HashFs<M> {
                 .cas_u64(off, Key::new(ino, l).committed(), TOMBSTONE)?
                 .is_ok()
             {
-                freed += 1;
-                self.media.flush(off, 8)?;
+                freed.push(i);
             }
         }
+        self.flush_slots(&freed)?;
         self.media.fence();
+        let freed = freed.len() as u64;
         if let Some(rec) = intent {
             rec.finish()?;
         }
