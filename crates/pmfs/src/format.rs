@@ -52,6 +52,8 @@ pub enum AllocatorKind {
     /// The baseline free-extent allocator over a persistent bitmap (the allocator the HashFS
     /// paper compares against).
     Baseline,
+    /// The CFFS contiguity-first greedy buddy allocator: volatile, rebuilt at every mount.
+    Cffs,
 }
 
 impl AllocatorKind {
@@ -59,6 +61,7 @@ impl AllocatorKind {
         match self {
             AllocatorKind::Simple => 1,
             AllocatorKind::Baseline => 2,
+            AllocatorKind::Cffs => 3,
         }
     }
 
@@ -66,6 +69,7 @@ impl AllocatorKind {
         match c {
             1 => Some(AllocatorKind::Simple),
             2 => Some(AllocatorKind::Baseline),
+            3 => Some(AllocatorKind::Cffs),
             _ => None,
         }
     }

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use pmfs_alloc::FreeExtentAllocator;
 use pmfs_alloc::baseline::bitmap_area_size;
+use pmfs_alloc::{CffsAllocator, FreeExtentAllocator};
 use pmfs_core::layout::BLOCK_SIZE;
 use pmfs_core::pm::Media;
 use pmfs_core::traits::{BlockAllocator, MappingKind, SimpleAllocator};
@@ -41,7 +41,7 @@ pub(crate) fn alloc_meta_blocks(
         return 0;
     }
     match kind {
-        AllocatorKind::Simple => 0,
+        AllocatorKind::Simple | AllocatorKind::Cffs => 0,
         AllocatorKind::Baseline => bitmap_area_size(data_blocks).div_ceil(BLOCK_SIZE),
     }
 }
@@ -59,7 +59,7 @@ pub(crate) fn map_meta_blocks(kind: MappingKind, data_blocks: u64) -> u64 {
 /// Whether the allocator keeps its state on media (so a clean mount need not rebuild it).
 pub(crate) fn alloc_is_persistent(kind: AllocatorKind) -> bool {
     match kind {
-        AllocatorKind::Simple => false,
+        AllocatorKind::Simple | AllocatorKind::Cffs => false,
         AllocatorKind::Baseline => true,
     }
 }
@@ -67,6 +67,7 @@ pub(crate) fn alloc_is_persistent(kind: AllocatorKind) -> bool {
 fn build_alloc(media: &Pm, g: &Geometry, fresh: bool) -> Result<Arc<dyn BlockAllocator>> {
     Ok(match g.allocator {
         AllocatorKind::Simple => Arc::new(SimpleAllocator::new(g.data_start, g.data_blocks)),
+        AllocatorKind::Cffs => Arc::new(CffsAllocator::new(g.data_start, g.data_blocks)),
         AllocatorKind::Baseline => {
             let area = g.alloc_start.offset();
             Arc::new(if fresh {

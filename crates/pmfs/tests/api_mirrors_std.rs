@@ -230,3 +230,49 @@ fn volume_is_usable_from_many_threads() {
         assert_eq!(vol.read_dir(&format!("/t{t}")).unwrap().count(), 100);
     }
 }
+
+#[test]
+fn every_allocator_works_and_survives_clean_and_crash_reopen() {
+    use pmfs::AllocatorKind;
+    use std::sync::Arc;
+    for allocator in [
+        AllocatorKind::Simple,
+        AllocatorKind::Baseline,
+        AllocatorKind::Cffs,
+    ] {
+        for mapping in [pmfs::MappingKind::Extent, pmfs::MappingKind::Cuckoo] {
+            let media: Arc<dyn pmfs_core::pm::Media> =
+                Arc::new(pmfs_core::pm::HeapRegion::new(common::SIZE).unwrap());
+            let opts = pmfs::Options {
+                allocator,
+                ..common::options(mapping)
+            };
+            let vol = Volume::format(media.clone(), &opts).unwrap();
+            assert_eq!(vol.allocator(), allocator);
+            vol.create_dir("/d").unwrap();
+            for i in 0..20 {
+                vol.write(&format!("/d/f{i}"), &vec![i as u8; 5000 * i])
+                    .unwrap();
+            }
+            vol.remove_file("/d/f3").unwrap();
+            let before = common::snapshot(&vol);
+            let free = vol.statfs().unwrap().free_blocks;
+            vol.close().unwrap();
+            let vol = remount(&media);
+            assert_eq!(common::snapshot(&vol), before);
+            assert_eq!(vol.statfs().unwrap().free_blocks, free);
+            let crashed = common::crash_copy(&media);
+            drop(vol);
+            let vol = remount(&crashed);
+            assert_eq!(common::snapshot(&vol), before);
+            assert_eq!(vol.statfs().unwrap().free_blocks, free);
+            vol.close().unwrap();
+            let report = pmfs::fsck::check(crashed).unwrap();
+            assert!(
+                report.is_clean(),
+                "{allocator:?} {mapping:?}: {:#?}",
+                report.problems
+            );
+        }
+    }
+}
