@@ -4,6 +4,8 @@
 //! whose segments span blocks. A reader that returns an entry a dead committer left
 //! unflushed has made it durable first.
 
+#![cfg(not(loom))]
+
 mod log_common;
 
 use std::cell::Cell;

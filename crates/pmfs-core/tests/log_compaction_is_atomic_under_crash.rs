@@ -3,6 +3,8 @@
 //! entries followed by the retained suffix), with every append that returned; and the
 //! reclaimed blocks are not owned by the recovered log.
 
+#![cfg(not(loom))]
+
 mod log_common;
 
 use std::cell::Cell;

@@ -147,7 +147,7 @@ mod gc;
 mod recover;
 mod replay;
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests;
 
 use std::fmt;

@@ -16,7 +16,7 @@ pub const ROOT: PmOff = PmOff(64);
 /// An inline entry (one short run, no size change or an extension to the run's end).
 pub fn inline(i: u64) -> Entry {
     let len = 1 + i % 4;
-    let extend = if i % 2 == 0 {
+    let extend = if i.is_multiple_of(2) {
         (i + len) * BLOCK_SIZE
     } else {
         0
