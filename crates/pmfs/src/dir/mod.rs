@@ -531,7 +531,13 @@ impl Dir {
                 },
                 walk.head_gap,
             );
-            inner.mtime = inner.mtime.max(walk.rm_time as i64);
+            // After a crash the DRAM-only modification time is recovered from the entry and
+            // removal times; after a clean close the written-back time is exact (and may be
+            // older than the entries, after a utimes).
+            let recover_mtime = mode == LoadMode::Repair;
+            if recover_mtime {
+                inner.mtime = inner.mtime.max(walk.rm_time as i64);
+            }
             for e in walk.entries {
                 let kind =
                     Kind::from_code(e.kind).ok_or(corrupt("directory entry kind", at(e.off)))?;
@@ -546,7 +552,9 @@ impl Dir {
                     },
                     e.gap,
                 );
-                inner.mtime = inner.mtime.max(e.ctime as i64);
+                if recover_mtime {
+                    inner.mtime = inner.mtime.max(e.ctime as i64);
+                }
                 if kind == Kind::Dir {
                     inner.subdirs += 1;
                 }
