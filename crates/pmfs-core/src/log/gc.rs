@@ -1,7 +1,7 @@
 //! Log compaction (a new chain published with one CAS on the head word) and the deferred
 //! reclamation of the blocks it replaced.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 
 use super::chain::Walk;
 use super::entry::Entry;
@@ -339,7 +339,8 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         let mut freed = 0;
         let mut first_err = None;
         let Retired { batches, held } = &mut *q;
-        let candidates: Vec<BlockNo> = batches
+        // A held block is retired again by the compaction that rewrites its referrer: once.
+        let candidates: BTreeSet<BlockNo> = batches
             .drain(..)
             .flat_map(|(b, _)| b)
             .chain(held.drain(..))

@@ -326,3 +326,41 @@ fn misuse_is_rejected() {
     };
     assert!(log.iter_from(beyond).is_err());
 }
+
+#[test]
+fn a_held_segment_block_is_freed_once_its_referrer_is_compacted() {
+    let (r, a) = setup();
+    let log = TestLog::create(r.clone(), ROOT, a.clone()).unwrap();
+    // Leave exactly the span of a truncate record (RESERVE, 3 header and 2 payload words) in
+    // the second block: the entry is reserved there and committed into a third block.
+    for i in 0..2 * ENTRIES_PER_BLOCK - 6 {
+        log.append(&inline(i)).unwrap();
+    }
+    let e = Entry::Truncate { size: 5 };
+    let p = log.prepare(&e).unwrap();
+    let at = p.commit().unwrap();
+    assert_eq!(at.lsn(), 2 * ENTRIES_PER_BLOCK);
+    let point = log.compaction_point().unwrap().unwrap();
+    assert_eq!(point, at);
+    // The second block still holds the entry's segment: it is held, the first is freed.
+    let free = a.free_blocks();
+    assert!(matches!(
+        log.compact(point, &[inline(1)]).unwrap(),
+        Compaction::Compacted { retired: 2, .. }
+    ));
+    assert_eq!(a.free_blocks(), free);
+    assert_eq!(replay(&log), vec![inline(1), e.clone()]);
+    // A second compaction rewrites the referrer: the held block goes, once.
+    for i in 0..2 * ENTRIES_PER_BLOCK {
+        log.append(&inline(i)).unwrap();
+    }
+    let point = log.compaction_point().unwrap().unwrap();
+    assert!(matches!(
+        log.compact(point, &[inline(2)]).unwrap(),
+        Compaction::Compacted { .. }
+    ));
+    log.close().unwrap();
+    let mut owned = 0;
+    owned_blocks(&*r, ROOT, &mut |_| owned += 1).unwrap();
+    assert_eq!(a.free_blocks() + owned, BLOCKS - 1);
+}
