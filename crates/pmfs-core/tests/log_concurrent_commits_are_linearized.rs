@@ -55,7 +55,7 @@ fn fold<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> BTreeMap<u64, u64> 
 
 fn append(log: &HeapLog, t: u64, i: u64) {
     let e = entry(t, i);
-    if i % 5 == 0 {
+    if i.is_multiple_of(5) {
         // Optimistic commit: retry from the new tail until nothing was committed meanwhile.
         let mut since = log.tail().unwrap();
         let mut p = log.prepare(&e).unwrap();
@@ -112,7 +112,7 @@ fn appenders_reader_and_compactor() {
             thread::spawn(move || {
                 let mut seen = [0, 0];
                 for i in 0..APPENDS {
-                    if i % ROUND == 0 {
+                    if i.is_multiple_of(ROUND) {
                         for (k, r) in rounds.iter().enumerate() {
                             while r.load(SeqCst) == seen[k] {
                                 thread::yield_now();
