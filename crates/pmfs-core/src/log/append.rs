@@ -82,7 +82,7 @@ impl<'a, M: Media, A: BlockAllocator + ?Sized> Prepared<'a, M, A> {
     /// Reservations and padding since `since` do not count.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a position that is no longer
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a position that is no longer
     /// [current](Log::is_current); media, allocation and corruption errors.
     pub fn try_commit(self, since: Position) -> Result<Commit<'a, M, A>> {
         let log = self.log;
@@ -121,7 +121,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
     /// whose segments are reserved in the log, written and made durable here.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an entry outside the encodings' limits (run longer than
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an entry outside the encodings' limits (run longer than
     /// [`MAX_RUN_LEN`](super::MAX_RUN_LEN), blocks outside the region, an empty punch, more
     /// runs than 65535 segments hold).
     pub fn prepare(&self, entry: &Entry) -> Result<Prepared<'_, M, A>> {

@@ -89,15 +89,19 @@
 //! (plus the headers of blocks it crossed, for their links), fences, and advances the hint: a
 //! commit costs one fence and usually one or two line flushes, and when [`append`](Log::append)
 //! returns, the entry and everything before it are durable. The linker persists a full block
-//! before linking it, so a visible link implies a durable body.
+//! before linking it, so a visible link implies a durable body. The hint only moves forward in
+//! LSN order, and whether it is ahead of a walk is judged by LSN: a block outside the current
+//! chain's retained suffix is durable as a whole (full and linked, or written by a
+//! compaction), so a hint and a walk on different sides of a compaction compare correctly.
 //!
 //! A reader that sees an entry it did not commit may see it before its committer flushed it
 //! (or after the committer died). Readers *help*: a [`Replay`] persists each batch of slots it
-//! read beyond the hint (same flushes, one fence) before handing out its entries, and a
-//! [`Moved`](Commit::Moved) tail is made durable before it is returned. So no caller ever acts
-//! on an entry that a crash could take back, and a crash leaves a prefix of the commit order:
-//! replay stops at the first empty boundary slot. What lies beyond a hole after a crash (slots
-//! of lines written back early, a reservation whose `RESERVE` word was lost) was never
+//! read beyond the hint (same flushes, one fence) before handing out its entries, a
+//! [`Moved`](Commit::Moved) tail and [`Log::tail`] are made durable before they are returned,
+//! and [`Log::open`] persists the tail block and every link it walks over. So no caller ever
+//! acts on an entry that a crash could take back, and a crash leaves a prefix of the commit
+//! order: replay stops at the first empty boundary slot. What lies beyond a hole after a crash
+//! (slots of lines written back early, a reservation whose `RESERVE` word was lost) was never
 //! returned to anyone; [`recover`] zeroes it before the log is used again.
 //!
 //! # Garbage collection and reclamation (MadFS §4.5)
@@ -106,19 +110,29 @@
 //! it is full and immutable. The caller folds the entries before that point into a shorter list
 //! of live entries and hands it to [`Log::compact`], which writes them into fresh blocks
 //! (flagged as compacted, LSNs ending right before the point, the last block padded and linked
-//! to the tail block), persists them, and publishes the new head with one CAS on the head word.
-//! Appends racing with the compaction are never lost: they land in the tail block or later,
-//! which both the old and the new chain share. Readers and writers are never blocked: whoever
-//! is inside the old chain keeps walking it into the shared suffix.
+//! to the tail block) with non-temporal stores and one fence, and publishes the new head with
+//! one CAS on the head word, then persists it. Appends racing with the compaction are never
+//! lost: they land in the tail block or later, which both the old and the new chain share.
+//! Readers and writers are never blocked: whoever is inside the old chain keeps walking it
+//! into the shared suffix. A compaction that would not save a block changes nothing
+//! ([`Compaction::NotSmaller`]); one that loses the head CAS to another compaction frees its
+//! blocks and reports [`Compaction::Raced`].
 //!
 //! The old blocks are retired, not freed. Inside a process, every operation runs pinned in a
-//! grace-period epoch, and [`Log::reclaim`] frees retired blocks only after every operation
-//! pinned before the retirement has finished. Positions the caller keeps across calls are not
-//! pinned: a handle stamps each [`Position`] with its reclamation era, and a position taken
-//! before a reclamation that lies before the compacted range's end is refused
-//! ([`Error::InvalidArgument`]); the caller then replays from [`Log::start`]. A segment reserved
-//! before a compaction but referenced by an entry committed after it is kept (held) until no
-//! entry of the current chain references it.
+//! grace-period epoch (two pin counters and a global epoch; pinning never waits). A
+//! reclamation ([`Log::reclaim`], also tried by `compact` and on close) first moves the hint
+//! into the current chain's retained suffix if it is behind it, then bumps the handle's
+//! *era*, then frees the retired blocks only if every operation pinned before that has
+//! finished; otherwise it frees nothing and a later call retries. Positions the caller keeps
+//! across calls are not pinned: each [`Position`] carries the era it was taken in, and one
+//! taken before a reclamation that lies below the retained suffix is refused
+//! ([`Error::InvalidArgument`], see [`Log::is_current`]); the caller then replays from
+//! [`Log::start`]. (Positions inside the freshly compacted blocks are refused too, although
+//! those blocks live on: the check is conservative.) A segment reserved before a compaction
+//! but referenced by an entry committed after it (an extended entry whose reservation and
+//! commit straddle the compaction point) is *held*: its block is freed by a later reclamation
+//! once no entry of the current chain references it. The retire queue is behind a DRAM mutex,
+//! taken only by compaction and reclamation, never by commits or reads.
 //!
 //! # Across processes
 //!
@@ -126,17 +140,43 @@
 //! of one process. Cross-process protection is in PM: the top 16 bits of the head word count
 //! the handles open on the log in every process (pins, changed by CAS when a handle opens or
 //! closes). Retired blocks are freed only while the reclaiming handle is the only one open, so
-//! a block another process may still be reading (or appending from a stale hint into) is never
-//! reused under it. If another process keeps the log open, retired blocks wait; if the
-//! reclaiming process exits first, they stay unreachable and unfreed until the allocator is
-//! rebuilt at the next mount ([`owned_blocks`] does not report them). A process killed while
-//! open leaves its pin behind, which only delays reclamation: [`recover`], run once at mount
-//! before any handle opens, resets the count.
+//! a block another process may still be reading, or appending from a stale hint into, is never
+//! reused under it; such a process keeps walking the old chain into the shared suffix. If
+//! another process keeps the log open, retired blocks wait; if the reclaiming process exits
+//! first, they stay unreachable and unfreed until the allocator is rebuilt at the next mount
+//! ([`owned_blocks`] does not report them). A process killed while open leaves its pin behind,
+//! which only delays reclamation: [`recover`], run once at mount before any handle opens,
+//! resets the count. This is coarser than MadFS's per-thread registry of the log block being
+//! read (in shared memory, with robust mutexes for liveness): reclamation waits for every
+//! other opener rather than for readers of the old blocks only.
 //!
 //! Commit, linking and compaction need no DRAM lock and no liveness of other processes: a
 //! process killed at any instruction leaves at worst an unreferenced reservation, an
 //! unpersisted committed slot (the next reader persists it), or an unlinked block (leaked until
 //! the next mount).
+//!
+//! # Using it
+//!
+//! ```text
+//! mount:   for each log: recover(media, root); owned_blocks(media, root, ..) -> allocator rebuild
+//! open:    Log::open(media, root, alloc)               (Log::create for a new file)
+//! catch up:for (pos, e) in log.iter_from(applied)? { apply(e); applied = pos }  (then the
+//!          replay's position(): the tail; a refused position -> rebuild from log.start())
+//! write:   since = log.tail(); ...copy-on-write...; p = log.prepare(&entry);
+//!          loop { match p.try_commit(since) { Done(at) => break,
+//!                 Moved { prepared, tail } => { check iter_from(since) up to tail for
+//!                 conflicts, re-copy, p = prepared, since = tail } } }
+//! gc:      point = log.compaction_point(); live = fold(entries before point);
+//!          log.compact(point, &live)    (log.reclaim() later if it could not free yet)
+//! ```
+//!
+//! # Limits
+//!
+//! Inline entries: runs of up to 64 blocks, logical blocks below 2^24, physical blocks below
+//! 2^32. Extended entries: runs of up to [`MAX_RUN_LEN`] blocks, physical blocks below 2^40,
+//! up to 65535 segments (about 16 million runs). Regions up to 2 PiB; up to 65535 open
+//! handles per log. Under `cfg(loom)` a block uses only 16 slots (8 entries), so loom models
+//! chain blocks after a handful of appends; the format is otherwise identical.
 
 mod append;
 mod chain;
