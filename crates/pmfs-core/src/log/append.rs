@@ -39,7 +39,8 @@ enum Placement {
 /// An entry ready to commit: its slot word is built and, for an extended entry, its segments
 /// are durable. Commit it once with [`try_commit`](Prepared::try_commit) or
 /// [`commit`](Prepared::commit); dropping it uncommitted leaves only an unreferenced
-/// reservation in the log.
+/// reservation in the log. An extended entry keeps its thread pinned until it is committed or
+/// dropped (its segments must not be reclaimed meanwhile), which holds back reclamation.
 pub struct Prepared<'a, M: Media, A: BlockAllocator + ?Sized> {
     log: &'a Log<M, A>,
     word: u64,
