@@ -30,13 +30,12 @@
 //!
 //! # How to use it
 //!
-//! ```ignore
+//! ```
+//! use pmfs_core::traits::SimpleAllocator;
 //! use pmfs_core::traits::conformance::alloc::run_suite;
 //!
-//! #[test]
-//! fn conformance() {
-//!     run_suite(|first, count| MyAllocator::new(first, count));
-//! }
+//! // In a `#[test]` of the crate that implements the allocator:
+//! run_suite(|first, count| SimpleAllocator::new(first, count));
 //! ```
 //!
 //! The generated ranges include unaligned starts, ranges of a single block, ranges spanning

@@ -33,13 +33,18 @@
 //!
 //! # How to use it
 //!
-//! ```ignore
-//! use pmfs_core::traits::conformance::mapping::{run_suite, Subject, SuiteConfig};
+//! ```
+//! use std::sync::Arc;
+//! use pmfs_core::layout::{BlockNo, PmOff};
+//! use pmfs_core::traits::conformance::mapping::{Subject, SuiteConfig, run_suite};
+//! use pmfs_core::traits::{BlockAllocator, FileId, SimpleAllocator, SimpleMapping};
 //!
+//! // In a `#[test]` of the crate that implements the mapping (a real one would be formatted
+//! // on a region here):
 //! run_suite(&SuiteConfig::default(), |files| {
 //!     let alloc = Arc::new(SimpleAllocator::new(BlockNo(64), 4096));
 //!     let free = alloc.clone();
-//!     let mapping = MyMapping::format(media, meta, alloc)?;
+//!     let mapping = SimpleMapping::new(alloc);
 //!     let ids = (0..files).map(|i| FileId { ino: i as u64 + 1, root: PmOff(8 * i as u64) });
 //!     Subject::new(mapping, ids.collect()).with_free_blocks(move || free.free_blocks())
 //! });
