@@ -207,19 +207,24 @@ pub fn spawn_daemon(pool: &Path, mountpoint: &Path, options: &[String]) -> Resul
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .current_dir("/")
         .spawn()
         .map_err(|e| Error::new(format!("cannot start the pmfs daemon: {e}")))?;
-    let Some(out) = child.stdout.take() else {
-        return Err(Error::new("cannot read from the pmfs daemon"));
+    let (Some(out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(Error::new("cannot talk to the pmfs daemon"));
     };
+    // Until it is ready the daemon's messages are ours; then it detaches from both pipes.
+    let relay = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut err, &mut std::io::stderr());
+    });
     let mut line = String::new();
     let _ = BufReader::new(out).read_line(&mut line);
     if line.trim() == "ready" {
         return Ok(());
     }
     // The daemon ended without mounting; it reported why on stderr.
+    let _ = relay.join();
     let status = child
         .wait()
         .ok()
@@ -227,6 +232,34 @@ pub fn spawn_daemon(pool: &Path, mountpoint: &Path, options: &[String]) -> Resul
         .filter(|&c| c != 0)
         .unwrap_or(1);
     Err(Error::silent(status))
+}
+
+/// Unmounts `dir` with `fusermount3 -u` (`-z`: lazily), retrying for a moment while the
+/// mount is busy: the kernel holds the mount until the daemon has answered the asynchronous
+/// releases of files closed just before.
+fn unmount(dir: &Path, lazy: bool) -> std::result::Result<(), String> {
+    let mut tries = 0;
+    loop {
+        let mut cmd = Command::new("fusermount3");
+        cmd.arg("-u");
+        if lazy {
+            cmd.arg("-z");
+        }
+        let out = cmd
+            .arg(dir)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run fusermount3: {e}"))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let msg = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+        if tries >= 40 || !msg.contains("busy") {
+            return Err(msg);
+        }
+        tries += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Runs the daemon in this process until the file system is unmounted.
@@ -269,7 +302,8 @@ pub fn serve(
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName(pool.path().display().to_string()),
-        MountOption::Subtype("pmfs".into()),
+        // As a kernel option: fuser's direct mount(2) drops MountOption::Subtype.
+        MountOption::CUSTOM("subtype=pmfs".into()),
         MountOption::DefaultPermissions,
     ];
     config.mount_options.extend(opts.kernel.iter().cloned());
@@ -277,27 +311,17 @@ pub fn serve(
     config.n_threads = Some(opts.threads);
     config.clone_fd = true;
     let fs = PmfsFs::new(vol.clone(), opts.timeouts);
-    let mut session = Session::new(fs, &mountpoint, &config)
+    let session = Session::new(fs, &mountpoint, &config)
         .map_err(|e| Error::new(format!("{}: cannot mount: {e}", mountpoint.display())))?;
-    let mut unmounter = session.unmount_callable();
     let shown = mountpoint.clone();
     std::thread::Builder::new()
         .name("pmfs-signals".into())
         .spawn(move || {
             let mut lazy = false;
             while signals.wait().is_ok() {
-                let r = if lazy {
-                    Command::new("fusermount3")
-                        .args(["-u", "-z"])
-                        .arg(&shown)
-                        .status()
-                        .map(drop)
-                } else {
-                    unmounter.unmount()
-                };
-                match r {
-                    Ok(()) if !lazy => {}
-                    Ok(()) => break,
+                match unmount(&shown, lazy) {
+                    Ok(()) if lazy => break,
+                    Ok(()) => {}
                     Err(e) => {
                         let _ = writeln!(
                             std::io::stderr(),
@@ -313,6 +337,12 @@ pub fn serve(
     if notify_ready {
         let mut out = std::io::stdout();
         let _ = writeln!(out, "ready").and_then(|()| out.flush());
+        // Detach from the starter's pipes: it exits now, and whoever reads its output must
+        // not wait for the daemon.
+        if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+            let _ = nix::unistd::dup2_stdout(&null);
+            let _ = nix::unistd::dup2_stderr(&null);
+        }
     }
     let served = session.run();
     let closed = vol.close().map_err(|e| volume_error(pool.path(), e));

@@ -140,10 +140,10 @@ impl Pool {
                 "pool size {size} is not a multiple of 2 MiB"
             )));
         }
-        if force && let Ok(old) = Pool::open(path) {
+        if force && path.exists() {
+            // Only a pool nobody owns may be replaced.
+            let old = Pool::open(path)?;
             std::fs::remove_file(&old.path).map_err(|e| open_error(path, e))?;
-        } else if force && path.is_dir() {
-            return Err(Error::new(format!("{}: is a directory", shown(path))));
         }
         let file = OpenOptions::new()
             .read(true)

@@ -1,0 +1,178 @@
+//! The `pmfs` command as a user meets it: one-line errors for a missing pool, a bad magic, a
+//! pool in use and a mount point that is not a directory; `info` and `fsck` output; the
+//! background start; a clean unmount on SIGTERM and SIGINT; the `mount.fuse.pmfs` helper name
+//! that mount(8) runs.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::process::Command;
+
+use common::{PMFS, Pool, TempDir, Unmount, mounted, pmfs, pmfs_ok, sh};
+
+fn one_line_error(args: &[&str]) -> String {
+    let o = pmfs(args);
+    assert!(!o.status.success(), "pmfs {args:?} succeeded");
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("pmfs: "), "{err}");
+    err
+}
+
+#[test]
+fn errors_are_one_line_and_name_the_problem() {
+    let t = TempDir::new("cli-errors");
+    let missing = t.path().join("missing");
+    let e = one_line_error(&["info", missing.to_str().unwrap()]);
+    assert!(e.contains("no such pool file"), "{e}");
+    let e = one_line_error(&[
+        "mount",
+        missing.to_str().unwrap(),
+        t.path().to_str().unwrap(),
+    ]);
+    assert!(e.contains("no such pool file"), "{e}");
+
+    let junk = t.path().join("junk");
+    fs::write(&junk, vec![0x5au8; 16 << 20]).unwrap();
+    let e = one_line_error(&["fsck", junk.to_str().unwrap()]);
+    assert!(e.contains("bad magic"), "{e}");
+    let e = one_line_error(&["info", junk.to_str().unwrap()]);
+    assert!(e.contains("bad magic"), "{e}");
+
+    let pool = Pool::new("cli-in-use", "64M", "cuckoo");
+    let p = pool.pool.to_str().unwrap();
+    let e = one_line_error(&["mount", p, junk.to_str().unwrap()]);
+    assert!(e.contains("is not a directory"), "{e}");
+    let e = one_line_error(&["mkfs", p, "--size", "64M"]);
+    assert!(e.contains("exists"), "{e}");
+    let e = one_line_error(&[
+        "mkfs",
+        t.path().join("tiny").to_str().unwrap(),
+        "--size",
+        "1M",
+    ]);
+    assert!(e.contains("below the minimum"), "{e}");
+
+    let dir = pool.mount_point("mnt");
+    let m = pool.mount(&dir, &[]);
+    let other = pool.mount_point("other");
+    for args in [
+        vec!["mount", p, other.to_str().unwrap()],
+        vec!["fsck", p],
+        vec!["info", p],
+        vec!["mkfs", p, "--force"],
+    ] {
+        let e = one_line_error(&args);
+        assert!(e.contains("in use"), "{args:?}: {e}");
+    }
+    m.unmount();
+    let e = one_line_error(&["mount", p, dir.to_str().unwrap(), "-o", "bogus"]);
+    assert!(e.contains("unknown mount option"), "{e}");
+    assert!(!mounted(&dir));
+}
+
+#[test]
+fn info_and_fsck_describe_the_volume() {
+    let pool = Pool::new("cli-info", "64M", "hashfs");
+    let p = pool.pool.to_str().unwrap();
+    assert_eq!(
+        fs::metadata(&pool.pool).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let dir = pool.mount_point("mnt");
+    let m = pool.mount(&dir, &[]);
+    fs::write(m.join("a"), vec![7u8; 1 << 20]).unwrap();
+    fs::create_dir(m.join("d")).unwrap();
+    m.unmount();
+    let info = pmfs_ok(&["info", p]);
+    for want in [
+        "mapping:      HashFs",
+        "layout score",
+        "1 files (1.0 MiB), 2 directories",
+        "closed cleanly",
+        "inode table",
+    ] {
+        assert!(info.contains(want), "{want:?} missing in\n{info}");
+    }
+    let fsck = pmfs_ok(&["fsck", p]);
+    assert!(fsck.ends_with("clean\n"), "{fsck}");
+    let r = pmfs_ok(&["fsck", "--repair", p]);
+    assert!(r.contains("clean"), "{r}");
+    // --help for every command.
+    for cmd in ["mkfs", "mount", "fsck", "info"] {
+        let h = pmfs_ok(&[cmd, "--help"]);
+        assert!(h.contains("Usage: pmfs"), "{h}");
+    }
+}
+
+#[test]
+fn signals_and_fusermount_unmount_cleanly() {
+    let pool = Pool::new("cli-signals", "64M", "hashfs");
+    let p = pool.pool.to_str().unwrap();
+    let dir = pool.mount_point("mnt");
+    for signal in ["TERM", "INT"] {
+        let mut m = pool.mount(&dir, &[]);
+        fs::write(m.join(signal), signal).unwrap();
+        let mut daemon = m.daemon.take().unwrap();
+        sh(&format!("kill -{signal} {}", daemon.id()));
+        let status = daemon.wait().unwrap();
+        assert!(status.success(), "daemon after SIG{signal}: {status}");
+        assert!(!mounted(&dir));
+        drop(m);
+        // Closed cleanly: a read-only mount (which refuses dirty volumes) works.
+        let m = pool.mount(&dir, &["ro"]);
+        assert_eq!(fs::read(m.join(signal)).unwrap(), signal.as_bytes());
+        assert!(fs::write(m.join("x"), b"x").is_err());
+        m.unmount();
+    }
+    // The background start returns once mounted; fusermount3 -u stops the daemon.
+    let _guard = Unmount(dir.clone());
+    pmfs_ok(&["mount", p, dir.to_str().unwrap()]);
+    assert!(mounted(&dir));
+    fs::write(dir.join("bg"), b"background").unwrap();
+    sh(&format!("fusermount3 -u {}", dir.display()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while pmfs(&["info", p]).status.code() != Some(0) {
+        assert!(std::time::Instant::now() < deadline, "daemon kept the pool");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(pmfs_ok(&["info", p]).contains("closed cleanly"));
+}
+
+#[test]
+fn the_mount_helper_takes_mount8_arguments() {
+    let pool = Pool::new("cli-helper", "64M", "hashfs");
+    let bin = TempDir::new("cli-helper-bin");
+    let helper = bin.path().join("mount.fuse.pmfs");
+    symlink(PMFS, &helper).unwrap();
+    let dir = pool.mount_point("mnt");
+    let _guard = Unmount(dir.clone());
+    // What mount(8) runs for `mount -t fuse.pmfs POOL DIR -o noatime` or an fstab line.
+    let st = Command::new(&helper)
+        .arg(&pool.pool)
+        .arg(&dir)
+        .args([
+            "-n",
+            "-o",
+            "rw,noatime,nofail,x-systemd.automount,threads=2",
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert!(mounted(&dir));
+    fs::write(dir.join("via-helper"), b"ok").unwrap();
+    sh(&format!("umount {}", dir.display()));
+    assert!(!mounted(&dir));
+    let st = Command::new(&helper)
+        .arg(&pool.pool)
+        .args(["-o", "rw"])
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(2));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while pmfs(&["fsck", pool.pool.to_str().unwrap()]).status.code() != Some(0) {
+        assert!(std::time::Instant::now() < deadline, "daemon kept the pool");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
