@@ -1,0 +1,295 @@
+//! Hostile pool files: a truncated pool, a pool from a future format version, a read-only
+//! pool and files that cannot be pools open with an error, never a panic, and change nothing.
+
+mod common;
+
+use std::fs::OpenOptions as StdOpen;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pmfs::{Error, MappingKind, Options, Volume, fsck};
+use pmfs_core::layout::PmOff;
+use pmfs_core::pm::{HeapRegion, Media};
+
+use common::{crash_copy, snapshot};
+
+const POOL: u64 = 8 << 20;
+
+/// A scratch directory removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let p = std::env::temp_dir().join(format!("pmfs-hostile-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Creates a pool file with a little content and closes it.
+fn make_pool(path: &Path) {
+    let opts = Options {
+        size: POOL,
+        inodes: Some(64),
+        journal_slots: 2,
+        ..Options::with_mapping(MappingKind::Extent)
+    };
+    let vol = Volume::create(path, &opts).unwrap();
+    vol.create_dir("/d").unwrap();
+    vol.write("/d/f", b"pool content").unwrap();
+    vol.close().unwrap();
+}
+
+#[test]
+fn truncated_pool_files_fail_to_open() {
+    let dir = Scratch::new("truncated");
+    let pool = dir.path("pool");
+    make_pool(&pool);
+    // Cut at a block boundary inside the data region, inside the metadata, to the
+    // superblocks alone, below one block, to nothing, and off a block boundary.
+    for len in [
+        POOL - 4096,
+        POOL / 2,
+        3 * 4096,
+        2 * 4096,
+        4096,
+        100,
+        0,
+        POOL - 1,
+    ] {
+        let copy = dir.path("copy");
+        std::fs::copy(&pool, &copy).unwrap();
+        StdOpen::new()
+            .write(true)
+            .open(&copy)
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+        match Volume::open(&copy) {
+            Err(Error::Corrupt { .. } | Error::InvalidArgument(_)) => {}
+            other => panic!("pool cut to {len} bytes: {other:?}"),
+        }
+        // The file is left as it was.
+        assert_eq!(std::fs::metadata(&copy).unwrap().len(), len);
+        std::fs::remove_file(&copy).unwrap();
+    }
+    // The uncut pool is intact.
+    let vol = Volume::open(&pool).unwrap();
+    assert_eq!(vol.read("/d/f").unwrap(), b"pool content");
+}
+
+#[test]
+fn a_pool_from_a_future_format_version_is_unsupported() {
+    let dir = Scratch::new("future");
+    let pool = dir.path("pool");
+    make_pool(&pool);
+    let original = std::fs::read(&pool).unwrap();
+    // The superblock record: version at byte 8, crc32c of bytes 0..248 at byte 248; the
+    // backup copy in block 1. A future build bumps the version and reseals both copies.
+    let mut img = original.clone();
+    for base in [0usize, 4096] {
+        img[base + 8..base + 12].copy_from_slice(&3u32.to_le_bytes());
+        let crc = crc32c(&img[base..base + 248]);
+        img[base + 248..base + 252].copy_from_slice(&crc.to_le_bytes());
+    }
+    std::fs::write(&pool, &img).unwrap();
+    for r in [
+        Volume::open(&pool).map(drop),
+        Volume::mount_read_only(region(&img)).map(drop),
+        fsck::check(region(&img)).map(drop),
+        fsck::repair(region(&img)).map(drop),
+    ] {
+        match r {
+            Err(e @ Error::Unsupported(_)) => {
+                assert_eq!(
+                    std::io::Error::from(e).raw_os_error(),
+                    Some(libc::EOPNOTSUPP)
+                )
+            }
+            other => panic!("future version: {other:?}"),
+        }
+    }
+    // Nothing was written to the pool, not even the mount-state word.
+    assert_eq!(std::fs::read(&pool).unwrap(), img);
+    // Only the primary from the future (backup still current): still refused, the
+    // backup is not taken as a way around the version.
+    let mut img = original;
+    img[8..12].copy_from_slice(&3u32.to_le_bytes());
+    let crc = crc32c(&img[..248]);
+    img[248..252].copy_from_slice(&crc.to_le_bytes());
+    assert!(matches!(
+        Volume::mount(region(&img)),
+        Err(Error::Unsupported(_))
+    ));
+}
+
+fn crc32c(bytes: &[u8]) -> u32 {
+    pmfs_core::layout::crc32c(bytes)
+}
+
+fn region(img: &[u8]) -> Arc<dyn Media> {
+    Arc::new(HeapRegion::from_image(img).unwrap())
+}
+
+/// A media that refuses every store: a pool file that is mapped read-only.
+struct ReadOnlyMedia(HeapRegion);
+
+fn refused() -> pmfs_core::Error {
+    pmfs_core::Error::Io(std::io::Error::from_raw_os_error(libc::EROFS))
+}
+
+impl Media for ReadOnlyMedia {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read(&self, off: PmOff, buf: &mut [u8]) -> pmfs_core::Result<()> {
+        self.0.read(off, buf)
+    }
+    fn write(&self, _: PmOff, _: &[u8]) -> pmfs_core::Result<()> {
+        Err(refused())
+    }
+    fn write_nt(&self, _: PmOff, _: &[u8]) -> pmfs_core::Result<()> {
+        Err(refused())
+    }
+    fn fill_nt(&self, _: PmOff, _: u64, _: u8) -> pmfs_core::Result<()> {
+        Err(refused())
+    }
+    fn flush(&self, off: PmOff, len: u64) -> pmfs_core::Result<()> {
+        self.0.flush(off, len)
+    }
+    fn fence(&self) {
+        self.0.fence()
+    }
+    fn load_u64(&self, off: PmOff) -> pmfs_core::Result<u64> {
+        self.0.load_u64(off)
+    }
+    fn store_u64(&self, _: PmOff, _: u64) -> pmfs_core::Result<()> {
+        Err(refused())
+    }
+    fn cas_u64(&self, _: PmOff, _: u64, _: u64) -> pmfs_core::Result<Result<u64, u64>> {
+        Err(refused())
+    }
+}
+
+#[test]
+fn a_read_only_pool_mounts_read_only_and_refuses_writes() {
+    let dir = Scratch::new("readonly");
+    let pool = dir.path("pool");
+    make_pool(&pool);
+    let img = std::fs::read(&pool).unwrap();
+
+    // A mapping that refuses stores: the read-only mount works and never writes; a
+    // read-write mount fails with the store's error instead of panicking.
+    let ro: Arc<dyn Media> = Arc::new(ReadOnlyMedia(HeapRegion::from_image(&img).unwrap()));
+    let vol = Volume::mount_read_only(ro.clone()).unwrap();
+    assert_eq!(vol.read("/d/f").unwrap(), b"pool content");
+    let before = snapshot(&vol);
+    for r in [
+        vol.write("/d/f", b"x"),
+        vol.create_dir("/e"),
+        vol.remove_file("/d/f"),
+        vol.rename("/d/f", "/g"),
+        vol.symlink("/d/f", "/s"),
+        vol.hard_link("/d/f", "/h"),
+    ] {
+        assert!(matches!(r, Err(Error::ReadOnly)), "{r:?}");
+    }
+    assert_eq!(snapshot(&vol), before);
+    vol.close().unwrap();
+    match Volume::mount(ro.clone()) {
+        Err(Error::Io(e)) => assert_eq!(e.raw_os_error(), Some(libc::EROFS)),
+        other => panic!("read-write mount of a read-only media: {other:?}"),
+    }
+    let report = fsck::check(ro.clone()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.problems);
+    assert!(fsck::repair(ro).is_ok());
+
+    // A volume that needs recovery cannot be mounted read-only.
+    let dirty = {
+        let m = region(&img);
+        let vol = Volume::mount(m.clone()).unwrap();
+        vol.write("/d/new", b"n").unwrap();
+        let copy = crash_copy(&m);
+        drop(vol);
+        copy
+    };
+    let mut dirty_img = vec![0u8; dirty.size() as usize];
+    dirty.read(PmOff(0), &mut dirty_img).unwrap();
+    let ro_dirty: Arc<dyn Media> =
+        Arc::new(ReadOnlyMedia(HeapRegion::from_image(&dirty_img).unwrap()));
+    assert!(matches!(
+        Volume::mount_read_only(ro_dirty),
+        Err(Error::ReadOnly)
+    ));
+
+    // The pool file itself made read-only: an unprivileged process cannot open it for
+    // writing; a privileged one (root ignores file modes) opens it and finds it intact.
+    std::fs::set_permissions(&pool, std::fs::Permissions::from_mode(0o444)).unwrap();
+    // SAFETY: geteuid has no preconditions and touches no memory of ours.
+    let root = unsafe { libc::geteuid() } == 0;
+    match Volume::open(&pool) {
+        Err(Error::Io(e)) if !root => {
+            assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied)
+        }
+        Ok(vol) if root => {
+            assert_eq!(vol.read("/d/f").unwrap(), b"pool content");
+            vol.close().unwrap();
+        }
+        other => panic!("read-only pool file (root: {root}): {other:?}"),
+    }
+}
+
+#[test]
+fn files_that_cannot_be_pools_fail_to_open() {
+    let dir = Scratch::new("notpools");
+    // Missing, a directory, zeros, random bytes of a valid size.
+    assert!(matches!(
+        Volume::open(dir.path("missing")),
+        Err(Error::NotFound)
+    ));
+    assert!(matches!(
+        Volume::open(&dir.0),
+        Err(Error::InvalidArgument(_))
+    ));
+    let zeros = dir.path("zeros");
+    std::fs::write(&zeros, vec![0u8; POOL as usize]).unwrap();
+    assert!(matches!(Volume::open(&zeros), Err(Error::Corrupt { .. })));
+    let noise = dir.path("noise");
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let bytes: Vec<u8> = (0..POOL)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(&noise, &bytes).unwrap();
+    assert!(matches!(Volume::open(&noise), Err(Error::Corrupt { .. })));
+    assert!(matches!(
+        fsck::check(region(&bytes)),
+        Err(Error::Corrupt { .. })
+    ));
+    // A pool that exists already is not formatted over.
+    let opts = Options {
+        size: POOL,
+        ..Options::default()
+    };
+    assert!(matches!(
+        Volume::create(&noise, &opts),
+        Err(Error::AlreadyExists)
+    ));
+    assert_eq!(std::fs::read(&noise).unwrap(), bytes);
+}
