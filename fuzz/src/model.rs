@@ -241,12 +241,16 @@ impl Model {
     /// Open with write and create (no truncation), then write `data` at `off`.
     pub fn write(&mut self, p: &[String], off: u64, data: &[u8]) -> Expect {
         let id = self.open_write(p, true)?;
+        if data.is_empty() {
+            // Nothing written: the size stays, also for an offset past the end.
+            return Ok(());
+        }
         let f = self.files.get_mut(&id).expect("live file");
         let end = off as usize + data.len();
-        if !data.is_empty() && f.len() < end {
+        if f.len() < end {
             f.resize(end, 0);
         }
-        f[off as usize..off as usize + data.len()].copy_from_slice(data);
+        f[off as usize..end].copy_from_slice(data);
         Ok(())
     }
 
