@@ -40,6 +40,7 @@ mod error;
 mod format;
 mod fs;
 pub mod fsck;
+mod hash;
 mod inode;
 mod journal;
 mod mapping;

@@ -517,7 +517,7 @@ impl Volume {
         };
         let node = OpenNode {
             fs: self.fs.clone(),
-            node: Node { h, map },
+            node: Node::with_map(h, map),
             mode,
         };
         if mode.truncate && mode.write {
@@ -727,7 +727,9 @@ impl OpenNode {
     /// The mapped runs of logical blocks `[from, from + len)`, in order.
     fn runs(&self, from: u64, len: u64) -> Result<Vec<Run>> {
         let mut runs = Vec::new();
-        self.fs.map.lookup(&self.node.map, from, len, &mut runs)?;
+        self.fs
+            .map
+            .lookup(self.fs.node_map(&self.node)?, from, len, &mut runs)?;
         runs.sort_unstable_by_key(|r| r.lblk);
         Ok(runs)
     }
@@ -867,9 +869,11 @@ impl OpenNode {
                 .ilock(self.node.h.ino)
                 .write()
                 .unwrap_or_else(|e| e.into_inner());
-            self.fs
-                .map
-                .remove(&self.node.map, whole_from, whole_to - whole_from)?;
+            self.fs.map.remove(
+                self.fs.node_map(&self.node)?,
+                whole_from,
+                whole_to - whole_from,
+            )?;
             let m = self.fs.m();
             let now = self.fs.now() as u64;
             self.fs

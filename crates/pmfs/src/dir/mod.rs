@@ -31,7 +31,6 @@
 pub(crate) mod frag;
 pub(crate) mod page;
 
-use std::collections::HashMap;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -43,6 +42,7 @@ use self::frag::{FragPos, Fragments};
 use self::page::{HEAD, PAGE, PageView, Pending, TAIL};
 use crate::error::{Error, Result};
 use crate::fs::Fs;
+use crate::hash::FastMap;
 use crate::inode::{Handle, Kind, field};
 use crate::mapping::MapFile;
 
@@ -85,7 +85,7 @@ pub(crate) struct DirInner {
     pub map: MapFile,
     pub pages: Vec<BlockNo>,
     /// The dentry cached tree of CFFS, as a hash map: name -> entry.
-    pub index: HashMap<Box<[u8]>, Slot>,
+    pub index: FastMap<Box<[u8]>, Slot>,
     pub frags: Fragments,
     pub subdirs: u64,
     /// Modification time, kept in DRAM and written back at clean close (recovered from the
@@ -94,7 +94,9 @@ pub(crate) struct DirInner {
     pub mtime_dirty: bool,
 }
 
-/// A planned insertion whose new entry is written but not linked.
+/// A planned insertion whose new entry is written but not linked. It remembers the two words
+/// linking rewrites, as they were when it was planned: the directory must stay locked (and
+/// unchanged) from planning to linking.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Insertion {
     page: u32,
@@ -105,6 +107,8 @@ pub(crate) struct Insertion {
     nlen: u16,
     x_next: PmOff,
     y_prev: PmOff,
+    x_next_word: u64,
+    y_prev_word: u64,
 }
 
 impl Insertion {
@@ -267,14 +271,35 @@ impl DirInner {
         let (pos, gap) = self.reserve(fs, owner, nlen)?;
         let (pg, x) = (pos.page, pos.after);
         let xlen = self.len_at(m, pg, x)?;
-        let y = self.next_of(m, pg, x)?;
+        let x_next = self.at(pg, x + xlen - 8);
+        let d_word = m.load_u64(x_next)?;
+        let d = d_word as u16;
+        let y = u32::from(x) + u32::from(d);
         let n = x + xlen;
-        if y < n || y - n != gap || gap < nlen {
+        if d == 0
+            || y > u32::from(TAIL)
+            || !y.is_multiple_of(8)
+            || y < u32::from(n)
+            || y as u16 - n != gap
+            || gap < nlen
+        {
             return Err(corrupt("directory fragment index", self.at(pg, x)));
         }
-        let bytes = page::encode_entry(n - x, y - n, h.word(), ctime as u64, kind.code(), name);
+        let y = y as u16;
+        let y_prev = self.at(pg, y);
+        let y_prev_word = m.load_u64(y_prev)?;
+        let mut buf = [0u8; page::MAX_ENTRY];
+        let bytes = page::encode_entry_into(
+            &mut buf,
+            n - x,
+            y - n,
+            h.word(),
+            ctime as u64,
+            kind.code(),
+            name,
+        );
         let at = self.at(pg, n);
-        m.write(at, &bytes)?;
+        m.write(at, bytes)?;
         m.flush(at, bytes.len() as u64)?;
         Ok(Insertion {
             page: pg,
@@ -283,14 +308,16 @@ impl DirInner {
             y,
             gap,
             nlen,
-            x_next: self.next_word_off(m, pg, x)?,
-            y_prev: self.at(pg, y),
+            x_next,
+            y_prev,
+            x_next_word: d_word,
+            y_prev_word,
         })
     }
 
     /// Step 1 of linking: `Y.prev -> N` (flushed, not fenced).
     pub fn link_prev(&self, m: &dyn Media, ins: &Insertion) -> Result<()> {
-        let w = m.load_u64(ins.y_prev)?;
+        let w = ins.y_prev_word;
         m.store_u64(ins.y_prev, page::with_dist_flags(w, ins.y - ins.n, 0))?;
         m.flush(ins.y_prev, 8)?;
         Ok(())
@@ -298,7 +325,7 @@ impl DirInner {
 
     /// Step 2 of linking: `X.next -> N` (flushed, not fenced).
     pub fn link_next(&self, m: &dyn Media, ins: &Insertion) -> Result<()> {
-        let w = m.load_u64(ins.x_next)?;
+        let w = ins.x_next_word;
         m.store_u64(ins.x_next, page::with_dist(w, ins.n - ins.x))?;
         m.flush(ins.x_next, 8)?;
         Ok(())
@@ -473,7 +500,7 @@ impl Dir {
             dead: false,
             map,
             pages,
-            index: HashMap::new(),
+            index: FastMap::default(),
             frags: Fragments::default(),
             subdirs: 0,
             mtime: rec.mtime as i64,

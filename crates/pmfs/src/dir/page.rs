@@ -122,7 +122,33 @@ pub(crate) fn entry_crc(handle: u64, ctime: u64, kind: u8, name: &[u8]) -> u32 {
     crc32c_append(c, name)
 }
 
+/// Longest entry (a 255-byte name).
+pub(crate) const MAX_ENTRY: usize = 288;
+
+/// Encodes a whole entry into `buf`; returns its bytes.
+pub(crate) fn encode_entry_into<'b>(
+    buf: &'b mut [u8; MAX_ENTRY],
+    prev: u16,
+    next: u16,
+    handle: u64,
+    ctime: u64,
+    kind: u8,
+    name: &[u8],
+) -> &'b [u8] {
+    let len = usize::from(entry_len(name.len()));
+    let b = &mut buf[..len];
+    b.fill(0);
+    b[0..8].copy_from_slice(&prev_word(prev, 0, name.len() as u8, kind).to_le_bytes());
+    b[8..16].copy_from_slice(&handle.to_le_bytes());
+    b[16..24].copy_from_slice(&ctime.to_le_bytes());
+    b[24..24 + name.len()].copy_from_slice(name);
+    let crc = entry_crc(handle, ctime, kind, name);
+    b[len - 8..].copy_from_slice(&next_word(next, crc).to_le_bytes());
+    b
+}
+
 /// Encodes a whole entry.
+#[cfg(test)]
 pub(crate) fn encode_entry(
     prev: u16,
     next: u16,
@@ -131,15 +157,8 @@ pub(crate) fn encode_entry(
     kind: u8,
     name: &[u8],
 ) -> Vec<u8> {
-    let len = usize::from(entry_len(name.len()));
-    let mut b = vec![0u8; len];
-    b[0..8].copy_from_slice(&prev_word(prev, 0, name.len() as u8, kind).to_le_bytes());
-    b[8..16].copy_from_slice(&handle.to_le_bytes());
-    b[16..24].copy_from_slice(&ctime.to_le_bytes());
-    b[24..24 + name.len()].copy_from_slice(name);
-    let crc = entry_crc(handle, ctime, kind, name);
-    b[len - 8..].copy_from_slice(&next_word(next, crc).to_le_bytes());
-    b
+    let mut buf = [0u8; MAX_ENTRY];
+    encode_entry_into(&mut buf, prev, next, handle, ctime, kind, name).to_vec()
 }
 
 /// The header crc.
@@ -420,7 +439,7 @@ mod tests {
         assert_eq!(w.entries[1].gap, TAIL - 144);
         assert_eq!(w.head_gap, 0);
         assert_eq!(entry_len(1), MIN_ENTRY);
-        assert_eq!(entry_len(255), 288);
+        assert_eq!(usize::from(entry_len(255)), MAX_ENTRY);
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //! - truncation is journaled (size and times roll back together), then the blocks past the
 //!   new end are unmapped; a crash in between is finished by the same trim cleanup.
 
+use std::sync::OnceLock;
+
 use pmfs_core::layout::BLOCK_SIZE;
 use pmfs_core::traits::Run;
 
@@ -23,11 +25,30 @@ use crate::inode::{Handle, Kind, field};
 use crate::journal::{Cleanup, run_armed};
 use crate::mapping::MapFile;
 
-/// An open inode (shared by the handles of one `File`).
+/// An open inode (shared by the handles of one `File`). Its mapping handle is opened on the
+/// first data access, so opening and closing without I/O (create + close) costs nothing there.
 #[derive(Debug)]
 pub(crate) struct Node {
     pub h: Handle,
-    pub map: MapFile,
+    map: OnceLock<MapFile>,
+}
+
+impl Node {
+    /// A node whose mapping handle is opened on first use.
+    pub fn new(h: Handle) -> Node {
+        Node {
+            h,
+            map: OnceLock::new(),
+        }
+    }
+
+    /// A node with an already open mapping handle.
+    pub fn with_map(h: Handle, map: MapFile) -> Node {
+        Node {
+            h,
+            map: OnceLock::from(map),
+        }
+    }
 }
 
 /// How to open a path.
@@ -55,6 +76,7 @@ impl Fs {
             Follow::Last
         };
         let mut attempts = 0;
+        let mut created = false;
         let h = loop {
             attempts += 1;
             if attempts > 16 {
@@ -69,49 +91,43 @@ impl Fs {
                     ..
                 } => (parent, name, want_dir),
             };
-            {
-                let d = parent.inner.read().unwrap_or_else(|e| e.into_inner());
-                if d.dead {
-                    return Err(Error::NotFound);
+            if req.create || req.create_new {
+                if want_dir {
+                    return Err(Error::IsADirectory);
                 }
-                if let Some(s) = d.get(&name) {
-                    if req.create_new {
-                        return Err(Error::AlreadyExists);
+                let o = self.open_or_create(&parent, &name, req.perm, req.create_new)?;
+                match o.kind {
+                    Kind::File => {
+                        created = o.created;
+                        break o.h;
                     }
-                    match s.kind {
-                        Kind::Dir => return Err(Error::IsADirectory),
-                        // Only reachable when the link changed under us: resolve again.
-                        Kind::Symlink => continue,
-                        Kind::File => {}
-                        // FIFOs, sockets and device nodes have no data in the volume: the
-                        // kernel serves them, the embedding API cannot.
-                        _ => return Err(Error::Unsupported("open of a special file")),
-                    }
-                    self.open_inc(s.h.ino);
-                    break s.h;
+                    Kind::Dir => return Err(Error::IsADirectory),
+                    // Only reachable when the link changed under us: resolve again.
+                    Kind::Symlink => continue,
+                    // FIFOs, sockets and device nodes have no data in the volume: the
+                    // kernel serves them, the embedding API cannot.
+                    _ => return Err(Error::Unsupported("open of a special file")),
                 }
             }
-            if !(req.create || req.create_new) {
+            let d = parent.inner.read().unwrap_or_else(|e| e.into_inner());
+            if d.dead {
                 return Err(Error::NotFound);
             }
-            if want_dir {
-                return Err(Error::IsADirectory);
+            let s = d.get(&name).ok_or(Error::NotFound)?;
+            match s.kind {
+                Kind::Dir => return Err(Error::IsADirectory),
+                Kind::Symlink => continue,
+                Kind::File => {}
+                _ => return Err(Error::Unsupported("open of a special file")),
             }
-            match self.create_pinned(&parent, &name, req.perm) {
-                Ok(h) => break h,
-                Err(Error::AlreadyExists) if !req.create_new => continue,
-                Err(e) => return Err(e),
-            }
+            self.open_inc(s.h.ino);
+            break s.h;
         };
-        let node = match self.map.open_file(self.file_id(h.ino)) {
-            Ok(map) => Node { h, map },
-            Err(e) => {
-                self.open_dec(h.ino);
-                return Err(e);
-            }
-        };
+        let node = Node::new(h);
+        // A file this call created is empty already.
         if req.truncate
             && req.write
+            && !created
             && let Err(e) = self.set_len(&node, 0)
         {
             self.release_node(&node)?;
@@ -127,14 +143,24 @@ impl Fs {
             .ilock(n.h.ino)
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        if self.open_dec(n.h.ino) > 0 || self.read_only {
+        let (left, orphan) = self.release_open(n.h.ino);
+        if left > 0 || !orphan || self.read_only {
             return Ok(());
         }
         let rec = self.inodes.read(self.m(), n.h.ino)?;
         if rec.state == n.h.live_state() && rec.nlink == 0 {
-            self.free_inode(n.h, Some(&n.map), false)?;
+            self.free_inode(n.h, n.map.get(), false)?;
         }
         Ok(())
+    }
+
+    /// The mapping handle of `n`, opened on first use.
+    pub fn node_map<'n>(&self, n: &'n Node) -> Result<&'n MapFile> {
+        if let Some(m) = n.map.get() {
+            return Ok(m);
+        }
+        let opened = self.map.open_file(self.file_id(n.h.ino))?;
+        Ok(n.map.get_or_init(|| opened))
     }
 
     /// The file's size.
@@ -158,7 +184,7 @@ impl Fs {
         let blk = size / BS;
         let end = upto.min((blk + 1) * BS);
         let mut runs = Vec::with_capacity(1);
-        self.map.lookup(&n.map, blk, 1, &mut runs)?;
+        self.map.lookup(self.node_map(n)?, blk, 1, &mut runs)?;
         if let Some(r) = runs.first() {
             self.zero(r.pblk.offset() + size % BS, end - size)?;
         }
@@ -181,7 +207,7 @@ impl Fs {
         let last = (end - 1) / BS;
         let mut runs = Vec::new();
         self.map
-            .lookup(&n.map, first, last - first + 1, &mut runs)?;
+            .lookup(self.node_map(n)?, first, last - first + 1, &mut runs)?;
         let out = &mut buf[..len as usize];
         out.fill(0);
         for r in &runs {
@@ -224,7 +250,7 @@ impl Fs {
         }
         let mut runs = Vec::new();
         self.map
-            .lookup(&n.map, first, last - first + 1, &mut runs)?;
+            .lookup(self.node_map(n)?, first, last - first + 1, &mut runs)?;
         let mut holes = Vec::new();
         let mut cursor = first;
         for r in &runs {
@@ -248,9 +274,9 @@ impl Fs {
         }
         let mut fresh: Vec<Run> = Vec::new();
         for &(s, l) in &holes {
-            if let Err(e) = self.map.insert(&n.map, s, l, &mut fresh) {
+            if let Err(e) = self.map.insert(self.node_map(n)?, s, l, &mut fresh) {
                 for r in &fresh {
-                    self.map.remove(&n.map, r.lblk, r.len)?;
+                    self.map.remove(self.node_map(n)?, r.lblk, r.len)?;
                 }
                 if let Some(t) = tx {
                     t.finish(m)?;
@@ -338,7 +364,7 @@ impl Fs {
         })?;
         if old_blocks > new_blocks {
             self.map
-                .remove(&n.map, new_blocks, old_blocks - new_blocks)?;
+                .remove(self.node_map(n)?, new_blocks, old_blocks - new_blocks)?;
         }
         tx.finish(m)
     }

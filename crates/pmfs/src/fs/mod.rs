@@ -22,9 +22,8 @@ pub(crate) mod data;
 pub(crate) mod ns;
 pub(crate) mod path;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pmfs_core::layout::{BLOCK_SIZE, PmOff};
@@ -36,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::format::{
     self, Geometry, MOUNT_STATE_OFF, Options, ROOT_INO, STATE_CLEAN, STATE_DIRTY, SbSource,
 };
+use crate::hash::FastMap;
 use crate::inode::{Handle, InodeRaw, InodeTable, Kind, LIVE, field};
 use crate::journal::{Cleanup, Journal};
 use crate::mapping::{MapFile, Mapper};
@@ -78,8 +78,11 @@ pub(crate) struct Fs {
     free_count: FreeCount,
     pub inodes: InodeTable,
     pub journal: Journal,
-    dirs: RwLock<HashMap<u32, Arc<Dir>>>,
-    opens: Mutex<HashMap<u32, u32>>,
+    dirs: RwLock<FastMap<u32, Arc<Dir>>>,
+    /// The root directory (never removed), kept out of the cache lookup of every path.
+    root_dir: OnceLock<Arc<Dir>>,
+    /// Open handles per inode, and whether the inode lost its last link while open.
+    opens: Mutex<FastMap<u32, (u32, bool)>>,
     pub(crate) ilocks: Box<[RwLock<()>]>,
     /// Serialises operations that change the shape of the tree (rename, rmdir), so loops
     /// cannot be created and directory locks are always taken in a consistent order.
@@ -207,8 +210,9 @@ impl Fs {
             alloc: parts.alloc,
             free_count: parts.free,
             inodes,
-            dirs: RwLock::new(HashMap::new()),
-            opens: Mutex::new(HashMap::new()),
+            dirs: RwLock::new(FastMap::default()),
+            root_dir: OnceLock::new(),
+            opens: Mutex::new(FastMap::default()),
             ilocks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             tree_lock: Mutex::new(()),
             clock: AtomicI64::new(0),
@@ -477,42 +481,64 @@ impl Fs {
 
     /// The root directory.
     pub fn root_dir(&self) -> Result<Arc<Dir>> {
-        self.dir(self.root)
+        if let Some(d) = self.root_dir.get() {
+            return Ok(d.clone());
+        }
+        let d = self.dir(self.root)?;
+        Ok(self.root_dir.get_or_init(|| d).clone())
     }
 
     /// Counts an open handle of `ino`.
     pub fn open_inc(&self, ino: u32) {
-        *self
-            .opens
+        self.opens
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(ino)
-            .or_insert(0) += 1;
+            .or_insert((0, false))
+            .0 += 1;
     }
 
     /// Drops an open handle of `ino`; returns how many remain.
     pub fn open_dec(&self, ino: u32) -> u32 {
+        self.release_open(ino).0
+    }
+
+    /// Drops an open handle of `ino`; returns how many remain and whether the inode lost its
+    /// last link while open (the last close must free it).
+    pub fn release_open(&self, ino: u32) -> (u32, bool) {
         let mut o = self.opens.lock().unwrap_or_else(|e| e.into_inner());
         match o.get_mut(&ino) {
-            Some(n) if *n > 1 => {
+            Some((n, orphan)) if *n > 1 => {
                 *n -= 1;
-                *n
+                (*n, *orphan)
             }
-            _ => {
+            Some(&mut (_, orphan)) => {
                 o.remove(&ino);
-                0
+                (0, orphan)
             }
+            None => (0, false),
         }
     }
 
-    /// Number of open handles of `ino`.
-    pub fn open_count(&self, ino: u32) -> u32 {
+    /// Whether `ino` has open handles.
+    pub fn is_open(&self, ino: u32) -> bool {
         self.opens
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&ino)
-            .copied()
-            .unwrap_or(0)
+            .contains_key(&ino)
+    }
+
+    /// Frees incarnation `h`, which just lost its last link, unless it is open: then it
+    /// becomes an orphan that its last close frees. Call with the inode's lock held.
+    pub fn drop_unlinked(&self, h: Handle, map: Option<&MapFile>) -> Result<()> {
+        {
+            let mut o = self.opens.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(e) = o.get_mut(&h.ino) {
+                e.1 = true;
+                return Ok(());
+            }
+        }
+        self.free_inode(h, map, false)
     }
 
     /// Frees the blocks of incarnation `h` and makes its record free. A no-op if `h` is not

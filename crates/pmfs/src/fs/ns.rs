@@ -15,6 +15,14 @@ use crate::fs::path::check_name;
 use crate::inode::{Handle, InodeRaw, Kind, S_IFMT, field};
 use crate::journal::{Cleanup, run_armed};
 
+/// What [`Fs::open_or_create`] found or made.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Opened {
+    pub h: Handle,
+    pub kind: Kind,
+    pub created: bool,
+}
+
 /// Flags of [`Fs::rename`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct RenameFlags {
@@ -103,10 +111,41 @@ impl Fs {
         }
     }
 
-    /// Creates a regular file and counts it as open before its directory is unlocked, so
-    /// nobody can unlink and free it before the caller holds it.
-    pub fn create_pinned(&self, parent: &Dir, name: &[u8], perm: u32) -> Result<Handle> {
-        self.create_inner(parent, name, Kind::File, perm, None, true)
+    /// Opens `name` in `parent` for [`open`](Fs::open) with a create flag, under one lock of
+    /// the directory: returns the existing entry (counted as open when it is a regular file)
+    /// or creates a regular file (counted as open before the directory is unlocked, so nobody
+    /// can unlink and free it before the caller holds it).
+    pub fn open_or_create(
+        &self,
+        parent: &Dir,
+        name: &[u8],
+        perm: u32,
+        exclusive: bool,
+    ) -> Result<Opened> {
+        self.writable()?;
+        check_name(name)?;
+        let mut d = write_guard(parent);
+        live(&d)?;
+        if let Some(s) = d.get(name) {
+            if exclusive {
+                return Err(Error::AlreadyExists);
+            }
+            if s.kind == Kind::File {
+                self.open_inc(s.h.ino);
+            }
+            return Ok(Opened {
+                h: s.h,
+                kind: s.kind,
+                created: false,
+            });
+        }
+        let h = self.create_in(&mut d, parent.h, name, Kind::File, perm, None)?;
+        self.open_inc(h.ino);
+        Ok(Opened {
+            h,
+            kind: Kind::File,
+            created: true,
+        })
     }
 
     /// Creates a file, directory or symbolic link `name` in `parent` (CFFS log-free create).
@@ -118,40 +157,34 @@ impl Fs {
         perm: u32,
         symlink_target: Option<&[u8]>,
     ) -> Result<Handle> {
-        self.create_inner(parent, name, kind, perm, symlink_target, false)
-    }
-
-    fn create_inner(
-        &self,
-        parent: &Dir,
-        name: &[u8],
-        kind: Kind,
-        perm: u32,
-        symlink_target: Option<&[u8]>,
-        pin: bool,
-    ) -> Result<Handle> {
         self.writable()?;
         check_name(name)?;
-        let m = self.m();
         let mut d = write_guard(parent);
         live(&d)?;
         if d.get(name).is_some() {
             return Err(Error::AlreadyExists);
         }
-        let h = self.inodes.alloc(m)?;
+        self.create_in(&mut d, parent.h, name, kind, perm, symlink_target)
+    }
+
+    /// Allocates an inode and creates `name` in the locked directory `d`.
+    fn create_in(
+        &self,
+        d: &mut DirInner,
+        owner: Handle,
+        name: &[u8],
+        kind: Kind,
+        perm: u32,
+        symlink_target: Option<&[u8]>,
+    ) -> Result<Handle> {
+        let h = self.inodes.alloc(self.m())?;
         let now = self.now();
-        let mut rec = InodeRaw::new(h, kind, perm, now, parent.h);
+        let mut rec = InodeRaw::new(h, kind, perm, now, owner);
         if let Some(t) = symlink_target {
             rec.size = t.len() as u64;
         }
-        let result = self.create_locked(&mut d, parent.h, name, kind, h, &rec, now, symlink_target);
-        match result {
-            Ok(()) => {
-                if pin {
-                    self.open_inc(h.ino);
-                }
-                Ok(h)
-            }
+        match self.create_locked(d, owner, name, kind, h, &rec, now, symlink_target) {
+            Ok(()) => Ok(h),
             Err(e) => {
                 // The record never went live: the number can be handed out again.
                 self.inodes.release(h.ino);
@@ -269,15 +302,25 @@ impl Fs {
         self.inodes.store(m, s.h.ino, field::NLINK, 0)?;
         m.fence();
         d.unlink_next(m, &r)?;
+        // An inode without blocks that nobody holds open is freed by the same fence as step
+        // 2: a crash between leaves either a half-done removal whose inode is already free
+        // (completed without touching it) or an orphan (freed at mount).
+        let blockless = rec.size == 0 && rec.map_root == 0 && rec.xattr == 0;
+        let quick = blockless && !self.is_open(s.h.ino);
+        if quick {
+            self.inodes
+                .store(m, s.h.ino, field::STATE, u64::from(s.h.generation))?;
+        }
         m.fence();
         d.finish_remove(&r, name);
         d.touch(now);
         if let Some(c) = &mut child_guard {
             c.dead = true;
         }
-        if self.open_count(s.h.ino) == 0 {
-            let map = child_guard.as_ref().map(|c| &c.map);
-            self.free_inode(s.h, map, false)?;
+        if quick {
+            self.inodes.release(s.h.ino);
+        } else {
+            self.drop_unlinked(s.h, child_guard.as_ref().map(|c| &c.map))?;
         }
         if let Some(c) = &child {
             self.forget_dir(c.h.ino);
@@ -578,9 +621,8 @@ impl Fs {
         if let Some(g) = &mut target_guard {
             g.dead = true;
         }
-        if t_nlink == 0 && self.open_count(t.h.ino) == 0 {
-            let map = target_guard.as_ref().map(|g| &g.map);
-            self.free_inode(t.h, map, false)?;
+        if t_nlink == 0 {
+            self.drop_unlinked(t.h, target_guard.as_ref().map(|g| &g.map))?;
         }
         drop(target_guard);
         if let Some(td) = target_dir {
