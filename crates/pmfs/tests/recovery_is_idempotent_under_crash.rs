@@ -1,0 +1,102 @@
+//! Recovery survives its own crashes: for crash images taken in the middle of metadata
+//! operations (enumerated when a crash point has at most 8, else sampled), a crash at any fence of the recovery itself, followed by another recovery,
+//! ends in exactly the namespace a single uninterrupted recovery produces, with fsck clean.
+
+mod common;
+
+use std::sync::Arc;
+
+use pmfs::Volume;
+use pmfs_core::pm::Media;
+use pmfs_core::sim::{Explorer, SimRegion};
+
+use common::KINDS;
+use common::crash::{SIM_SIZE, recover_and_check, sim_options};
+
+/// Runs `op` after `setup` on the simulator; for the crash images at every fence of `op`,
+/// explores crashes during their recovery.
+fn check<T>(
+    kind: pmfs::MappingKind,
+    seed: u64,
+    setup: impl Fn(&Volume) -> T,
+    op: impl Fn(&Volume, &mut T) -> pmfs::Result<()>,
+) {
+    let region = Arc::new(SimRegion::new(SIM_SIZE).unwrap());
+    let vol = Volume::format(region.clone(), &sim_options(kind)).unwrap();
+    let mut state = setup(&vol);
+    region.persist_all();
+    let mut nested = 0u64;
+    Explorer::new(seed)
+        .samples(4)
+        .exhaustive_limit(8)
+        .run(
+            &region,
+            |_| op(&vol, &mut state).unwrap(),
+            |cp| {
+                let expected = recover_and_check(cp.image)?;
+                let inner = Arc::new(SimRegion::from_image(cp.image).map_err(|e| e.to_string())?);
+                let media: Arc<dyn Media> = inner.clone();
+                let stats = Explorer::new(seed ^ cp.fence)
+                    .samples(4)
+                    .exhaustive_limit(8)
+                    .run(
+                        &inner,
+                        |_| {
+                            let v = Volume::mount(media.clone()).expect("recovery");
+                            v.close().expect("close after recovery");
+                        },
+                        |inner_cp| {
+                            let got = recover_and_check(inner_cp.image)?;
+                            if got == expected {
+                                Ok(())
+                            } else {
+                                Err(format!(
+                                    "second recovery differs from a single one:\n{got:#?}\n\
+                                     expected {expected:#?}"
+                                ))
+                            }
+                        },
+                    )
+                    .map_err(|f| f.to_string())?;
+                nested += stats.images;
+                Ok(())
+            },
+        )
+        .unwrap_or_else(|f| panic!("{f}"));
+    assert!(nested > 0);
+}
+
+fn tree(vol: &Volume) {
+    vol.create_dir("/d").unwrap();
+    vol.write("/d/a", b"aaaa").unwrap();
+    vol.write("/d/b", &[7u8; 9000]).unwrap();
+}
+
+#[test]
+fn recovery_of_a_create_or_unlink_survives_crashes() {
+    for kind in KINDS {
+        check(kind, 31, tree, |v, _| v.write("/d/new", b""));
+        check(
+            kind,
+            32,
+            |v| {
+                tree(v);
+                v.open_file("/d/b").unwrap()
+            },
+            |v, _| v.remove_file("/d/b"),
+        );
+    }
+}
+
+#[test]
+fn recovery_of_a_journaled_rename_or_truncate_survives_crashes() {
+    for kind in KINDS {
+        check(kind, 33, tree, |v, _| v.rename("/d/a", "/d/b"));
+        check(kind, 34, tree, |v, _| {
+            pmfs::OpenOptions::new()
+                .write(true)
+                .open(v, "/d/b")?
+                .set_len(10)
+        });
+    }
+}
