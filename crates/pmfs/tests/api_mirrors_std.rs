@@ -276,3 +276,12 @@ fn every_allocator_works_and_survives_clean_and_crash_reopen() {
         }
     }
 }
+
+#[test]
+fn volume_and_files_can_be_shared_across_threads() {
+    fn shared<T: Send + Sync>() {}
+    shared::<Volume>();
+    shared::<pmfs::File>();
+    shared::<pmfs::ReadDir>();
+    shared::<pmfs::Error>();
+}
