@@ -61,7 +61,8 @@ pub fn pmfs_ok(args: &[&str]) -> String {
     let o = pmfs(args);
     assert!(
         o.status.success(),
-        "pmfs {args:?} failed: {}{}",
+        "pmfs {args:?} failed ({}): {}{}",
+        o.status,
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
