@@ -49,7 +49,7 @@ fn fsynced_data_survives_killing_the_daemon() {
                     return;
                 }
                 k += 1;
-                if k % 4 == 0 {
+                if k.is_multiple_of(4) {
                     if f.sync_all().is_err() {
                         return;
                     }
@@ -70,7 +70,7 @@ fn fsynced_data_survives_killing_the_daemon() {
                 {
                     return;
                 }
-                if i % 3 == 0 {
+                if i.is_multiple_of(3) {
                     let _ = fs::remove_file(churn.join(format!("g{}", (i + 7) % 50)));
                 }
                 i += 1;
