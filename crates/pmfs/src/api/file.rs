@@ -121,7 +121,7 @@ impl OpenOptions {
         )?;
         Ok(File {
             fs: vol.fs.clone(),
-            node: Arc::new(node),
+            node,
             read: self.read,
             write,
             append: self.append,
@@ -139,7 +139,7 @@ impl OpenOptions {
 #[derive(Debug)]
 pub struct File {
     fs: Arc<Fs>,
-    node: Arc<Node>,
+    node: Node,
     read: bool,
     write: bool,
     append: bool,
@@ -243,7 +243,7 @@ impl File {
         self.fs.open_inc(self.node.h.ino);
         Ok(File {
             fs: self.fs.clone(),
-            node: self.node.clone(),
+            node: Node::new(self.node.h),
             read: self.read,
             write: self.write,
             append: self.append,

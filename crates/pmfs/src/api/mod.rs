@@ -74,7 +74,10 @@ impl Fs {
     }
 }
 
-fn split_parent(fs: &Fs, path: &str) -> Result<(Arc<crate::dir::Dir>, Vec<u8>, bool)> {
+fn split_parent<'p>(
+    fs: &Fs,
+    path: &'p str,
+) -> Result<(Arc<crate::dir::Dir>, std::borrow::Cow<'p, [u8]>, bool)> {
     match fs.resolve(path, Follow::NoLast)? {
         Target::Dir(_) => Err(Error::AlreadyExists),
         Target::Entry {

@@ -30,13 +30,13 @@ pub(crate) enum Follow {
 
 /// What a path names.
 #[derive(Debug)]
-pub(crate) enum Target {
+pub(crate) enum Target<'p> {
     /// A directory reached without a final name (`/`, a trailing `.` or `..`).
     Dir(Arc<Dir>),
     /// An entry (maybe missing) of a directory.
     Entry {
         parent: Arc<Dir>,
-        name: Vec<u8>,
+        name: Cow<'p, [u8]>,
         slot: Option<Slot>,
         /// The path ended with `/`: the target must be a directory.
         want_dir: bool,
@@ -61,9 +61,47 @@ fn components(path: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
     path.split(|&b| b == b'/').filter(|c| !c.is_empty())
 }
 
+/// The components still to resolve: those of symbolic-link targets being expanded (a stack,
+/// next one last), then the rest of the path itself.
+struct Comps<'p> {
+    path: &'p [u8],
+    pos: usize,
+    expanded: Vec<Vec<u8>>,
+}
+
+impl<'p> Comps<'p> {
+    fn next(&mut self) -> Option<Cow<'p, [u8]>> {
+        if let Some(c) = self.expanded.pop() {
+            return Some(Cow::Owned(c));
+        }
+        while self.path.get(self.pos) == Some(&b'/') {
+            self.pos += 1;
+        }
+        if self.pos >= self.path.len() {
+            return None;
+        }
+        let start = self.pos;
+        while self.path.get(self.pos).is_some_and(|&b| b != b'/') {
+            self.pos += 1;
+        }
+        Some(Cow::Borrowed(&self.path[start..self.pos]))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.expanded.is_empty() && self.path[self.pos..].iter().all(|&b| b == b'/')
+    }
+
+    /// Puts a link target's components in front of the remaining ones.
+    fn expand(&mut self, target: &[u8]) {
+        for c in components(target).rev() {
+            self.expanded.push(c.to_vec());
+        }
+    }
+}
+
 impl Fs {
     /// Resolves `path` (see the module documentation).
-    pub fn resolve(&self, path: &str, follow: Follow) -> Result<Target> {
+    pub fn resolve<'p>(&self, path: &'p str, follow: Follow) -> Result<Target<'p>> {
         let bytes = path.as_bytes();
         if bytes.first() != Some(&b'/') {
             return Err(Error::InvalidArgument("path must be absolute"));
@@ -72,12 +110,15 @@ impl Fs {
             return Err(Error::InvalidArgument("path contains NUL"));
         }
         let want_dir = bytes.len() > 1 && bytes.ends_with(b"/");
-        // Components still to resolve, last one first.
-        let mut stack: Vec<Cow<'_, [u8]>> = components(bytes).rev().map(Cow::Borrowed).collect();
+        let mut comps = Comps {
+            path: bytes,
+            pos: 0,
+            expanded: Vec::new(),
+        };
         let mut cur = self.root_dir()?;
         let mut links = 0u32;
-        while let Some(comp) = stack.pop() {
-            let last = stack.is_empty();
+        while let Some(comp) = comps.next() {
+            let last = comps.is_empty();
             match &*comp {
                 b"." => {}
                 b".." => {
@@ -112,9 +153,7 @@ impl Fs {
                                 // A link to "/": the root itself.
                                 return Ok(Target::Dir(cur));
                             }
-                            for c in components(&target).rev() {
-                                stack.push(Cow::Owned(c.to_vec()));
-                            }
+                            comps.expand(&target);
                             continue;
                         }
                         Some(s) if !last => {
@@ -130,7 +169,7 @@ impl Fs {
                             }
                             return Ok(Target::Entry {
                                 parent: cur,
-                                name: name.to_vec(),
+                                name: comp,
                                 slot,
                                 want_dir,
                             });
