@@ -16,8 +16,13 @@
 //! while the lock is held. Data clients that attach to a mounted pool (the preload library)
 //! map the same pool file; they are trusted exactly as far as the pool file's permissions
 //! allow: whoever can open the pool file read-write can change any byte of the volume, so
-//! mkfs creates pools with mode 0600 (owner only) and the daemon refuses to serve a pool that
-//! others may write. See [`pool`].
+//! mkfs creates pools with mode 0600 (owner only). See [`pool`].
+//!
+//! ## Binaries
+//! One binary, `pmfs`. Called through a link named `mount.pmfs` or `mount.fuse.pmfs` it is
+//! the mount helper ([`cli::mount_helper_main`]): `ln -s $(which pmfs)
+//! /sbin/mount.fuse.pmfs` makes `mount -t fuse.pmfs POOL DIR` and fstab lines such as
+//! `/dev/shm/my.pool /mnt/pm fuse.pmfs defaults,nofail 0 0` work.
 #![forbid(unsafe_code)]
 
 pub mod cli;

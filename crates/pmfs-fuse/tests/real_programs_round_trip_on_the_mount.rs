@@ -249,15 +249,24 @@ fn real_programs_round_trip_and_the_tree_survives_a_remount() {
     let after = stat(mnt);
     assert!(before[2] - after[2] >= 2048, "{before:?} {after:?}");
 
-    // Unmount, check, remount: the same tree.
+    // Unmount, check, remount: the same tree, the same inode numbers.
     let tree = snapshot(mnt);
     let times = mtimes(mnt);
+    let inos: Vec<u64> = ["copy/f5", "copy/dir1", "test.db", "to-dir1"]
+        .iter()
+        .map(|p| fs::symlink_metadata(mnt.join(p)).unwrap().ino())
+        .collect();
     m.unmount();
     let report = pool.fsck_clean();
     assert!(report.contains("clean"), "{report}");
     let m = pool.mount(&dir, &[]);
     assert_eq!(snapshot(m.path()), tree);
     assert_eq!(mtimes(m.path()), times);
+    let again: Vec<u64> = ["copy/f5", "copy/dir1", "test.db", "to-dir1"]
+        .iter()
+        .map(|p| fs::symlink_metadata(m.join(p)).unwrap().ino())
+        .collect();
+    assert_eq!(again, inos);
     assert_eq!(
         sh(&format!(
             "getfattr --only-values -n user.color {}",
