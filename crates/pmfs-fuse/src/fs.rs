@@ -773,8 +773,9 @@ impl Filesystem for PmfsFs {
         match r {
             Ok((a, node, _)) => {
                 let fh = self.add_file(node);
+                // One lifetime covers name and attributes here: the attributes' (shorter).
                 reply.created(
-                    &self.ttl.entry,
+                    &self.ttl.attr,
                     &self.attr(&a),
                     Generation(u64::from(a.ino.generation())),
                     fh,
