@@ -1,0 +1,158 @@
+//! The inode-number API on every mapping: a stale `Ino` never reaches the object that reuses
+//! its number, an open handle keeps an unlinked file alive, listings resume after any
+//! position, and holes are found, made and filled.
+
+mod common;
+
+use pmfs::{AttrChange, Error, NodeKind, OpenMode, Owner, SeekTarget, SetTime, XattrSet};
+
+use common::{KINDS, fresh, remount};
+
+const RW: OpenMode = OpenMode {
+    read: true,
+    write: true,
+    truncate: false,
+};
+
+#[test]
+fn stale_numbers_fail_instead_of_reaching_a_new_object() {
+    for kind in KINDS {
+        let (vol, media) = fresh(kind);
+        let root = vol.root();
+        let owner = Owner { uid: 5, gid: 6 };
+        let (a, node, created) = vol.create_open(root, b"a", 0o640, owner, true, RW).unwrap();
+        assert!(created);
+        assert_eq!(
+            (a.uid, a.gid, a.perm, a.kind),
+            (5, 6, 0o640, NodeKind::File)
+        );
+        node.write_at(b"hello", 0).unwrap();
+        vol.unlink_at(root, b"a").unwrap();
+        // Unlinked but open: still there through the handle.
+        let mut buf = [0u8; 5];
+        assert_eq!(node.read_at(&mut buf, 0).unwrap(), 5);
+        assert_eq!(&buf, b"hello");
+        assert_eq!(vol.getattr(a.ino).unwrap().nlink, 0);
+        drop(node);
+        assert!(matches!(vol.getattr(a.ino), Err(Error::NotFound)));
+        // The number comes back with a new generation; the old Ino stays dead.
+        let b = vol
+            .mknod(root, b"b", NodeKind::Fifo, 0o600, owner, 0)
+            .unwrap();
+        assert_eq!(b.ino.number(), a.ino.number());
+        assert_ne!(b.ino.generation(), a.ino.generation());
+        assert!(matches!(vol.getattr(a.ino), Err(Error::NotFound)));
+        assert!(matches!(
+            vol.set_xattr(a.ino, b"user.x", b"1", XattrSet::Any),
+            Err(Error::NotFound)
+        ));
+        assert!(matches!(vol.open_ino(a.ino, RW), Err(Error::NotFound)));
+        assert!(matches!(
+            vol.open_ino(b.ino, RW),
+            Err(Error::Unsupported(_))
+        ));
+        // Numbers and generations survive a remount.
+        vol.close().unwrap();
+        let vol = remount(&media);
+        assert_eq!(vol.lookup(vol.root(), b"b").unwrap().ino, b.ino);
+    }
+}
+
+#[test]
+fn listings_resume_after_any_position() {
+    for kind in KINDS {
+        let (vol, _media) = fresh(kind);
+        let root = vol.root();
+        let d = vol.mkdir(root, b"d", 0o755, Owner::default()).unwrap().ino;
+        for i in 0..300 {
+            vol.mknod(
+                d,
+                format!("n{i:03}").as_bytes(),
+                NodeKind::File,
+                0o644,
+                Owner::default(),
+                0,
+            )
+            .unwrap();
+        }
+        let all = vol.list_dir(d, None, usize::MAX).unwrap();
+        assert_eq!(all.len(), 300);
+        assert!(all.windows(2).all(|w| w[0].pos < w[1].pos));
+        // Page through while removing what was listed: nothing is skipped or repeated.
+        let mut after = None;
+        let mut seen = Vec::new();
+        loop {
+            let page = vol.list_dir(d, after, 7).unwrap();
+            if page.is_empty() {
+                break;
+            }
+            for e in &page {
+                seen.push(e.name.clone());
+                vol.unlink_at(d, &e.name).unwrap();
+            }
+            after = page.last().map(|e| e.pos);
+        }
+        let mut names: Vec<Vec<u8>> = all.into_iter().map(|e| e.name).collect();
+        names.sort();
+        seen.sort();
+        assert_eq!(seen, names);
+        assert!(vol.list_dir(d, None, 10).unwrap().is_empty());
+        assert_eq!(vol.parent_of(d).unwrap(), root);
+        vol.rmdir_at(root, b"d").unwrap();
+        assert!(matches!(vol.list_dir(d, None, 1), Err(Error::NotFound)));
+    }
+}
+
+#[test]
+fn holes_are_found_made_and_filled() {
+    const B: u64 = 4096;
+    for kind in KINDS {
+        let (vol, _media) = fresh(kind);
+        let root = vol.root();
+        let (_, f, _) = vol
+            .create_open(root, b"s", 0o644, Owner::default(), true, RW)
+            .unwrap();
+        f.write_at(&[1u8; 4096], 4 * B).unwrap();
+        f.set_len(32 * B).unwrap();
+        assert_eq!(f.seek(0, SeekTarget::Data).unwrap(), Some(4 * B));
+        assert_eq!(f.seek(0, SeekTarget::Hole).unwrap(), Some(0));
+        assert_eq!(f.seek(4 * B, SeekTarget::Hole).unwrap(), Some(5 * B));
+        assert_eq!(f.seek(5 * B, SeekTarget::Data).unwrap(), None);
+        assert_eq!(f.seek(32 * B, SeekTarget::Hole).unwrap(), None);
+        f.allocate(0, 8 * B, false).unwrap();
+        assert_eq!(f.seek(0, SeekTarget::Data).unwrap(), Some(0));
+        assert_eq!(f.seek(0, SeekTarget::Hole).unwrap(), Some(8 * B));
+        f.allocate(30 * B, 4 * B, false).unwrap();
+        assert_eq!(f.size().unwrap(), 34 * B);
+        assert!(matches!(
+            f.allocate(40 * B, B, true),
+            Err(Error::Unsupported(_))
+        ));
+        f.punch_hole(4 * B + 10, 100).unwrap();
+        f.punch_hole(B, 2 * B).unwrap();
+        assert_eq!(f.seek(0, SeekTarget::Hole).unwrap(), Some(B));
+        assert_eq!(f.seek(B, SeekTarget::Data).unwrap(), Some(3 * B));
+        let mut buf = vec![7u8; 4096];
+        f.read_at(&mut buf, 4 * B).unwrap();
+        assert!(buf[..10].iter().all(|&b| b == 1));
+        assert!(buf[10..110].iter().all(|&b| b == 0));
+        assert!(buf[110..].iter().all(|&b| b == 1));
+        assert_eq!(f.size().unwrap(), 34 * B);
+        // Times: UTIME_OMIT leaves one alone, an explicit time is kept exactly.
+        let ino = f.ino();
+        let before = vol.getattr(ino).unwrap();
+        let a = vol
+            .set_attr(
+                ino,
+                AttrChange {
+                    mtime: Some(SetTime::At(1_000_000_000_123)),
+                    ..AttrChange::default()
+                },
+                None,
+            )
+            .unwrap();
+        assert_eq!(a.mtime, 1_000_000_000_123);
+        assert_eq!(a.atime, before.atime);
+        assert!(a.ctime >= before.ctime);
+    }
+}
