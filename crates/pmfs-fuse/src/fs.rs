@@ -881,3 +881,36 @@ fn may_access(req: &Request, a: &Attr, mask: AccessFlags) -> bool {
     } & 7;
     bits & want == want
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attribute_namespaces_and_name_lengths_are_checked() {
+        assert_eq!(check_xattr_name(b"user.a"), Ok(()));
+        assert_eq!(check_xattr_name(b"trusted.x"), Ok(()));
+        assert_eq!(check_xattr_name(b"security.selinux"), Ok(()));
+        assert_eq!(check_xattr_name(b"user."), Err(Errno::EOPNOTSUPP));
+        assert_eq!(
+            check_xattr_name(b"system.posix_acl_access"),
+            Err(Errno::EOPNOTSUPP)
+        );
+        assert_eq!(check_xattr_name(b"plain"), Err(Errno::EOPNOTSUPP));
+        let long = [b"user.".as_slice(), &[b'x'; 251]].concat();
+        assert_eq!(check_xattr_name(&long), Err(Errno::ERANGE));
+    }
+
+    #[test]
+    fn modes_times_and_errors_convert_at_the_edge() {
+        assert_eq!(node_kind(libc::S_IFIFO | 0o644), Some(NodeKind::Fifo));
+        assert_eq!(node_kind(libc::S_IFCHR), Some(NodeKind::CharDevice));
+        assert_eq!(node_kind(libc::S_IFDIR), None);
+        for t in [0i64, 1, -1, 1_700_000_000_123_456_789, -86_400_000_000_001] {
+            assert_eq!(ns(time(t)), t);
+        }
+        assert_eq!(errno(&pmfs::Error::NotFound), Errno::ENOENT);
+        assert_eq!(errno(&pmfs::Error::DirectoryNotEmpty), Errno::ENOTEMPTY);
+        assert_eq!(errno(&pmfs::Error::NoSpace), Errno::ENOSPC);
+    }
+}
