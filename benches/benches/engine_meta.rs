@@ -9,6 +9,9 @@
 //!   removed outside the timed region), as in Table 2 (files/second).
 //! - Groups `engine_stat`, `engine_unlink`, `engine_rename`: the same for `metadata`, unlink
 //!   and rename (within the directory) of 4096 files.
+//! - Group `engine_large_dir`: a directory already holding `n` entries (`n` = 10^3, 10^4,
+//!   10^5); timed are 4096 lookups (`metadata`) of random existing names plus 4096 creates
+//!   and unlinks of new names in it, to show that large directories stay fast.
 //!
 //! Subjects: `pmfs-extent`, `pmfs-radix`, `pmfs-cuckoo`, `pmfs-hashfs` (a volume on a pool file
 //! mapped from `PMFS_BENCH_DIR`, default `/dev/shm`, so both sides live in DRAM) and `tmpfs`
@@ -49,7 +52,7 @@ impl Subject {
         let _ = std::fs::remove_file(&pool);
         let opts = Options {
             size: 512 << 20,
-            inodes: Some(1 << 16),
+            inodes: Some(1 << 17),
             ..Options::with_mapping(kind)
         };
         let vol = Volume::create(&pool, &opts).expect("create the bench volume");
@@ -258,5 +261,48 @@ fn rename(c: &mut Criterion) {
     );
 }
 
-criterion_group!(engine_meta, table3, table2, stat, unlink, rename);
+fn large_dir(c: &mut Criterion) {
+    let subjects = [
+        Subject::pmfs(MappingKind::Extent),
+        Subject::pmfs(MappingKind::HashFs),
+        Subject::tmpfs(),
+    ];
+    let mut g = c.benchmark_group("engine_large_dir");
+    g.warm_up_time(WARM_UP)
+        .measurement_time(MEASUREMENT)
+        .sample_size(SAMPLES)
+        .throughput(Throughput::Elements(3 * OP_FILES as u64));
+    let mut rng = SmallRng::seed_from_u64(5);
+    let mut present = 0;
+    for n in [1_000usize, 10_000, 100_000] {
+        for s in &subjects {
+            let existing = s.paths("big", n);
+            for p in &existing[present.min(n)..] {
+                s.create(p);
+            }
+            let probes: Vec<String> = (0..OP_FILES)
+                .map(|i| existing[(i * 7919 + n / 3) % n].clone())
+                .collect();
+            let mut fresh = s.paths("new", OP_FILES);
+            fresh.shuffle(&mut rng);
+            g.bench_with_input(BenchmarkId::new(s.name(), n), &n, |b, _| {
+                b.iter(|| {
+                    for p in &probes {
+                        black_box(s.stat(p));
+                    }
+                    for p in &fresh {
+                        s.create(p);
+                    }
+                    for p in &fresh {
+                        s.unlink(p);
+                    }
+                });
+            });
+        }
+        present = n;
+    }
+    g.finish();
+}
+
+criterion_group!(engine_meta, table3, table2, stat, unlink, rename, large_dir);
 criterion_main!(engine_meta);
