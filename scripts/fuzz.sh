@@ -6,7 +6,8 @@
 # memory use above FUZZ_RSS_MB fails the pass; libFuzzer saves the input under
 # fuzz/artifacts/<target>/, and `cargo +nightly fuzz run <target> <file>` replays it.
 #
-# Installs what it needs: the nightly toolchain (rustup) and cargo-fuzz.
+# Installs what it needs: the nightly toolchain (rustup; when it cannot be had, the pinned
+# toolchain with RUSTC_BOOTSTRAP=1) and cargo-fuzz.
 #
 # Knobs:
 #   FUZZ_SECONDS   seconds per target (default 60)
@@ -21,8 +22,14 @@ per_input="${FUZZ_TIMEOUT:-30}"
 rss_mb="${FUZZ_RSS_MB:-4096}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
-if ! rustup run nightly rustc --version >/dev/null 2>&1; then
-    rustup toolchain install nightly --profile minimal
+# cargo-fuzz passes nightly-only flags (-Zsanitizer). Without a nightly toolchain (none
+# installed and none can be fetched), the pinned toolchain accepts them with RUSTC_BOOTSTRAP.
+toolchain=(+nightly)
+if ! rustup run nightly rustc --version >/dev/null 2>&1 &&
+    ! rustup toolchain install nightly --profile minimal; then
+    echo "fuzz: no nightly toolchain; using $(rustc --version) with RUSTC_BOOTSTRAP=1"
+    toolchain=()
+    export RUSTC_BOOTSTRAP=1
 fi
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
@@ -31,11 +38,11 @@ fi
 if [ -n "${FUZZ_TARGETS:-}" ]; then
     read -r -a targets <<<"$FUZZ_TARGETS"
 else
-    mapfile -t targets < <(cargo +nightly fuzz list)
+    mapfile -t targets < <(cargo "${toolchain[@]}" fuzz list)
 fi
 
 printf '\n== fuzz build (%s)\n' "${targets[*]}"
-cargo +nightly fuzz build -O --debug-assertions
+cargo "${toolchain[@]}" fuzz build -O --debug-assertions
 
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
@@ -46,7 +53,7 @@ for t in "${targets[@]}"; do
     printf '\n== fuzz %s (%ss)\n' "$t" "$seconds"
     mkdir -p "$scratch/$t" "fuzz/corpus/$t"
     log="$scratch/$t.log"
-    if cargo +nightly fuzz run -O --debug-assertions "$t" "$scratch/$t" "fuzz/corpus/$t" -- \
+    if cargo "${toolchain[@]}" fuzz run -O --debug-assertions "$t" "$scratch/$t" "fuzz/corpus/$t" -- \
         -max_total_time="$seconds" -timeout="$per_input" -rss_limit_mb="$rss_mb" \
         -max_len=8192 -len_control=0 -print_final_stats=1 >"$log" 2>&1; then
         passed=$((passed + 1))
