@@ -286,7 +286,46 @@ fn fsck_cmd(a: FsckArgs) -> Result<()> {
     }
 }
 
+/// `pmfs info` of a pool a daemon serves: what the mount's statfs tells.
+fn info_mounted(pool: &Path, dir: &Path) -> Result<()> {
+    let st = nix::sys::statvfs::statvfs(dir)
+        .map_err(|e| Error::new(format!("{}: statfs: {e}", dir.display())))?;
+    let bs = st.fragment_size();
+    let (blocks, free) = (st.blocks(), st.blocks_free());
+    let (files, ffree) = (st.files(), st.files_free());
+    let pct = |a: u64, b: u64| {
+        if b == 0 {
+            0.0
+        } else {
+            a as f64 * 100.0 / b as f64
+        }
+    };
+    out(format_args!("pool:         {}", pool.display()));
+    out(format_args!(
+        "state:        mounted on {} (unmount it for geometry, fragmentation and journal state)",
+        dir.display()
+    ));
+    out("utilisation:");
+    out(format_args!(
+        "  data blocks  {} used of {blocks} ({:.1}%), {} free",
+        blocks - free,
+        pct(blocks - free, blocks),
+        human(free * bs)
+    ));
+    out(format_args!(
+        "  inodes       {} used of {files} ({:.1}%)",
+        files - ffree,
+        pct(files - ffree, files)
+    ));
+    Ok(())
+}
+
 fn info_cmd(a: InfoArgs) -> Result<()> {
+    if let Ok(abs) = a.pool.canonicalize()
+        && let Some(dir) = mount::mount_point_of(&abs)
+    {
+        return info_mounted(&abs, &dir);
+    }
     let pool = Pool::open(&a.pool)?;
     let media = pool.media()?;
     let (vol, recovered) = match pmfs::Volume::mount_read_only(media.clone()) {

@@ -170,6 +170,19 @@ pub fn is_mounted(dir: &Path) -> bool {
     })
 }
 
+/// Where the pool file `pool` (an absolute path) is mounted now, if it is.
+pub fn mount_point_of(pool: &Path) -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = pool.as_os_str().to_string_lossy();
+    info.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let mut after = f.iter().skip_while(|&&x| x != "-").skip(1);
+        let (fstype, source) = (after.next()?, after.next()?);
+        let dir = f.get(4)?;
+        (*fstype == "fuse.pmfs" && unescape(source) == want).then(|| PathBuf::from(unescape(dir)))
+    })
+}
+
 /// Undoes the octal escapes of mountinfo paths (`\040` for a space).
 fn unescape(s: &str) -> String {
     let b = s.as_bytes();

@@ -60,12 +60,18 @@ fn errors_are_one_line_and_name_the_problem() {
     for args in [
         vec!["mount", p, other.to_str().unwrap()],
         vec!["fsck", p],
-        vec!["info", p],
         vec!["mkfs", p, "--force"],
     ] {
         let e = one_line_error(&args);
         assert!(e.contains("in use"), "{args:?}: {e}");
     }
+    // info of a served pool tells where it is mounted and what statfs says.
+    let info = pmfs_ok(&["info", p]);
+    assert!(
+        info.contains(&format!("mounted on {}", dir.display())),
+        "{info}"
+    );
+    assert!(info.contains("data blocks"), "{info}");
     m.unmount();
     let e = one_line_error(&["mount", p, dir.to_str().unwrap(), "-o", "bogus"]);
     assert!(e.contains("unknown mount option"), "{e}");
