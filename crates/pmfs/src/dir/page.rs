@@ -351,6 +351,11 @@ impl<'a> PageView<'a> {
                 if !self.crc_ok(&e) {
                     return Err(corrupt("directory entry checksum", y));
                 }
+                // A name no create could have stored ('/', NUL, ".", "..") is damage, even
+                // under a matching checksum: it must never reach a lookup or a readdir.
+                if crate::fs::path::check_name(&e.name).is_err() {
+                    return Err(corrupt("directory entry name", y));
+                }
                 out.entries.push(e);
                 w = Some(x.0);
                 x = (y, ylen);
@@ -509,5 +514,31 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn names_no_create_could_store_are_corrupt_despite_a_valid_checksum() {
+        for bad in [&b"a/"[..], b"b\0", b".", b".."] {
+            let mut p = empty_page(7, 3);
+            let len = entry_len(bad.len());
+            put(
+                &mut p,
+                FIRST,
+                &encode_entry(FIRST - HEAD, TAIL - FIRST, 100, 5, 1, bad),
+            );
+            put_word(&mut p, HEAD, head_word(FIRST - HEAD));
+            put_word(&mut p, TAIL, tail_word(TAIL - FIRST, 0));
+            assert_eq!(PageView::new(&p).entry_at(FIRST), Some(len));
+            assert!(
+                matches!(
+                    PageView::new(&p).walk(at),
+                    Err(Error::Corrupt {
+                        what: "directory entry name",
+                        ..
+                    })
+                ),
+                "{bad:?} must be refused"
+            );
+        }
     }
 }
