@@ -5,10 +5,22 @@
 #   scripts/demo.sh            # pool /dev/shm/pmfs-demo.pool (created if absent)
 #   PMFS_POOL=/path/pool PMFS_SIZE=2G PMFS_MAPPING=cuckoo scripts/demo.sh
 #
-# Needs: root or a user allowed to use FUSE (fuse3), sqlite3. Builds the release binary
-# first unless PMFS_BIN names one.
+# Needs root or a user allowed to use FUSE. Installs the Debian packages it uses (fuse3,
+# sqlite3) when they are missing, and builds the release binary first unless PMFS_BIN names
+# one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+missing=()
+for p in fuse3 sqlite3; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
 
 pool="${PMFS_POOL:-/dev/shm/pmfs-demo.pool}"
 size="${PMFS_SIZE:-1G}"

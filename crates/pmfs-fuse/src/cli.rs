@@ -69,7 +69,7 @@ struct MkfsArgs {
     #[arg(long, short, value_enum, default_value = "hashfs")]
     mapping: MappingArg,
     /// Block allocator (HashFS allocates through its own table and ignores it).
-    #[arg(long, short, value_enum, default_value = "baseline")]
+    #[arg(long, short, value_enum, default_value = "buddy")]
     alloc: AllocArg,
     /// Number of inodes (default: one per 16 KiB).
     #[arg(long)]
@@ -180,11 +180,7 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
     let allocator = match a.alloc {
         AllocArg::Baseline => AllocatorKind::Baseline,
         AllocArg::Simple => AllocatorKind::Simple,
-        AllocArg::Buddy => {
-            return Err(Error::new(
-                "the buddy allocator is not available in this engine build yet; use --alloc baseline",
-            ));
-        }
+        AllocArg::Buddy => AllocatorKind::Cffs,
     };
     let opts = Options {
         mapping,
