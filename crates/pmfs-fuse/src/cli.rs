@@ -3,7 +3,6 @@
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -160,7 +159,7 @@ fn bar(len: u64, what: &str) -> ProgressBar {
 fn spinner(what: &str) -> ProgressBar {
     let pb = ProgressBar::new_spinner();
     pb.set_message(what.to_owned());
-    pb.enable_steady_tick(Duration::from_millis(120));
+    pb.tick();
     pb
 }
 
