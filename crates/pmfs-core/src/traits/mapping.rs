@@ -80,6 +80,19 @@ pub trait FileMapping: Send + Sync {
     /// Allocates and maps `[lblk, lblk + len)`, appending the new runs to `out`.
     fn insert(&self, file: &Self::File, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
 
+    /// Maps `[run.lblk, run.lblk + run.len)` to the physical blocks `[run.pblk, ..)`, which
+    /// the caller obtained for exactly this use: from the structure's allocator, or for HashFS
+    /// by staging the slots of these keys. If any block of the range is mapped it returns
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) and changes nothing. This is
+    /// how a copy-on-write commit is applied: the caller removes the old blocks, then maps the
+    /// new ones.
+    ///
+    /// The default implementation refuses with `Unsupported`.
+    fn insert_at(&self, file: &Self::File, run: Run) -> Result<()> {
+        let _ = (file, run);
+        Err(crate::Error::Unsupported("insert_at on this mapping structure"))
+    }
+
     /// Unmaps and frees every mapped block of `[lblk, lblk + len)`; returns how many blocks
     /// were freed.
     fn remove(&self, file: &Self::File, lblk: u64, len: u64) -> Result<u64>;
