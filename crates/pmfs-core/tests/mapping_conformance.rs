@@ -1,12 +1,14 @@
 //! The `FileMapping` conformance suite run against the reference `SimpleMapping` over a
 //! `SimpleAllocator`: proves the suite accepts a correct implementation (including the
-//! out-of-space path) and exercises its concurrency helpers.
+//! out-of-space path and `insert_at`), rejects broken ones, and exercises its concurrency
+//! helpers.
 
 use std::sync::Arc;
 
 use pmfs_core::layout::{BlockNo, PmOff};
 use pmfs_core::traits::conformance::mapping::{
-    Op, StressConfig, Subject, SuiteConfig, run_ops, run_suite, stress_files, stress_one_writer,
+    FromAllocator, Op, StressConfig, Subject, SuiteConfig, run_ops, run_suite, stress_files,
+    stress_one_writer,
 };
 use pmfs_core::traits::{BlockAllocator, FileId, SimpleAllocator, SimpleMapping};
 
@@ -19,7 +21,10 @@ fn subject(files: usize, blocks: u64) -> Subject<SimpleMapping<SimpleAllocator>>
             root: PmOff(8 * i as u64),
         })
         .collect();
-    Subject::new(SimpleMapping::new(alloc), ids).with_free_blocks(move || free.free_blocks())
+    let source = FromAllocator(alloc.clone());
+    Subject::new(SimpleMapping::new(alloc), ids)
+        .with_free_blocks(move || free.free_blocks())
+        .with_block_source(source)
 }
 
 #[test]
@@ -79,6 +84,48 @@ fn replayed_sequence_with_overlap_truncate_and_remove_file() {
 }
 
 #[test]
+fn replayed_insert_at_refusals_and_copy_on_write_overwrites() {
+    let s = subject(2, 1024);
+    let cfg = SuiteConfig::default();
+    let ops = [
+        Op::InsertAt {
+            file: 0,
+            lblk: 4,
+            len: 8,
+        },
+        // Overlaps [4, 12): refused, the blocks go back to the source.
+        Op::InsertAt {
+            file: 0,
+            lblk: 10,
+            len: 6,
+        },
+        Op::Insert {
+            file: 1,
+            lblk: 0,
+            len: 3,
+        },
+        // Copy-on-write over a partly mapped range of file 0, then inside file 1.
+        Op::Overwrite {
+            file: 0,
+            lblk: 2,
+            len: 6,
+        },
+        Op::Overwrite {
+            file: 1,
+            lblk: 1,
+            len: 1,
+        },
+        Op::Lookup {
+            file: 0,
+            lblk: 0,
+            len: 20,
+        },
+        Op::RemoveFile { file: 0 },
+    ];
+    run_ops(&s, &cfg, &ops).unwrap();
+}
+
+#[test]
 fn simple_mapping_survives_concurrent_files() {
     stress_files(&subject(4, 1 << 16), &StressConfig::default());
 }
@@ -88,11 +135,23 @@ fn simple_mapping_survives_readers_with_one_writer() {
     stress_one_writer(&subject(1, 1 << 16), 2, &StressConfig::default());
 }
 
-/// A deliberately broken mapping: its lookups lose the last block of every run longer than
-/// one block, and it reports no owned blocks. The suite must notice both.
+/// How [`Broken`] deviates from `SimpleMapping`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flaw {
+    /// Lookups lose the last block of every run longer than one block.
+    LoseBlocks,
+    /// `owned_blocks` reports nothing.
+    NoOwnedBlocks,
+    /// `insert_at` silently replaces blocks that are already mapped (and frees them).
+    InsertAtOverwrites,
+    /// `insert_at` ignores the given blocks and allocates its own.
+    InsertAtAllocates,
+}
+
+/// A deliberately broken mapping with one [`Flaw`]. The suite must notice each.
 struct Broken {
     inner: SimpleMapping<SimpleAllocator>,
-    lose_blocks: bool,
+    flaw: Flaw,
 }
 
 impl pmfs_core::traits::FileMapping for Broken {
@@ -112,7 +171,7 @@ impl pmfs_core::traits::FileMapping for Broken {
     ) -> pmfs_core::Result<()> {
         let first = out.len();
         self.inner.lookup(f, lblk, len, out)?;
-        if self.lose_blocks {
+        if self.flaw == Flaw::LoseBlocks {
             for r in out[first..].iter_mut().filter(|r| r.len > 1) {
                 r.len -= 1;
             }
@@ -128,6 +187,16 @@ impl pmfs_core::traits::FileMapping for Broken {
     ) -> pmfs_core::Result<()> {
         self.inner.insert(f, lblk, len, out)
     }
+    fn insert_at(&self, f: &Self::File, run: pmfs_core::traits::Run) -> pmfs_core::Result<()> {
+        match self.flaw {
+            Flaw::InsertAtOverwrites => {
+                self.inner.remove(f, run.lblk, run.len)?;
+                self.inner.insert_at(f, run)
+            }
+            Flaw::InsertAtAllocates => self.inner.insert(f, run.lblk, run.len, &mut Vec::new()),
+            _ => self.inner.insert_at(f, run),
+        }
+    }
     fn remove(&self, f: &Self::File, lblk: u64, len: u64) -> pmfs_core::Result<u64> {
         self.inner.remove(f, lblk, len)
     }
@@ -139,15 +208,32 @@ impl pmfs_core::traits::FileMapping for Broken {
         f: &Self::File,
         visit: &mut dyn FnMut(pmfs_core::traits::Extent),
     ) -> pmfs_core::Result<()> {
-        if self.lose_blocks {
-            self.inner.owned_blocks(f, visit)
-        } else {
+        if self.flaw == Flaw::NoOwnedBlocks {
             Ok(())
+        } else {
+            self.inner.owned_blocks(f, visit)
         }
     }
     fn recover(&self) -> pmfs_core::Result<()> {
         Ok(())
     }
+}
+
+fn broken_subject(flaw: Flaw) -> Subject<Broken> {
+    let alloc = Arc::new(SimpleAllocator::new(BlockNo(100), 64));
+    let free = alloc.clone();
+    let source = FromAllocator(alloc.clone());
+    let ids = vec![FileId {
+        ino: 1,
+        root: PmOff(0),
+    }];
+    let broken = Broken {
+        inner: SimpleMapping::new(alloc),
+        flaw,
+    };
+    Subject::new(broken, ids)
+        .with_free_blocks(move || free.free_blocks())
+        .with_block_source(source)
 }
 
 #[test]
@@ -157,21 +243,95 @@ fn suite_rejects_lost_blocks_and_missing_owned_blocks() {
         lblk: 3,
         len: 4,
     }];
-    for lose_blocks in [true, false] {
-        let s = subject(1, 64);
-        let broken = Subject::new(
-            Broken {
-                inner: s.mapping,
-                lose_blocks,
-            },
-            s.files,
+    for (flaw, expected) in [
+        (Flaw::LoseBlocks, "whole-file lookup"),
+        (Flaw::NoOwnedBlocks, "missing from owned_blocks"),
+    ] {
+        let err = run_ops(&broken_subject(flaw), &SuiteConfig::default(), &ops).unwrap_err();
+        assert!(
+            err.contains(expected),
+            "{flaw:?}: unexpected failure: {err}"
         );
-        let err = run_ops(&broken, &SuiteConfig::default(), &ops).unwrap_err();
-        let expected = if lose_blocks {
-            "whole-file lookup"
-        } else {
-            "missing from owned_blocks"
-        };
-        assert!(err.contains(expected), "unexpected failure: {err}");
     }
+}
+
+#[test]
+fn suite_rejects_an_insert_at_that_overwrites_or_ignores_the_given_blocks() {
+    // The broken behaviours pass a plain insert_at into a hole; only the cases below expose
+    // them.
+    let into_hole = [Op::InsertAt {
+        file: 0,
+        lblk: 3,
+        len: 4,
+    }];
+    run_ops(
+        &broken_subject(Flaw::InsertAtOverwrites),
+        &SuiteConfig::default(),
+        &into_hole,
+    )
+    .unwrap();
+    let over_mapped = [
+        Op::Insert {
+            file: 0,
+            lblk: 3,
+            len: 4,
+        },
+        Op::InsertAt {
+            file: 0,
+            lblk: 5,
+            len: 4,
+        },
+    ];
+    let err = run_ops(
+        &broken_subject(Flaw::InsertAtOverwrites),
+        &SuiteConfig::default(),
+        &over_mapped,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("over mapped blocks succeeded"),
+        "unexpected failure: {err}"
+    );
+    let err = run_ops(
+        &broken_subject(Flaw::InsertAtAllocates),
+        &SuiteConfig::default(),
+        &into_hole,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("whole-file lookup"),
+        "unexpected failure: {err}"
+    );
+}
+
+#[test]
+fn the_random_suite_finds_an_insert_at_that_overwrites() {
+    // Not a replayed sequence: the generated workloads must reach the flaw on their own.
+    let cfg = SuiteConfig {
+        files: 1,
+        max_lblk: 64,
+        max_len: 16,
+        ..SuiteConfig::default()
+    };
+    let found = std::panic::catch_unwind(|| {
+        run_suite(&cfg, |_| {
+            let alloc = Arc::new(SimpleAllocator::new(BlockNo(100), 4096));
+            let free = alloc.clone();
+            let source = FromAllocator(alloc.clone());
+            let broken = Broken {
+                inner: SimpleMapping::new(alloc),
+                flaw: Flaw::InsertAtOverwrites,
+            };
+            let ids = vec![FileId {
+                ino: 1,
+                root: PmOff(0),
+            }];
+            Subject::new(broken, ids)
+                .with_free_blocks(move || free.free_blocks())
+                .with_block_source(source)
+        })
+    });
+    let msg = found.expect_err("the suite accepted an insert_at that overwrites mapped blocks");
+    let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("insert_at"), "unexpected failure: {msg}");
 }

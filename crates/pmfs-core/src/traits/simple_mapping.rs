@@ -53,6 +53,21 @@ fn push_block(out: &mut Vec<Run>, lblk: u64, pblk: u64) {
     });
 }
 
+/// Refuses a range of `ino` that has a mapped block.
+fn check_unmapped(map: &BTreeMap<(u64, u64), u64>, ino: u64, lblk: u64, end: u64) -> Result<()> {
+    if map.range((ino, lblk)..(ino, end)).next().is_some() {
+        return Err(Error::InvalidArgument("insert over mapped blocks"));
+    }
+    Ok(())
+}
+
+/// Maps every block of `run` for `ino` (the range was checked to be unmapped).
+fn map_run(map: &mut BTreeMap<(u64, u64), u64>, ino: u64, run: Run) {
+    for i in 0..run.len {
+        map.insert((ino, run.lblk + i), run.pblk.0 + i);
+    }
+}
+
 impl<A: BlockAllocator> FileMapping for SimpleMapping<A> {
     type File = SimpleFile;
 
@@ -86,45 +101,52 @@ impl<A: BlockAllocator> FileMapping for SimpleMapping<A> {
             .checked_add(len)
             .ok_or(Error::InvalidArgument("logical range overflows"))?;
         let mut map = self.lock();
-        if map
-            .range((file.ino, lblk)..(file.ino, end))
-            .next()
-            .is_some()
-        {
-            return Err(Error::InvalidArgument("insert over mapped blocks"));
-        }
-        let mut got: Vec<Extent> = Vec::new();
+        check_unmapped(&map, file.ino, lblk, end)?;
+        let mut runs: Vec<Run> = Vec::new();
         let mut done = 0;
         while done < len {
             let hint = AllocHint {
-                goal: got.last().map(Extent::end),
+                goal: runs.last().map(|r| r.extent().end()),
                 ..AllocHint::default()
             };
             match self.alloc.alloc(len - done, hint) {
                 Ok(e) => {
-                    got.push(e);
+                    runs.push(Run {
+                        lblk: lblk + done,
+                        pblk: e.start,
+                        len: e.len,
+                    });
                     done += e.len;
                 }
                 Err(err) => {
-                    for e in got {
-                        self.alloc.free(e)?;
+                    for r in runs {
+                        self.alloc.free(r.extent())?;
                     }
                     return Err(err);
                 }
             }
         }
-        let mut l = lblk;
-        for e in got {
-            out.push(Run {
-                lblk: l,
-                pblk: e.start,
-                len: e.len,
-            });
-            for i in 0..e.len {
-                map.insert((file.ino, l + i), e.start.0 + i);
-            }
-            l += e.len;
+        for r in runs {
+            map_run(&mut map, file.ino, r);
+            out.push(r);
         }
+        Ok(())
+    }
+
+    fn insert_at(&self, file: &SimpleFile, run: Run) -> Result<()> {
+        let end = run
+            .lblk
+            .checked_add(run.len)
+            .ok_or(Error::InvalidArgument("logical range overflows"))?;
+        if run.len == 0 {
+            return Ok(());
+        }
+        if run.pblk.0.checked_add(run.len).is_none() {
+            return Err(Error::InvalidArgument("physical range overflows"));
+        }
+        let mut map = self.lock();
+        check_unmapped(&map, file.ino, run.lblk, end)?;
+        map_run(&mut map, file.ino, run);
         Ok(())
     }
 

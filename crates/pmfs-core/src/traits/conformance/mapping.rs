@@ -31,12 +31,22 @@
 //! anywhere else; `remove` returns the number of blocks the model had mapped in the range;
 //! lookups only append to the caller's vector.
 //!
+//! [`insert_at`](FileMapping::insert_at) is exercised when the subject has a [`BlockSource`]
+//! (otherwise its operations are skipped): the suite obtains blocks for a range from the
+//! source and hands each run to `insert_at`. Over any mapped block of the run it must return
+//! [`Error::InvalidArgument`] and change nothing; it may fail with [`Error::NoSpace`] (the
+//! structure's own nodes or slots ran out) and then changes nothing; on success the model maps
+//! the run to exactly the given blocks. Runs `insert_at` refused go back to the source, so
+//! the leak check also proves that a refused call kept none of them. [`Op::Overwrite`] is the
+//! apply step of a copy-on-write commit: `remove` of a range, then `insert_at` of fresh
+//! blocks over it.
+//!
 //! # How to use it
 //!
 //! ```
 //! use std::sync::Arc;
 //! use pmfs_core::layout::{BlockNo, PmOff};
-//! use pmfs_core::traits::conformance::mapping::{Subject, SuiteConfig, run_suite};
+//! use pmfs_core::traits::conformance::mapping::{FromAllocator, Subject, SuiteConfig, run_suite};
 //! use pmfs_core::traits::{BlockAllocator, FileId, SimpleAllocator, SimpleMapping};
 //!
 //! // In a `#[test]` of the crate that implements the mapping (a real one would be formatted
@@ -44,9 +54,12 @@
 //! run_suite(&SuiteConfig::default(), |files| {
 //!     let alloc = Arc::new(SimpleAllocator::new(BlockNo(64), 4096));
 //!     let free = alloc.clone();
+//!     let source = FromAllocator(alloc.clone());
 //!     let mapping = SimpleMapping::new(alloc);
 //!     let ids = (0..files).map(|i| FileId { ino: i as u64 + 1, root: PmOff(8 * i as u64) });
-//!     Subject::new(mapping, ids.collect()).with_free_blocks(move || free.free_blocks())
+//!     Subject::new(mapping, ids.collect())
+//!         .with_free_blocks(move || free.free_blocks())
+//!         .with_block_source(source)
 //! });
 //! ```
 //!
@@ -64,15 +77,82 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::error::Error;
+use crate::error::{Error, Result as PmResult};
 use crate::layout::BlockNo;
-use crate::traits::{Extent, FileId, FileMapping, Run};
+use crate::traits::{AllocHint, BlockAllocator, Extent, FileId, FileMapping, Run};
 
 /// Proptest cases per [`run_suite`] call when `PROPTEST_CASES` is not set.
 pub const DEFAULT_CASES: u32 = 32;
 
+/// Where the suite gets the physical blocks it hands to
+/// [`insert_at`](FileMapping::insert_at): for structures built over a [`BlockAllocator`], that
+/// allocator ([`FromAllocator`]); for a structure that is its own allocator, whatever it offers
+/// for claiming blocks of given keys (HashFS stages slots).
+pub trait BlockSource<F: FileMapping>: Send + Sync {
+    /// Obtains blocks for `[lblk, lblk + len)` of `file`: appends runs to `out` that cover the
+    /// range exactly, in logical order. On error it appends nothing and keeps nothing.
+    fn obtain(
+        &self,
+        mapping: &F,
+        file: &F::File,
+        lblk: u64,
+        len: u64,
+        out: &mut Vec<Run>,
+    ) -> PmResult<()>;
+
+    /// Takes back runs that [`obtain`](Self::obtain) returned and `insert_at` refused.
+    fn release(&self, mapping: &F, runs: &[Run]) -> PmResult<()>;
+}
+
+/// A [`BlockSource`] that allocates from the allocator the mapping was built with (shared
+/// through the `Arc`) and frees refused runs back to it.
+#[derive(Debug)]
+pub struct FromAllocator<A>(pub std::sync::Arc<A>);
+
+impl<F: FileMapping, A: BlockAllocator> BlockSource<F> for FromAllocator<A> {
+    fn obtain(
+        &self,
+        _mapping: &F,
+        _file: &F::File,
+        lblk: u64,
+        len: u64,
+        out: &mut Vec<Run>,
+    ) -> PmResult<()> {
+        let mut got: Vec<Run> = Vec::new();
+        let mut done = 0;
+        while done < len {
+            let hint = AllocHint {
+                goal: got.last().map(|r| r.extent().end()),
+                ..AllocHint::default()
+            };
+            match self.0.alloc(len - done, hint) {
+                Ok(e) => {
+                    got.push(Run {
+                        lblk: lblk + done,
+                        pblk: e.start,
+                        len: e.len,
+                    });
+                    done += e.len;
+                }
+                Err(err) => {
+                    for r in &got {
+                        self.0.free(r.extent())?;
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        out.extend(got);
+        Ok(())
+    }
+
+    fn release(&self, _mapping: &F, runs: &[Run]) -> PmResult<()> {
+        runs.iter().try_for_each(|r| self.0.free(r.extent()))
+    }
+}
+
 /// A mapping under test with the files the suite may use.
-pub struct Subject<F> {
+pub struct Subject<F: FileMapping> {
     /// The structure under test, freshly formatted.
     pub mapping: F,
     /// Distinct files (distinct inode numbers and distinct, zeroed root words).
@@ -80,15 +160,18 @@ pub struct Subject<F> {
     /// The number of free blocks in the allocator the mapping draws from (or, for a structure
     /// that allocates by itself, its own free count). Enables the leak check.
     pub free_blocks: Option<Box<dyn Fn() -> u64 + Send + Sync>>,
+    /// Where blocks for `insert_at` come from; without one, the suite skips `insert_at`.
+    pub blocks: Option<Box<dyn BlockSource<F>>>,
 }
 
-impl<F> Subject<F> {
-    /// A subject without free-block accounting.
+impl<F: FileMapping> Subject<F> {
+    /// A subject without free-block accounting and without a block source.
     pub fn new(mapping: F, files: Vec<FileId>) -> Self {
         Self {
             mapping,
             files,
             free_blocks: None,
+            blocks: None,
         }
     }
 
@@ -97,13 +180,20 @@ impl<F> Subject<F> {
         self.free_blocks = Some(Box::new(f));
         self
     }
+
+    /// Adds a block source, which enables the `insert_at` operations.
+    pub fn with_block_source(mut self, source: impl BlockSource<F> + 'static) -> Self {
+        self.blocks = Some(Box::new(source));
+        self
+    }
 }
 
-impl<F> std::fmt::Debug for Subject<F> {
+impl<F: FileMapping> std::fmt::Debug for Subject<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Subject")
             .field("files", &self.files)
             .field("free_blocks", &self.free_blocks.is_some())
+            .field("blocks", &self.blocks.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -196,6 +286,26 @@ pub enum Op {
         /// Use the open-ended range `[lblk, u64::MAX)` (if the config allows it).
         huge: bool,
     },
+    /// Obtain blocks for `[lblk, lblk + len)` from the subject's [`BlockSource`] and map
+    /// them run by run with `insert_at`.
+    InsertAt {
+        /// File index.
+        file: usize,
+        /// First logical block.
+        lblk: u64,
+        /// Number of blocks.
+        len: u64,
+    },
+    /// The apply step of a copy-on-write commit: `remove` `[lblk, lblk + len)`, then
+    /// [`InsertAt`](Op::InsertAt) the same range.
+    Overwrite {
+        /// File index.
+        file: usize,
+        /// First logical block.
+        lblk: u64,
+        /// Number of blocks.
+        len: u64,
+    },
     /// `remove_file`, then re-open the file.
     RemoveFile {
         /// File index.
@@ -249,8 +359,12 @@ fn op_strategy(cfg: &SuiteConfig) -> BoxedStrategy<Op> {
         4 => (0..files, len.clone()).prop_map(|(file, len)| Op::Append { file, len }),
         3 => (0..files, lblk.clone(), len.clone())
             .prop_map(|(file, lblk, len)| Op::Lookup { file, lblk, len }),
-        3 => (0..files, lblk.clone(), len)
+        3 => (0..files, lblk.clone(), len.clone())
             .prop_map(|(file, lblk, len)| Op::Remove { file, lblk, len }),
+        4 => (0..files, lblk.clone(), len.clone())
+            .prop_map(|(file, lblk, len)| Op::InsertAt { file, lblk, len }),
+        2 => (0..files, lblk.clone(), len)
+            .prop_map(|(file, lblk, len)| Op::Overwrite { file, lblk, len }),
         1 => (0..files, lblk, any::<bool>())
             .prop_map(move |(file, lblk, h)| Op::Truncate { file, lblk, huge: h && huge }),
         1 => (0..files).prop_map(|file| Op::RemoveFile { file }),
@@ -467,6 +581,92 @@ impl<'s, F: FileMapping> Machine<'s, F> {
         Ok(())
     }
 
+    /// Obtains blocks for `[lblk, lblk + len)` and maps them run by run with `insert_at`.
+    fn insert_at(&mut self, i: usize, lblk: u64, len: u64) -> Result<(), String> {
+        let Some(source) = &self.s.blocks else {
+            return Ok(());
+        };
+        let mapping = &self.s.mapping;
+        let mut runs = vec![SENTINEL];
+        match source.obtain(mapping, self.handle(i), lblk, len, &mut runs) {
+            Ok(()) => {}
+            Err(Error::NoSpace) => {
+                ensure!(
+                    runs == [SENTINEL],
+                    "the block source failed but returned runs {runs:?}"
+                );
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(format!(
+                    "block source for (file {i}, {lblk}, {len}): {}",
+                    err_string(&e)
+                ));
+            }
+        }
+        runs.remove(0);
+        check_well_formed(&runs, lblk, len)
+            .map_err(|e| format!("block source for (file {i}, {lblk}, {len}): {e}"))?;
+        let covered: u64 = runs.iter().map(|r| r.len).sum();
+        ensure!(
+            covered == len,
+            "block source for (file {i}, {lblk}, {len}) covered {covered} blocks: {runs:?}"
+        );
+        for r in &runs {
+            for k in 0..r.len {
+                let p = r.pblk.0 + k;
+                if let Some(&other) = self.phys.get(&p) {
+                    return Err(format!(
+                        "block source handed out physical block {p}, which file {other} maps"
+                    ));
+                }
+            }
+        }
+        for (n, &r) in runs.iter().enumerate() {
+            let end = r.lblk + r.len;
+            let overlaps = self.models[i].range(r.lblk..end).next().is_some();
+            let result = mapping.insert_at(self.handle(i), r);
+            let refused = match result {
+                Ok(()) if overlaps => {
+                    return Err(format!(
+                        "insert_at(file {i}, {r:?}) over mapped blocks succeeded"
+                    ));
+                }
+                Ok(()) => false,
+                Err(Error::InvalidArgument(_)) if overlaps => true,
+                Err(Error::NoSpace) if !overlaps => true,
+                Err(e) => {
+                    let what = if overlaps {
+                        "over mapped blocks must fail with InvalidArgument, got"
+                    } else {
+                        "failed:"
+                    };
+                    return Err(format!(
+                        "insert_at(file {i}, {r:?}) {what} {}",
+                        err_string(&e)
+                    ));
+                }
+            };
+            if refused {
+                // Over mapped blocks only this run is refused; out of space, the remaining
+                // runs are not tried either.
+                let back = if overlaps { &runs[n..=n] } else { &runs[n..] };
+                source
+                    .release(mapping, back)
+                    .map_err(|e| format!("releasing refused runs {back:?}: {}", err_string(&e)))?;
+                if overlaps {
+                    continue;
+                }
+                return Ok(());
+            }
+            for k in 0..r.len {
+                self.phys.insert(r.pblk.0 + k, i);
+                self.models[i].insert(r.lblk + k, r.pblk.0 + k);
+            }
+        }
+        Ok(())
+    }
+
     fn apply(&mut self, op: &Op) -> Result<(), String> {
         match *op {
             Op::Insert { file, lblk, len } => self.insert(file, lblk, len),
@@ -500,6 +700,14 @@ impl<'s, F: FileMapping> Machine<'s, F> {
                     "remove(file {file}, {lblk}, {len}) reported {n} blocks, model had {want}"
                 );
                 Ok(())
+            }
+            Op::InsertAt { file, lblk, len } => self.insert_at(file, lblk, len),
+            Op::Overwrite { file, lblk, len } => {
+                if self.s.blocks.is_none() {
+                    return Ok(());
+                }
+                self.apply(&Op::Remove { file, lblk, len })?;
+                self.insert_at(file, lblk, len)
             }
             Op::Truncate { file, lblk, huge } => {
                 let len = if huge {
