@@ -44,6 +44,7 @@ mod hash;
 mod inode;
 mod journal;
 mod mapping;
+mod overlay;
 mod parts;
 mod xattr;
 
