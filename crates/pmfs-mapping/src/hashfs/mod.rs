@@ -23,8 +23,8 @@
 //! | 8..14       | reserved, zero                                |
 //! | 15          | crc32c of words 0..15 (low 32 bits)           |
 //!
-//! A slot word packs `lblk` (32 bits), `ino` (28 bits), a version bit reserved for
-//! copy-on-write and a 3-bit tag: empty (the zero word), tombstone, tentative, committed.
+//! A slot word packs `lblk` (32 bits), `ino` (28 bits), a staged bit (copy-on-write, below)
+//! and a 3-bit tag: empty (the zero word), tombstone, tentative, committed.
 //! The table therefore keys files with inode numbers up to `2^28 - 1` and logical blocks below
 //! `2^32` (16 TiB per file), and holds fewer than `2^32` slots.
 //!
@@ -94,18 +94,63 @@
 //! [`FileMapping`] contract allows, mutations of one file are not concurrent with one
 //! another; mutations of different files and lookups of any file run in parallel.
 //!
-//! # Copy-on-write plan (not built yet)
+//! # Copy-on-write versions
 //!
-//! The data path will write a block out of place while its old version stays readable. Bit 60
-//! of the slot word (the version bit, ignored by the hash) lets both versions of
-//! `(ino, lblk)` live on the same probe sequence: the new version is claimed *tentative* with
-//! the opposite version bit, its data is written to the slot's block, and the file's log
-//! commit is the commit point. Applying the log entry flips the new slot to committed and
-//! tombstones the old one, two CASes; the log entry names the new block, so the readers and
-//! the recovery of that data path resolve the short window with two committed versions from
-//! the log, never from the table alone.
+//! The copy-on-write data path writes a block out of place while the block's current version
+//! stays mapped and readable, and makes the new block current later (when it applies the
+//! file's log entry). A new version is a *staged* slot: the committed word of its key with
+//! bit 60 set, `committed(ino, lblk) | 1 << 60` ([`slot`] has the table). So a table holds,
+//! per key, at most one current version (committed, bit 60 clear) and any number of staged
+//! versions — one per writer that staged the key.
+//!
+//! - [`HashFs::stage`] claims, by CAS of a free slot to `staged(ino, lblk)`, one slot per
+//!   block on the key's own probe sequence (the hash ignores bit 60), then flushes and
+//!   fences. Two writers staging one key CAS different free slots, so they get different
+//!   blocks. It is not atomic: a crash leaves some slots staged, see below.
+//! - Lookups, the translation cache, [`owned_blocks`](FileMapping::owned_blocks),
+//!   [`remove`](FileMapping::remove) and [`insert`](FileMapping::insert)'s overlap check all
+//!   look for the exact committed word (bit 60 clear), and the table scan only matches
+//!   committed and tentative slots, so a staged slot is never data; it is not free either,
+//!   and probe walks go past it.
+//! - [`insert_at`](FileMapping::insert_at) promotes a staged run: each slot must hold
+//!   `staged(ino, run.lblk + k)` (or already `committed(ino, run.lblk + k)`: a
+//!   re-application after a crash is a no-op for those slots), and no block of the range may
+//!   be mapped to another slot. One slot is one CAS from staged to committed, then flush and
+//!   fence. Several slots are made atomic with an intent record *promoting*
+//!   `(ino, lblk, end, first slot)`, written (one fence) after the checks and before the
+//!   first flip; the flips are CASes, then flush, fence, and the record is freed. Per-slot
+//!   atomicity would not do: the data path re-applies a log entry as "remove the range, then
+//!   `insert_at`", and after a half-done promote the remove would tombstone the promoted half
+//!   (the new data) and the `insert_at` would then refuse it.
+//! - [`HashFs::unstage`] gives a staged run back: each slot is CASed to a tombstone.
+//! - [`recover`](FileMapping::recover) keeps staged slots (a staged run may belong to a log
+//!   entry that committed just before the crash; the data path promotes it when it replays
+//!   its logs), except that a slot named by a live *promoting* record, at exactly its
+//!   position in the record's run, is rolled forward to committed: other staged versions of
+//!   the same key are not touched. [`HashFs::sweep_staged`] then tombstones every staged
+//!   slot that is left (writes that never committed); the data path calls it at mount after
+//!   replaying every log.
+//!
+//! # Log blocks
+//!
+//! [`HashFs::log_blocks`] is a [`BlockAllocator`](pmfs_core::traits::BlockAllocator) for the
+//! blocks of one file's operation log. A log block is a committed slot keyed `(ino, lblk)`
+//! with `lblk` in `[LOG_LBLK_FIRST, LOG_LBLK_END)`, 2^20 logical blocks just below the top 16
+//! of the file (which the engine keeps for its extended attributes); file data stays below
+//! `LOG_LBLK_FIRST`. An allocation picks a key of the range (a per-allocator sequence from a
+//! random start), claims a slot for it as *tentative*, and after a sequentially consistent
+//! fence walks the key's whole probe chain: if another slot holds the same key (committed,
+//! or tentative from a concurrent claimer in any process) it gives its slot back and tries
+//! another key; otherwise it flips its slot to committed and persists it. Since no slot
+//! between a key's home and a claimed slot ever becomes empty while the table is shared, the
+//! two walks of two concurrent claimers cover each other's slots, and the fences (a Dekker
+//! handshake) make at least one of them see the other: keys stay unique without a lock. A
+//! crash between the claim and the flip leaves a tentative slot, which recovery drops. The
+//! blocks belong to the file: `owned_blocks` reports them and `remove_file` frees them.
 
+mod cow;
 pub mod intent;
+mod log_blocks;
 pub mod simd;
 pub mod slot;
 pub mod translation_cache;
@@ -119,6 +164,7 @@ use pmfs_core::traits::{Extent, FileId, FileMapping, MappingKind, Run};
 use pmfs_core::{Error, Result};
 
 use self::intent::IntentTable;
+pub use self::log_blocks::{LOG_LBLK_END, LOG_LBLK_FIRST, LogBlocks};
 pub use self::simd::HashKernel;
 use self::simd::{BATCH, file_seed, home_slot, home_slots};
 use self::slot::{Key, Slot, TOMBSTONE};
@@ -135,6 +181,7 @@ const SLOTS_PER_LINE: u64 = CACHE_LINE / 8;
 const INSERT_CLAIMING: u8 = 2;
 const INSERT_COMMITTED: u8 = 3;
 const REMOVING: u8 = 4;
+const PROMOTING: u8 = 5;
 
 type Header = [Le64; HEADER_WORDS];
 /// Builds the slot word a walk looks for (or a recovery writes) from a key.
@@ -187,6 +234,8 @@ pub struct Occupancy {
     pub tentative: u64,
     /// Mapped slots.
     pub committed: u64,
+    /// Slots staged for a new version of their key (copy-on-write, see the module docs).
+    pub staged: u64,
 }
 
 impl Occupancy {
@@ -700,6 +749,7 @@ impl<M: Media> HashFs<M> {
                 Slot::Tombstone => o.tombstones += 1,
                 Slot::Tentative(_) => o.tentative += 1,
                 Slot::Committed(_) => o.committed += 1,
+                Slot::Staged(_) => o.staged += 1,
             }
         }
         Ok(o)
@@ -769,7 +819,7 @@ impl<M: Media> HashFs<M> {
             match self.load(j)?.1 {
                 Slot::Empty => last_empty = Some(j),
                 Slot::Tombstone => {}
-                Slot::Tentative(k) | Slot::Committed(k) => {
+                Slot::Tentative(k) | Slot::Committed(k) | Slot::Staged(k) => {
                     let h = self.home(file_seed(k.ino, self.salt), k.lblk);
                     let chain = (j + n - h) % n;
                     if last_empty.is_some_and(|e| (j + n - e) % n <= chain) {
@@ -875,6 +925,10 @@ impl<M: Media> FileMapping for HashFs<M> {
         Ok(())
     }
 
+    fn insert_at(&self, file: &HashFsFile, run: Run) -> Result<()> {
+        self.promote(file, run)
+    }
+
     fn remove(&self, file: &HashFsFile, lblk: u64, len: u64) -> Result<u64> {
         let end = lblk.saturating_add(len).min(LBLK_LIMIT);
         if lblk >= end {
@@ -916,24 +970,43 @@ impl<M: Media> FileMapping for HashFs<M> {
     }
 
     fn recover(&self) -> Result<()> {
-        let records = self
-            .intents
-            .scan(&self.media, &[INSERT_CLAIMING, INSERT_COMMITTED, REMOVING])?;
+        let records = self.intents.scan(
+            &self.media,
+            &[INSERT_CLAIMING, INSERT_COMMITTED, REMOVING, PROMOTING],
+        )?;
         let mut live = Vec::with_capacity(records.len());
         for r in &records {
-            let [ino, lblk, end, ..] = r.fields;
-            self.check_recovered(self.intents.record(r.index), ino, lblk, end)?;
-            live.push((r.kind, ino, lblk..end));
+            let [ino, lblk, end, first, ..] = r.fields;
+            let at = self.intents.record(r.index);
+            self.check_recovered(at, ino, lblk, end)?;
+            if r.kind == PROMOTING && first.checked_add(end - lblk).is_none_or(|e| e > self.slots) {
+                return Err(Error::Corrupt {
+                    what: "hashfs promote record",
+                    at,
+                });
+            }
+            live.push((r.kind, ino, lblk..end, first));
         }
         let covered = |kind: u8, k: Key| {
             live.iter()
-                .any(|(rk, ino, range)| *rk == kind && *ino == k.ino && range.contains(&k.lblk))
+                .any(|(rk, ino, range, _)| *rk == kind && *ino == k.ino && range.contains(&k.lblk))
+        };
+        // A staged slot is promoted only if a promote record names exactly this slot for its
+        // key: other writers may hold staged versions of the same key elsewhere.
+        let promoted = |k: Key, i: u64| {
+            live.iter().any(|(rk, ino, range, first)| {
+                *rk == PROMOTING
+                    && *ino == k.ino
+                    && range.contains(&k.lblk)
+                    && i == first + (k.lblk - range.start)
+            })
         };
         for i in 0..self.slots {
             let new = match self.load(i)?.1 {
                 Slot::Tentative(k) if covered(INSERT_COMMITTED, k) => Some(k.committed()),
                 Slot::Tentative(_) => Some(TOMBSTONE),
                 Slot::Committed(k) if covered(REMOVING, k) => Some(TOMBSTONE),
+                Slot::Staged(k) if promoted(k, i) => Some(k.committed()),
                 _ => None,
             };
             if let Some(w) = new {

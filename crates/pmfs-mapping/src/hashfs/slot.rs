@@ -4,12 +4,15 @@
 //! |---------|-------|--------------------------------------------------------------------|
 //! | 0..32   | lblk  | logical block within the file                                      |
 //! | 32..60  | ino   | inode number                                                       |
-//! | 60      | version | version bit for the copy-on-write data path (always 0 today)       |
+//! | 60      | staged | with tag 3: a staged (not yet current) version of the key          |
 //! | 61..64  | tag   | 0 empty, 1 tombstone, 2 tentative, 3 committed; 4..7 are corrupt   |
 //!
 //! An empty slot is the all-zero word and a tombstone is exactly `1 << 61`: every other bit
-//! pattern with those tags is corrupt. The hash of a key covers `ino` and `lblk` only, so both
-//! versions of a key (version bit 0 and 1) lie on the same probe sequence.
+//! pattern with those tags is corrupt, and so is a tentative word with bit 60 set. A committed
+//! word with bit 60 set is *staged*: a block claimed for a new version of `(ino, lblk)` by the
+//! copy-on-write data path, which lookups do not see (they look for the exact committed word,
+//! bit 60 clear). The hash of a key covers `ino` and `lblk` only, so the current version and
+//! any staged versions of a key lie on the same probe sequence.
 
 /// Largest inode number a global table can key (28 bits).
 pub const MAX_INO: u64 = (1 << 28) - 1;
@@ -35,7 +38,10 @@ pub struct Key {
     pub ino: u64,
     /// Logical block, below [`LBLK_LIMIT`].
     pub lblk: u64,
-    /// Version bit (reserved for copy-on-write; 0 today).
+    /// The staged bit: a key with it set builds the *staged* word in
+    /// [`committed`](Key::committed) (the same word as [`staged`](Key::staged) of the key
+    /// without it). Keys decoded by [`Slot::decode`] never have it set: a staged word decodes
+    /// to [`Slot::Staged`].
     pub version: bool,
 }
 
@@ -63,6 +69,11 @@ impl Key {
     pub fn committed(self) -> u64 {
         self.bits() | (TAG_COMMITTED << TAG_SHIFT)
     }
+
+    /// The word of a staged slot: a new version of this key, claimed but not current.
+    pub fn staged(self) -> u64 {
+        self.committed() | GEN_BIT
+    }
 }
 
 /// A decoded slot word.
@@ -74,22 +85,23 @@ pub enum Slot {
     Tombstone,
     /// Claimed by a multi-block insert that has not committed yet.
     Tentative(Key),
-    /// Mapped.
+    /// Mapped: the current version of its key.
     Committed(Key),
+    /// Claimed for a new version of its key by the copy-on-write data path: not mapped, not
+    /// free, kept by recovery.
+    Staged(Key),
 }
 
 impl Slot {
     /// Decodes a word read from PM; `None` if no valid slot has this bit pattern.
     pub fn decode(word: u64) -> Option<Slot> {
-        let key = Key {
-            lblk: word & (LBLK_LIMIT - 1),
-            ino: (word >> INO_SHIFT) & MAX_INO,
-            version: word & GEN_BIT != 0,
-        };
+        let key = Key::new((word >> INO_SHIFT) & MAX_INO, word & (LBLK_LIMIT - 1));
+        let staged = word & GEN_BIT != 0;
         match word >> TAG_SHIFT {
             0 if word == EMPTY => Some(Slot::Empty),
             TAG_TOMBSTONE if word == TOMBSTONE => Some(Slot::Tombstone),
-            TAG_TENTATIVE => Some(Slot::Tentative(key)),
+            TAG_TENTATIVE if !staged => Some(Slot::Tentative(key)),
+            TAG_COMMITTED if staged => Some(Slot::Staged(key)),
             TAG_COMMITTED => Some(Slot::Committed(key)),
             _ => None,
         }
@@ -114,7 +126,11 @@ mod tests {
         assert_ne!(z.committed(), EMPTY);
         assert_eq!(Slot::decode(z.committed()), Some(Slot::Committed(z)));
         let g = Key { version: true, ..z };
-        assert_eq!(Slot::decode(g.committed()), Some(Slot::Committed(g)));
+        assert_eq!(g.committed(), z.staged());
+        assert_eq!(Slot::decode(z.staged()), Some(Slot::Staged(z)));
+        assert_eq!(Slot::decode(k.staged()), Some(Slot::Staged(k)));
+        assert_ne!(k.staged(), k.committed());
+        assert_eq!(Slot::decode(g.tentative()), None);
         assert_eq!(Slot::decode(EMPTY), Some(Slot::Empty));
         assert_eq!(Slot::decode(TOMBSTONE), Some(Slot::Tombstone));
         assert_eq!(Slot::decode(1), None);

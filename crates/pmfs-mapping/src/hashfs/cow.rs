@@ -1,0 +1,410 @@
+//! Copy-on-write versions: staging fresh slots for a new version of a key, promoting them to
+//! the current version ([`FileMapping::insert_at`]), giving them back, and sweeping the ones
+//! whose write never committed. The design is in the [module docs](super).
+
+use pmfs_core::pm::Media;
+use pmfs_core::traits::Run;
+use pmfs_core::{Error, Result};
+
+use super::simd::{BATCH, home_slots};
+use super::slot::{Key, Slot, TOMBSTONE};
+use super::{HashFs, HashFsFile, LBLK_LIMIT, PROMOTING, push_block};
+
+impl<M: Media> HashFs<M> {
+    /// Claims one fresh slot per block of `[lblk, lblk + len)` of `file` for a *new version*
+    /// of those keys, and appends the claimed blocks to `out` as physically contiguous runs in
+    /// logical order. The current version of each key (if mapped) stays mapped and visible;
+    /// the staged slots are invisible to [`lookup`](FileMapping::lookup),
+    /// [`owned_blocks`](FileMapping::owned_blocks) and the translation cache, survive
+    /// [`recover`](FileMapping::recover), and become current with
+    /// [`insert_at`](FileMapping::insert_at). Any number of writers, in any process, may stage
+    /// the same key at once: each claim is a CAS of a free slot, so each gets its own slot.
+    ///
+    /// The claims are durable when this returns. The call is not atomic across a crash: a crash
+    /// leaves some of the slots staged, and [`sweep_staged`](Self::sweep_staged) drops them at
+    /// the next mount. Without enough free slots it gives back what it claimed and returns
+    /// [`Error::NoSpace`], appending nothing.
+    ///
+    /// [`FileMapping::lookup`]: pmfs_core::traits::FileMapping::lookup
+    pub fn stage(&self, file: &HashFsFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let end =
+            lblk.checked_add(len)
+                .filter(|&e| e <= LBLK_LIMIT)
+                .ok_or(Error::InvalidArgument(
+                    "logical block beyond the 2^32 limit of a global table",
+                ))?;
+        if len > self.slots {
+            return Err(Error::NoSpace);
+        }
+        let mut claimed = Vec::with_capacity(len as usize);
+        let mut l = lblk;
+        while l < end {
+            let homes = home_slots(self.kernel, file.seed, l, self.n32());
+            let count = BATCH.min((end - l) as usize);
+            for &h in &homes[..count] {
+                self.media.prefetch(self.slot_off(h));
+            }
+            for (j, &h) in homes[..count].iter().enumerate() {
+                match self.claim(h, Key::new(file.ino, l + j as u64).staged())? {
+                    Some(i) => claimed.push(i),
+                    None => {
+                        for &i in &claimed {
+                            self.media.store_u64(self.slot_off(i), TOMBSTONE)?;
+                        }
+                        self.flush_slots(&claimed)?;
+                        self.media.fence();
+                        return Err(Error::NoSpace);
+                    }
+                }
+            }
+            l += count as u64;
+        }
+        self.flush_slots(&claimed)?;
+        self.media.fence();
+        let first = out.len();
+        for (j, &i) in claimed.iter().enumerate() {
+            push_block(out, first, lblk + j as u64, self.data.start.0 + i);
+        }
+        Ok(())
+    }
+
+    /// Gives staged slots back (they become tombstones): the runs of a write that will not
+    /// commit. Every block of `runs` must be staged for the logical block the run gives it,
+    /// else [`Error::InvalidArgument`] and nothing changes. Durable when it returns; not
+    /// atomic across a crash (a slot left staged is swept at the next mount).
+    pub fn unstage(&self, runs: &[Run]) -> Result<()> {
+        let mut slots = Vec::new();
+        for r in runs {
+            for k in 0..r.len {
+                let i = self.staged_slot(r, k)?;
+                slots.push((i, self.media.load_u64(self.slot_off(i))?));
+            }
+        }
+        let mut freed = Vec::with_capacity(slots.len());
+        let mut raced = false;
+        for &(i, w) in &slots {
+            if self.media.cas_u64(self.slot_off(i), w, TOMBSTONE)?.is_ok() {
+                freed.push(i);
+            } else {
+                raced = true;
+            }
+        }
+        self.flush_slots(&freed)?;
+        self.media.fence();
+        if raced {
+            return Err(Error::InvalidArgument(
+                "staged slot changed by someone else during unstage",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Slot index of block `k` of `run`, which must be staged for logical block
+    /// `run.lblk + k` (of any file).
+    fn staged_slot(&self, run: &Run, k: u64) -> Result<u64> {
+        let i = self.run_slot(run, k)?;
+        match self.load(i)?.1 {
+            Slot::Staged(key) if key.lblk == run.lblk + k => Ok(i),
+            _ => Err(Error::InvalidArgument("block is not staged for that key")),
+        }
+    }
+
+    /// Slot index of block `k` of `run`, checked to lie in the table.
+    pub(super) fn run_slot(&self, run: &Run, k: u64) -> Result<u64> {
+        run.pblk
+            .0
+            .checked_sub(self.data.start.0)
+            .and_then(|i| i.checked_add(k))
+            .filter(|&i| i < self.slots)
+            .ok_or(Error::InvalidArgument(
+                "block outside the hashfs data region",
+            ))
+    }
+
+    /// Tombstones every staged slot of the table and returns how many there were. At mount,
+    /// after the data path has replayed (and so promoted) every committed write: what is still
+    /// staged belongs to writes that never committed. Crash-safe at any point (each slot is one
+    /// CAS); run it again after a crash.
+    pub fn sweep_staged(&self) -> Result<u64> {
+        let mut swept = Vec::new();
+        for i in 0..self.slots {
+            let (w, s) = self.load(i)?;
+            if let Slot::Staged(_) = s
+                && self.media.cas_u64(self.slot_off(i), w, TOMBSTONE)?.is_ok()
+            {
+                swept.push(i);
+            }
+        }
+        self.flush_slots(&swept)?;
+        self.media.fence();
+        Ok(swept.len() as u64)
+    }
+
+    /// [`FileMapping::insert_at`]: makes the staged slots of `run` the current version of
+    /// `(file, run.lblk + k)`.
+    ///
+    /// [`FileMapping::insert_at`]: pmfs_core::traits::FileMapping::insert_at
+    pub(super) fn promote(&self, file: &HashFsFile, run: Run) -> Result<()> {
+        if run.len == 0 {
+            return Err(Error::InvalidArgument("insert_at of an empty run"));
+        }
+        let end = run
+            .lblk
+            .checked_add(run.len)
+            .filter(|&e| e <= LBLK_LIMIT)
+            .ok_or(Error::InvalidArgument(
+                "logical block beyond the 2^32 limit of a global table",
+            ))?;
+        self.run_slot(&run, run.len - 1)?;
+        let first = self.run_slot(&run, 0)?;
+        // Each slot must be staged for its key, or already be its current version (a
+        // re-application after a crash).
+        let mut todo = Vec::with_capacity(run.len as usize);
+        for k in 0..run.len {
+            let key = Key::new(file.ino, run.lblk + k);
+            let w = self.media.load_u64(self.slot_off(first + k))?;
+            if w == key.staged() {
+                todo.push(first + k);
+            } else if w != key.committed() {
+                return Err(Error::InvalidArgument(
+                    "insert_at of a block not staged for that key",
+                ));
+            }
+        }
+        let mut mapped = Vec::new();
+        self.lookup_range(file, run.lblk, end, &mut mapped, false)?;
+        for m in &mapped {
+            for k in 0..m.len {
+                if m.pblk.0 + k != run.pblk.0 + (m.lblk + k - run.lblk) {
+                    return Err(Error::InvalidArgument("insert_at over mapped blocks"));
+                }
+            }
+        }
+        // Each flip is a CAS from the staged word: a failure means someone else gave the
+        // slot back meanwhile (a caller bug), which is reported rather than repaired.
+        let mut raced = false;
+        let mut flip = |i: u64| -> Result<()> {
+            let key = Key::new(file.ino, run.lblk + (i - first));
+            raced |= self
+                .media
+                .cas_u64(self.slot_off(i), key.staged(), key.committed())?
+                .is_err();
+            Ok(())
+        };
+        if let [i] = todo[..] {
+            flip(i)?;
+            self.media.persist(self.slot_off(i), 8)?;
+        } else if !todo.is_empty() {
+            let mut intent = self.intents.acquire(&self.media)?;
+            intent.begin(PROMOTING, [file.ino, run.lblk, end, first, 0, 0])?;
+            todo.iter().try_for_each(|&i| flip(i))?;
+            self.flush_slots(&todo)?;
+            self.media.fence();
+            intent.finish()?;
+        }
+        if raced {
+            return Err(Error::InvalidArgument(
+                "staged slot changed by someone else during insert_at",
+            ));
+        }
+        for k in 0..run.len {
+            file.cache.put(run.lblk + k, first + k);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
+    use pmfs_core::pm::HeapRegion;
+    use pmfs_core::traits::{Extent, FileId, FileMapping};
+
+    use super::super::intent::FIELDS;
+    use super::*;
+
+    fn table(slots: u64) -> HashFs<Arc<HeapRegion>> {
+        let meta = Extent::new(BlockNo(1), HashFs::<HeapRegion>::meta_blocks(slots));
+        let data = Extent::new(meta.end(), slots);
+        let r = Arc::new(HeapRegion::new(data.end().0 * BLOCK_SIZE).unwrap());
+        HashFs::format_with_salt(r, meta, data, 5).unwrap()
+    }
+
+    fn file(t: &HashFs<Arc<HeapRegion>>, ino: u64) -> HashFsFile {
+        t.open_file(FileId {
+            ino,
+            root: PmOff(0),
+        })
+        .unwrap()
+    }
+
+    fn mapped(t: &HashFs<Arc<HeapRegion>>, f: &HashFsFile, lblk: u64, len: u64) -> Vec<Run> {
+        let mut runs = Vec::new();
+        t.lookup(f, lblk, len, &mut runs).unwrap();
+        runs
+    }
+
+    fn blocks(runs: &[Run]) -> Vec<(u64, u64)> {
+        runs.iter()
+            .flat_map(|r| (0..r.len).map(move |k| (r.lblk + k, r.pblk.0 + k)))
+            .collect()
+    }
+
+    #[test]
+    fn staged_slots_are_invisible_until_promoted() {
+        let t = table(128);
+        let f = file(&t, 3);
+        let mut old = Vec::new();
+        t.insert(&f, 0, 8, &mut old).unwrap();
+        let mut new = Vec::new();
+        t.stage(&f, 2, 4, &mut new).unwrap();
+        assert_eq!(
+            blocks(&new).iter().map(|b| b.0).collect::<Vec<_>>(),
+            [2, 3, 4, 5]
+        );
+        // Lookups (batched, scanned, through a fresh handle) and owned_blocks see the old
+        // version only.
+        assert_eq!(mapped(&t, &f, 0, 8), old);
+        assert_eq!(
+            blocks(&mapped(&t, &file(&t, 3), 0, LBLK_LIMIT)),
+            blocks(&old)
+        );
+        let mut owned = Vec::new();
+        t.owned_blocks(&f, &mut |e| owned.push(e)).unwrap();
+        assert_eq!(owned.iter().map(|e| e.len).sum::<u64>(), 8);
+        assert_eq!(t.occupancy().unwrap().staged, 4);
+        // Over the mapped old version, insert_at is refused and changes nothing.
+        for r in &new {
+            assert!(matches!(
+                t.insert_at(&f, *r),
+                Err(Error::InvalidArgument(_))
+            ));
+        }
+        assert_eq!(t.occupancy().unwrap().staged, 4);
+        assert_eq!(t.remove(&f, 2, 4).unwrap(), 4);
+        for r in &new {
+            t.insert_at(&f, *r).unwrap();
+            // A re-application is a no-op.
+            t.insert_at(&f, *r).unwrap();
+        }
+        let want: Vec<_> = blocks(&old)[..2]
+            .iter()
+            .chain(&blocks(&new))
+            .chain(&blocks(&old)[6..])
+            .copied()
+            .collect();
+        assert_eq!(blocks(&mapped(&t, &f, 0, 8)), want);
+        assert_eq!(blocks(&mapped(&t, &file(&t, 3), 0, LBLK_LIMIT)), want);
+        let occ = t.occupancy().unwrap();
+        assert_eq!((occ.staged, occ.committed), (0, 8));
+    }
+
+    #[test]
+    fn insert_at_checks_the_key_of_every_slot() {
+        let t = table(64);
+        let (a, b) = (file(&t, 1), file(&t, 2));
+        let mut runs = Vec::new();
+        t.stage(&a, 10, 1, &mut runs).unwrap();
+        let r = runs[0];
+        let shifted = Run { lblk: 11, ..r };
+        assert!(matches!(
+            t.insert_at(&a, shifted),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(t.insert_at(&b, r), Err(Error::InvalidArgument(_))));
+        let longer = Run { len: 2, ..r };
+        assert!(matches!(
+            t.insert_at(&a, longer),
+            Err(Error::InvalidArgument(_))
+        ));
+        let outside = Run {
+            pblk: BlockNo(t.data().end().0),
+            ..r
+        };
+        assert!(matches!(
+            t.insert_at(&a, outside),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            t.unstage(&[shifted]),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert_eq!(t.occupancy().unwrap().staged, 1);
+        t.unstage(&[r]).unwrap();
+        assert!(matches!(t.insert_at(&a, r), Err(Error::InvalidArgument(_))));
+        let occ = t.occupancy().unwrap();
+        assert_eq!((occ.staged, occ.committed, occ.tombstones), (0, 0, 1));
+    }
+
+    #[test]
+    fn the_same_key_staged_twice_gets_two_slots_and_only_one_is_promoted() {
+        let t = table(64);
+        let f = file(&t, 4);
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        t.stage(&f, 0, 3, &mut x).unwrap();
+        t.stage(&f, 0, 3, &mut y).unwrap();
+        let (bx, by) = (blocks(&x), blocks(&y));
+        assert!(bx.iter().all(|b| !by.iter().any(|c| c.1 == b.1)));
+        for r in &y {
+            t.insert_at(&f, *r).unwrap();
+        }
+        assert_eq!(blocks(&mapped(&t, &f, 0, 3)), by);
+        assert_eq!(t.sweep_staged().unwrap(), 3);
+        assert_eq!(blocks(&mapped(&t, &f, 0, 3)), by);
+        assert_eq!(t.occupancy().unwrap().staged, 0);
+    }
+
+    #[test]
+    fn recovery_keeps_staged_slots_and_rolls_a_promote_forward_at_its_slots_only() {
+        let t = table(64);
+        let f = file(&t, 6);
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        t.stage(&f, 20, 3, &mut x).unwrap();
+        t.stage(&f, 20, 3, &mut y).unwrap();
+        // A promote of `y`'s first run that crashed after its record and one flip.
+        let r = y[0];
+        let first = r.pblk.0 - t.data().start.0;
+        let mut rec = t.intents.acquire(&t.media).unwrap();
+        let mut fields = [0; FIELDS];
+        fields[..4].copy_from_slice(&[6, r.lblk, r.lblk + r.len, first]);
+        rec.begin(PROMOTING, fields).unwrap();
+        let k0 = Key::new(6, r.lblk);
+        t.media
+            .cas_u64(t.slot_off(first), k0.staged(), k0.committed())
+            .unwrap()
+            .unwrap();
+        std::mem::forget(rec);
+        t.recover().unwrap();
+        assert_eq!(mapped(&t, &f, 20, 3), [r]);
+        assert_eq!(t.occupancy().unwrap().staged, 6 - r.len);
+        // A record naming slots outside the table is corrupt.
+        let mut rec = t.intents.acquire(&t.media).unwrap();
+        fields[3] = t.slots;
+        rec.begin(PROMOTING, fields).unwrap();
+        std::mem::forget(rec);
+        assert!(matches!(t.recover(), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn stage_without_room_gives_everything_back() {
+        let t = table(16);
+        let f = file(&t, 1);
+        let mut out = Vec::new();
+        t.insert(&f, 0, 10, &mut out).unwrap();
+        out.clear();
+        assert!(matches!(t.stage(&f, 0, 7, &mut out), Err(Error::NoSpace)));
+        assert!(out.is_empty());
+        let occ = t.occupancy().unwrap();
+        assert_eq!((occ.staged, occ.free()), (0, 6));
+        assert!(matches!(t.stage(&f, 0, 17, &mut out), Err(Error::NoSpace)));
+        assert!(matches!(
+            t.stage(&f, LBLK_LIMIT - 1, 2, &mut out),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+}
