@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashSet};
 
 use super::chain::Walk;
 use super::entry::Entry;
+use super::epoch::Guard;
 use super::format::{
     ENTRIES_PER_BLOCK, FIRST_SLOT, FLAG_COMPACTED, HeadWord, Indirect, MAX_SPAN, MIN_SEGMENT_SPAN,
     SEGMENT_HEADER_WORDS, SLOTS_PER_BLOCK, SegmentHeader, Slot, reserve_word, segment_words,
@@ -170,6 +171,10 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
     /// undisturbed; the replaced blocks are reclaimed later (see [`reclaim`](Log::reclaim),
     /// which this calls once).
     ///
+    /// With no live entries nothing is written: the point's block becomes the head. The point
+    /// may also be the start of any block before the one holding the tail (every such block is
+    /// full and immutable too).
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a point that is not a block start or no longer
     /// [current](Log::is_current), or invalid entries; allocation, media and corruption errors.
@@ -184,6 +189,17 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         }
         let guard = self.epoch.pin();
         self.check_pos(point)?;
+        self.compact_pinned(guard, point, live)
+    }
+
+    /// [`compact`](Log::compact) for a checked point and valid entries, under `guard` (taken
+    /// before the point was); drops the guard before reclaiming.
+    pub(crate) fn compact_pinned(
+        &self,
+        guard: Guard<'_>,
+        point: Position,
+        live: &[Entry],
+    ) -> Result<Compaction> {
         let chain = self.chain();
         let (head, hh) = self.head()?;
         // The blocks before the point, and segment blocks outside them that their entries use
@@ -220,7 +236,12 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
                 Ok(())
             })?;
         }
-        let count = Builder::build(self.root.0, live, &|_| BlockNo(1)).len();
+        // Nothing live: the point's block becomes the head, no block is written.
+        let count = if live.is_empty() {
+            0
+        } else {
+            Builder::build(self.root.0, live, &|_| BlockNo(1)).len()
+        };
         if count >= old.len() {
             return Ok(Compaction::NotSmaller);
         }
@@ -268,7 +289,11 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         live: &[Entry],
         fresh: &[BlockNo],
     ) -> Result<bool> {
-        let image = Builder::build(self.root.0, live, &|k| fresh[k]);
+        let image = if fresh.is_empty() {
+            Vec::new()
+        } else {
+            Builder::build(self.root.0, live, &|k| fresh[k])
+        };
         debug_assert_eq!(image.len(), fresh.len());
         let n = fresh.len() as u64;
         let first = point.lsn - n * ENTRIES_PER_BLOCK;
@@ -278,6 +303,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
             self.write_block(fresh[k], base, FLAG_COMPACTED, slots, next)?;
         }
         self.media.fence();
+        let new_head = fresh.first().copied().unwrap_or(point.block);
         let mut cur = self.media.load_u64(self.root)?;
         loop {
             let hw = HeadWord(cur);
@@ -287,7 +313,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
             // Only the pin count may have changed: retry with it.
             match self
                 .media
-                .cas_u64(self.root, cur, HeadWord::new(fresh[0], hw.pins()).0)?
+                .cas_u64(self.root, cur, HeadWord::new(new_head, hw.pins()).0)?
             {
                 Ok(_) => break,
                 Err(actual) => cur = actual,

@@ -155,6 +155,54 @@
 //! unpersisted committed slot (the next reader persists it), or an unlinked block (leaked until
 //! the next mount).
 //!
+//! # Digest
+//!
+//! The log is the truth of the entries not yet applied to the state they describe (for a file:
+//! its mapping structure and size word); *digesting* applies them, in LSN order, so that their
+//! blocks can be dropped. Progress is kept in a **cursor word**, 8 bytes in PM owned by the
+//! caller (e.g. in the inode, next to the head word): bits 0..40 the LSN of the first entry not
+//! yet applied, bits 40..63 the *holder* applying entries right now (0: nobody; a process id,
+//! the same for all threads of a process), bit 63 zero. [`init_cursor`] makes a fresh one.
+//!
+//! [`Log::digest`] takes the cursor with a CAS (free → its own id), replays from the cursor's
+//! LSN ([`Log::iter_from_lsn`]), and after each entry the caller's `apply` returned from, moves
+//! the cursor past it with a CAS that keeps the holder, and persists it. At the tail it moves
+//! the cursor to the tail and frees it in one CAS, then looks at the tail once more and starts
+//! over if entries arrived. One holder at a time, with no DRAM lock: the cursor is a PM word,
+//! so the rule holds across processes, and `apply` runs under no lock at all.
+//!
+//! **Busy and takeover.** A caller that finds another holder in the cursor asks its liveness
+//! oracle (`alive`, e.g. "does this pid run"): if the holder is alive the call returns
+//! [`Digest::Busy`] at once — the holder will apply the caller's entries, because a busy caller
+//! still swaps the word for itself (a read-modify-write), and the holder looks at the tail
+//! again after its freeing CAS, which comes later in the word's modification order and so
+//! sees everything the busy caller committed before. If the holder is dead, the caller takes
+//! the cursor over with a CAS and goes on from the cursor's LSN. A caller that finds its *own*
+//! id gets `Busy` too: that is another thread of its process. A holder whose cursor was taken
+//! over (its liveness was misjudged) notices at its next CAS, stops, and returns `Busy`
+//! without touching the word again.
+//!
+//! **Why apply must be idempotent.** The cursor moves after the entry's effects are durable,
+//! never together with them: a holder killed (or taken over) between the two leaves the entry
+//! applied and the cursor before it, and the next holder applies it again. `apply` must
+//! therefore leave the same state when run twice on the same entry (a remap that is already
+//! in place is skipped, a size that is already set is set again), and must make its effects
+//! durable before it returns. So every entry is applied *at least once, in order, never
+//! skipped*; exactly once when no holder dies.
+//!
+//! **What a killed holder leaves.** Its id in the cursor word (taken over by the next digest
+//! that finds it dead, or cleared at mount by [`reset_holder`]), the cursor at the first entry
+//! it had not finished, and that entry possibly half applied (the next holder redoes it). A
+//! panic or an error in `apply` frees the cursor before that entry.
+//!
+//! **Dropping applied blocks.** [`Log::compact_applied`] compacts with no live entries up to
+//! the start of the block holding the cursor's LSN: the log then starts there, and entries at
+//! or after the cursor keep their LSNs. It persists the cursor word first, so a crash never
+//! leaves the cursor below the head. (An LSN below the head is still safe: replay starts at
+//! the head, and entries below it were applied durably before the cursor passed them.) When
+//! a log has a cursor, compact it this way only: [`Log::compact`] with live entries gives
+//! them LSNs right below its point, which a cursor below that point would apply again.
+//!
 //! # Using it
 //!
 //! ```text
@@ -168,6 +216,9 @@
 //!                 conflicts, re-copy, p = prepared, since = tail } } }
 //! gc:      point = log.compaction_point(); live = fold(entries before point);
 //!          log.compact(point, &live)    (log.reclaim() later if it could not free yet)
+//! digest:  mount: reset_holder(media, cursor); then, after writes:
+//!          log.digest(cursor, pid, &|h| pid_alive(h), &mut |lsn, e| apply(e))
+//!          log.compact_applied(cursor)  (drops the blocks every entry of which is applied)
 //! ```
 //!
 //! # Limits
@@ -180,6 +231,7 @@
 
 mod append;
 mod chain;
+mod digest;
 mod entry;
 mod epoch;
 mod format;
@@ -209,6 +261,9 @@ use format::{
 use gc::Retired;
 
 pub use append::{Commit, Prepared};
+pub use digest::{
+    CURSOR_HOLDER_BITS, CURSOR_LSN_BITS, Digest, MAX_HOLDER, init_cursor, reset_holder,
+};
 pub use entry::{Entry, MAX_RUN_LEN};
 pub use format::{ENTRIES_PER_BLOCK, INLINE_MAX_LEN, LOG_VERSION};
 pub use gc::Compaction;

@@ -57,7 +57,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         Ok(self.replay(guard, era, walk))
     }
 
-    fn replay<'a>(&'a self, guard: Guard<'a>, era: u64, walk: Walk) -> Replay<'a, M, A> {
+    pub(super) fn replay<'a>(&'a self, guard: Guard<'a>, era: u64, walk: Walk) -> Replay<'a, M, A> {
         Replay {
             log: self,
             _guard: guard,
