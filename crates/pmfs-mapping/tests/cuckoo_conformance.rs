@@ -8,7 +8,7 @@ use std::sync::Arc;
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::pm::HeapRegion;
 use pmfs_core::traits::conformance::mapping::{
-    StressConfig, Subject, SuiteConfig, run_suite, stress_files, stress_one_writer,
+    FromAllocator, StressConfig, Subject, SuiteConfig, run_suite, stress_files, stress_one_writer,
 };
 use pmfs_core::traits::{BlockAllocator, Extent, FileId, SimpleAllocator};
 use pmfs_mapping::cuckoo::CuckooMapping;
@@ -22,6 +22,7 @@ fn subject(files: usize, capacity: u64, data: u64) -> Subject<Table> {
     let region = HeapRegion::new((meta.end().0 + data) * BLOCK_SIZE).unwrap();
     let alloc = Arc::new(SimpleAllocator::new(meta.end(), data));
     let free = alloc.clone();
+    let source = FromAllocator(alloc.clone());
     let table = CuckooMapping::format(region, meta, alloc).unwrap();
     let ids = (0..files)
         .map(|i| FileId {
@@ -29,7 +30,9 @@ fn subject(files: usize, capacity: u64, data: u64) -> Subject<Table> {
             root: PmOff(0),
         })
         .collect();
-    Subject::new(table, ids).with_free_blocks(move || free.free_blocks())
+    Subject::new(table, ids)
+        .with_free_blocks(move || free.free_blocks())
+        .with_block_source(source)
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::pm::HeapRegion;
 use pmfs_core::traits::conformance::mapping::{
-    StressConfig, Subject, SuiteConfig, run_suite, stress_files, stress_one_writer,
+    FromAllocator, StressConfig, Subject, SuiteConfig, run_suite, stress_files, stress_one_writer,
 };
 use pmfs_core::traits::{AllocHint, BlockAllocator, Extent, FileId, SimpleAllocator};
 use pmfs_mapping::extent::{ExtentOptions, ExtentTree};
@@ -38,6 +38,7 @@ fn subject(files: usize, data_blocks: u64, fanout: usize, fragment: bool) -> Sub
         }
     }
     let free = alloc.clone();
+    let source = FromAllocator(alloc.clone());
     let tree = ExtentTree::format_with(region, meta, alloc, opts).unwrap();
     let ids = (0..files)
         .map(|i| FileId {
@@ -45,7 +46,9 @@ fn subject(files: usize, data_blocks: u64, fanout: usize, fragment: bool) -> Sub
             root: PmOff(8 * i as u64),
         })
         .collect();
-    Subject::new(tree, ids).with_free_blocks(move || free.free_blocks())
+    Subject::new(tree, ids)
+        .with_free_blocks(move || free.free_blocks())
+        .with_block_source(source)
 }
 
 #[test]

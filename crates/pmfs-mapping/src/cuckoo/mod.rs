@@ -43,11 +43,13 @@
 //!
 //! # Crash protocol
 //!
-//! - Insert: the data blocks are allocated first, then `(ino, lblk, end)` is recorded in the
-//!   thread's intent record (one fence), the entries are written and flushed, one fence, and
-//!   the record is freed durably (the commit point). Recovery of a live insert record removes
-//!   every entry of the range, which was unmapped before the call. The allocator is volatile:
-//!   after a crash it is rebuilt from [`owned_blocks`](FileMapping::owned_blocks).
+//! - Insert: the data blocks are allocated first (`insert_at` is handed them instead and cuts
+//!   them into runs of at most [`RUN_MAX`]; the rest is the same), then `(ino, lblk, end)` is
+//!   recorded in the thread's intent record (one fence), the entries are written and flushed,
+//!   one fence, and the record is freed durably (the commit point). Recovery of a live insert
+//!   record removes every entry of the range, which was unmapped before the call. The
+//!   allocator is volatile: after a crash it is rebuilt from
+//!   [`owned_blocks`](FileMapping::owned_blocks).
 //! - Remove: the record stores the range and the parts of the runs it cuts (`[left, lblk)`
 //!   whose `size` must shrink, `[end, right)` whose `rev` must shrink), then the entries are
 //!   rewritten and deleted; recovery redoes all of it (the rewrites are idempotent). The data
@@ -848,6 +850,76 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
         Ok(())
     }
 
+    /// Checks that `[lblk, lblk + len)` (`len` ≥ 1) lies below [`LBLK_LIMIT`], that none of
+    /// its blocks is mapped and that the table could hold it; returns its end.
+    fn check_insert(&self, file: &CuckooFile, lblk: u64, len: u64) -> Result<u64> {
+        let end =
+            lblk.checked_add(len)
+                .filter(|&e| e <= LBLK_LIMIT)
+                .ok_or(Error::InvalidArgument(
+                    "logical block beyond the 2^32 limit of a global table",
+                ))?;
+        let mut existing = Vec::new();
+        self.lookup_range(file, lblk, end, &mut existing)?;
+        if !existing.is_empty() {
+            return Err(Error::InvalidArgument("insert over mapped blocks"));
+        }
+        if len > self.slots() {
+            return Err(Error::NoSpace);
+        }
+        Ok(end)
+    }
+
+    /// Maps `[lblk, end)` to `runs` (in logical order, each at most [`RUN_MAX`] blocks, one
+    /// ranged run each) under an insert intent: the shared body of `insert` and `insert_at`.
+    /// When the call fails before anything is mapped, or the table runs full and the entries
+    /// written so far are deleted again, it calls `give_back` with `runs` (the data blocks are
+    /// the caller's business) and returns the error.
+    fn map_runs(
+        &self,
+        file: &CuckooFile,
+        lblk: u64,
+        end: u64,
+        runs: &[Extent],
+        give_back: impl FnOnce(&[Extent]) -> Result<()>,
+    ) -> Result<()> {
+        let mut intent = match self.intents.acquire(&self.media) {
+            Ok(i) => i,
+            Err(e) => {
+                give_back(runs)?;
+                return Err(e);
+            }
+        };
+        intent.begin(OP_INSERT, [file.ino, lblk, end, 0, 0, 0])?;
+        let mut dirty = Vec::new();
+        let mut l = lblk;
+        for e in runs {
+            for k in 0..e.len {
+                let v = Value {
+                    pblk: e.start.0 + k,
+                    size: e.len - k,
+                    rev: k,
+                };
+                match self.insert_entry(&intent, Key::new(file.ino, l + k), v, &mut dirty) {
+                    Ok(()) => {}
+                    Err(Error::NoSpace) => {
+                        self.delete_range(file.ino, lblk, end, &mut dirty)?;
+                        self.flush_buckets(&mut dirty)?;
+                        self.media.fence();
+                        intent.finish()?;
+                        give_back(runs)?;
+                        return Err(Error::NoSpace);
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+            l += e.len;
+        }
+        self.flush_buckets(&mut dirty)?;
+        self.media.fence();
+        intent.finish()
+    }
+
     /// Allocates `len` blocks as runs of at most [`RUN_MAX`]; frees them all on failure.
     fn allocate(&self, len: u64) -> Result<Vec<Extent>> {
         let mut got: Vec<Extent> = Vec::new();
@@ -1070,58 +1142,11 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
         if len == 0 {
             return Ok(());
         }
-        let end =
-            lblk.checked_add(len)
-                .filter(|&e| e <= LBLK_LIMIT)
-                .ok_or(Error::InvalidArgument(
-                    "logical block beyond the 2^32 limit of a global table",
-                ))?;
-        let mut existing = Vec::new();
-        self.lookup_range(file, lblk, end, &mut existing)?;
-        if !existing.is_empty() {
-            return Err(Error::InvalidArgument("insert over mapped blocks"));
-        }
-        if len > self.slots() {
-            return Err(Error::NoSpace);
-        }
+        let end = self.check_insert(file, lblk, len)?;
         let runs = self.allocate(len)?;
-        let free_runs =
-            |runs: &[Extent]| -> Result<()> { runs.iter().try_for_each(|&e| self.alloc.free(e)) };
-        let mut intent = match self.intents.acquire(&self.media) {
-            Ok(i) => i,
-            Err(e) => {
-                free_runs(&runs)?;
-                return Err(e);
-            }
-        };
-        intent.begin(OP_INSERT, [file.ino, lblk, end, 0, 0, 0])?;
-        let mut dirty = Vec::new();
-        let mut l = lblk;
-        for e in &runs {
-            for k in 0..e.len {
-                let v = Value {
-                    pblk: e.start.0 + k,
-                    size: e.len - k,
-                    rev: k,
-                };
-                match self.insert_entry(&intent, Key::new(file.ino, l + k), v, &mut dirty) {
-                    Ok(()) => {}
-                    Err(Error::NoSpace) => {
-                        self.delete_range(file.ino, lblk, end, &mut dirty)?;
-                        self.flush_buckets(&mut dirty)?;
-                        self.media.fence();
-                        intent.finish()?;
-                        free_runs(&runs)?;
-                        return Err(Error::NoSpace);
-                    }
-                    Err(err) => return Err(err),
-                }
-            }
-            l += e.len;
-        }
-        self.flush_buckets(&mut dirty)?;
-        self.media.fence();
-        intent.finish()?;
+        self.map_runs(file, lblk, end, &runs, |runs| {
+            runs.iter().try_for_each(|&e| self.alloc.free(e))
+        })?;
         let first = out.len();
         let mut l = lblk;
         for e in &runs {
@@ -1129,6 +1154,29 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
             l += e.len;
         }
         Ok(())
+    }
+
+    fn insert_at(&self, file: &CuckooFile, run: Run) -> Result<()> {
+        if run.len == 0 {
+            return Ok(());
+        }
+        let given = run.extent();
+        if !in_region(&self.media, given)
+            || given.end().0 > bucket::PBLK_LIMIT
+            || (given.start < self.meta.end() && given.end() > self.meta.start)
+        {
+            return Err(Error::InvalidArgument(
+                "blocks outside the table's data area",
+            ));
+        }
+        let end = self.check_insert(file, run.lblk, run.len)?;
+        let pieces: Vec<Extent> = (0..run.len.div_ceil(RUN_MAX))
+            .map(|i| {
+                let at = i * RUN_MAX;
+                Extent::new(given.start + at, (run.len - at).min(RUN_MAX))
+            })
+            .collect();
+        self.map_runs(file, run.lblk, end, &pieces, |_| Ok(()))
     }
 
     fn remove(&self, file: &CuckooFile, lblk: u64, len: u64) -> Result<u64> {

@@ -55,7 +55,8 @@
 //! call. A call that fails (out of space, corruption found midway) rolls back the same way
 //! before returning. Blocks are freed to the allocator only after commit.
 //!
-//! - insert: allocates the data first, checks that the range is unmapped, merges with the
+//! - insert: allocates the data first (`insert_at` takes the caller's blocks instead and is
+//!   otherwise the same call), checks that the range is unmapped, merges with the
 //!   preceding extent when the allocation continues it, otherwise splices the new entries into
 //!   the leaf. A full node splits into itself plus fresh nodes (filled up completely when the
 //!   entries were appended at the node's end, evenly otherwise); the new separators go into
@@ -172,6 +173,15 @@ struct Cursor {
     leaf: BlockNo,
     lo: u64,
     hi: u64,
+}
+
+/// Where the data blocks of a new mapping come from.
+#[derive(Clone, Copy, Debug)]
+enum Data {
+    /// Allocate them (`insert`).
+    Allocate,
+    /// The caller's blocks (`insert_at`).
+    Given(Extent),
 }
 
 /// One level of a descent: the node, the child taken and the node's key range `[lo, hi)`.
@@ -697,6 +707,68 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         Ok(())
     }
 
+    /// Maps `[lblk, lblk + len)` to data blocks that `data` says where to take from, in one
+    /// transaction; returns the data extents in logical order. The shared body of `insert` and
+    /// `insert_at`: only blocks this call allocated (nodes, and the data for
+    /// [`Data::Allocate`]) go back to the allocator when it fails.
+    fn map_range(&self, file: &ExtentFile, lblk: u64, len: u64, data: Data) -> Result<Vec<Extent>> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let b = lblk
+            .checked_add(len)
+            .ok_or(Error::InvalidArgument("logical range overflows"))?;
+        if let Data::Given(e) = data
+            && !self.inside(e)
+        {
+            return Err(Error::InvalidArgument(
+                "blocks outside the tree's data area",
+            ));
+        }
+        let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
+        let root = self.root(file)?;
+        let mut goal = None;
+        if root.is_some() {
+            let mut probe = Vec::new();
+            self.lookup_locked(file, lblk, b, &mut probe)?;
+            if !probe.is_empty() {
+                return Err(Error::InvalidArgument("insert over mapped blocks"));
+            }
+            if lblk > 0 && matches!(data, Data::Allocate) {
+                self.lookup_locked(file, lblk - 1, lblk, &mut probe)?;
+                goal = probe.first().map(|r| r.pblk + r.len);
+            }
+        }
+        let mut ctx = OpCtx::default();
+        let data = match data {
+            Data::Allocate => ctx
+                .ledger
+                .alloc_data(&*self.alloc, len, goal, |e| self.inside(e))?,
+            Data::Given(e) => vec![e],
+        };
+        let mut entries = Vec::with_capacity(data.len());
+        let mut l = lblk;
+        for e in &data {
+            let mut done = 0;
+            while done < e.len {
+                let n = (e.len - done).min(MAX_EXTENT_LEN);
+                entries.push(Entry::extent(l, e.start.0 + done, n));
+                l += n;
+                done += n;
+            }
+        }
+        let mut tx = self.undo.begin(&self.media, file.id.ino);
+        if let Err(e) = self.insert_tx(&mut tx, &mut ctx, file.id.root, root, lblk, b, entries) {
+            let _ = tx.abort();
+            self.invalidate(file);
+            let _ = ctx.ledger.finish_aborted(&*self.alloc);
+            return Err(e);
+        }
+        tx.commit()?;
+        self.invalidate(file);
+        Ok(data)
+    }
+
     /// Records every block of the subtree at `block` (nodes and data) for release; returns the
     /// number of data blocks.
     fn release_subtree(&self, block: u64, level: u8, ctx: &mut OpCtx) -> Result<u64> {
@@ -1000,50 +1072,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for ExtentTree<M, A> {
     }
 
     fn insert(&self, file: &ExtentFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        let b = lblk
-            .checked_add(len)
-            .ok_or(Error::InvalidArgument("logical range overflows"))?;
-        let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
-        let root = self.root(file)?;
-        let mut goal = None;
-        if root.is_some() {
-            let mut probe = Vec::new();
-            self.lookup_locked(file, lblk, b, &mut probe)?;
-            if !probe.is_empty() {
-                return Err(Error::InvalidArgument("insert over mapped blocks"));
-            }
-            if lblk > 0 {
-                self.lookup_locked(file, lblk - 1, lblk, &mut probe)?;
-                goal = probe.first().map(|r| r.pblk + r.len);
-            }
-        }
-        let mut ctx = OpCtx::default();
-        let data = ctx
-            .ledger
-            .alloc_data(&*self.alloc, len, goal, |e| self.inside(e))?;
-        let mut entries = Vec::with_capacity(data.len());
-        let mut l = lblk;
-        for e in &data {
-            let mut done = 0;
-            while done < e.len {
-                let n = (e.len - done).min(MAX_EXTENT_LEN);
-                entries.push(Entry::extent(l, e.start.0 + done, n));
-                l += n;
-                done += n;
-            }
-        }
-        let mut tx = self.undo.begin(&self.media, file.id.ino);
-        if let Err(e) = self.insert_tx(&mut tx, &mut ctx, file.id.root, root, lblk, b, entries) {
-            let _ = tx.abort();
-            self.invalidate(file);
-            let _ = ctx.ledger.finish_aborted(&*self.alloc);
-            return Err(e);
-        }
-        tx.commit()?;
-        self.invalidate(file);
+        let data = self.map_range(file, lblk, len, Data::Allocate)?;
         let mut l = lblk;
         for e in data {
             out.push(Run {
@@ -1054,6 +1083,11 @@ impl<M: Media, A: BlockAllocator> FileMapping for ExtentTree<M, A> {
             l += e.len;
         }
         Ok(())
+    }
+
+    fn insert_at(&self, file: &ExtentFile, run: Run) -> Result<()> {
+        self.map_range(file, run.lblk, run.len, Data::Given(run.extent()))
+            .map(drop)
     }
 
     fn remove(&self, file: &ExtentFile, lblk: u64, len: u64) -> Result<u64> {

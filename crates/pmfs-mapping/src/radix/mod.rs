@@ -40,7 +40,8 @@
 //! and commit invalidates the log with one store after flushing everything.
 //! [`recover`](FileMapping::recover) rolls back a call cut short by a crash.
 //!
-//! - insert: checks that the range is unmapped, allocates the data, adds levels on top while
+//! - insert: checks that the range is unmapped, allocates the data (`insert_at` takes the
+//!   caller's blocks instead and is otherwise the same call), adds levels on top while
 //!   the tree does not reach the last block (each new top node gets the old one as entry 0;
 //!   the root word is switched once), creates missing nodes along the way and fills the leaf
 //!   entries, one logged range per leaf.
@@ -74,6 +75,15 @@ pub use node::{BITS_PER_LEVEL, ENTRIES, MAX_HEIGHT};
 use node::{Root, covers, decode_entry, entry_off, entry_span, entry_word, height_for, span};
 
 use crate::undo::{AreaKind, Ledger, Tx, UndoGeometry, UndoLog, format_area, open_area};
+
+/// Where the data blocks of a new mapping come from.
+#[derive(Clone, Copy, Debug)]
+enum Data {
+    /// Allocate them (`insert`).
+    Allocate,
+    /// The caller's blocks (`insert_at`).
+    Given(Extent),
+}
 
 /// Magic of the radix tree's meta area.
 pub const RADIX_MAGIC: u64 = u64::from_le_bytes(*b"pmfsRADX");
@@ -428,6 +438,55 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
         Ok(())
     }
 
+    /// Maps `[lblk, lblk + len)` to data blocks that `data` says where to take from, in one
+    /// transaction; returns the data extents in logical order. The shared body of `insert` and
+    /// `insert_at`: only blocks this call allocated (nodes, and the data for
+    /// [`Data::Allocate`]) go back to the allocator when it fails.
+    fn map_range(&self, file: &RadixFile, lblk: u64, len: u64, data: Data) -> Result<Vec<Extent>> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let b = lblk
+            .checked_add(len)
+            .ok_or(Error::InvalidArgument("logical range overflows"))?;
+        if let Data::Given(e) = data
+            && !self.inside(e)
+        {
+            return Err(Error::InvalidArgument(
+                "blocks outside the tree's data area",
+            ));
+        }
+        let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
+        let root = self.root(file)?;
+        let mut goal = None;
+        if root.is_some() {
+            let mut probe = Vec::new();
+            self.lookup_locked(file, lblk, b, &mut probe)?;
+            if !probe.is_empty() {
+                return Err(Error::InvalidArgument("insert over mapped blocks"));
+            }
+            if lblk > 0 && matches!(data, Data::Allocate) {
+                self.lookup_locked(file, lblk - 1, lblk, &mut probe)?;
+                goal = probe.first().map(|r| r.pblk + r.len);
+            }
+        }
+        let mut ledger = Ledger::new();
+        let data = match data {
+            Data::Allocate => ledger.alloc_data(&*self.alloc, len, goal, |e| self.inside(e))?,
+            Data::Given(e) => vec![e],
+        };
+        let mut tx = self.undo.begin(&self.media, file.id.ino);
+        if let Err(e) = self.insert_tx(&mut tx, &mut ledger, file.id.root, root, lblk, b, &data) {
+            let _ = tx.abort();
+            self.invalidate(file);
+            let _ = ledger.finish_aborted(&*self.alloc);
+            return Err(e);
+        }
+        tx.commit()?;
+        self.invalidate(file);
+        Ok(data)
+    }
+
     /// Visits every node (as a 1-block extent, `false`) and data run (`true`) under `node`.
     /// A node reached twice is corruption.
     fn walk_all(
@@ -628,37 +687,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for RadixTree<M, A> {
     }
 
     fn insert(&self, file: &RadixFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        let b = lblk
-            .checked_add(len)
-            .ok_or(Error::InvalidArgument("logical range overflows"))?;
-        let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
-        let root = self.root(file)?;
-        let mut goal = None;
-        if root.is_some() {
-            let mut probe = Vec::new();
-            self.lookup_locked(file, lblk, b, &mut probe)?;
-            if !probe.is_empty() {
-                return Err(Error::InvalidArgument("insert over mapped blocks"));
-            }
-            if lblk > 0 {
-                self.lookup_locked(file, lblk - 1, lblk, &mut probe)?;
-                goal = probe.first().map(|r| r.pblk + r.len);
-            }
-        }
-        let mut ledger = Ledger::new();
-        let data = ledger.alloc_data(&*self.alloc, len, goal, |e| self.inside(e))?;
-        let mut tx = self.undo.begin(&self.media, file.id.ino);
-        if let Err(e) = self.insert_tx(&mut tx, &mut ledger, file.id.root, root, lblk, b, &data) {
-            let _ = tx.abort();
-            self.invalidate(file);
-            let _ = ledger.finish_aborted(&*self.alloc);
-            return Err(e);
-        }
-        tx.commit()?;
-        self.invalidate(file);
+        let data = self.map_range(file, lblk, len, Data::Allocate)?;
         let mut l = lblk;
         for e in data {
             out.push(Run {
@@ -669,6 +698,11 @@ impl<M: Media, A: BlockAllocator> FileMapping for RadixTree<M, A> {
             l += e.len;
         }
         Ok(())
+    }
+
+    fn insert_at(&self, file: &RadixFile, run: Run) -> Result<()> {
+        self.map_range(file, run.lblk, run.len, Data::Given(run.extent()))
+            .map(drop)
     }
 
     fn remove(&self, file: &RadixFile, lblk: u64, len: u64) -> Result<u64> {
