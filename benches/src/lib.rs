@@ -3,6 +3,8 @@
 //! Shared helpers for the criterion suites in `benches/benches/` and the report tool
 //! (`src/bin/report.rs`).
 //!
+//! - [`data`]: the subjects (pmfs volumes of every mapping structure, tmpfs) and offset
+//!   patterns of the data-path benches that reproduce Figures 6 and 8 of the MadFS paper.
 //! - [`mapping`]: the harness of the file-mapping benches that reproduce §4 of the HashFS
 //!   paper (FAST'21): volumes sized for each structure, files aged to a layout score, cold-cache
 //!   eviction and per-operation timing, generic over
@@ -16,6 +18,7 @@
 
 use std::time::Duration;
 
+pub mod data;
 pub mod mapping;
 pub mod report;
 

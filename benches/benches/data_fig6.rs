@@ -1,0 +1,234 @@
+//! Single-threaded data-path throughput of the pmfs engine through its embedding API, next
+//! to tmpfs through `pread`/`pwrite` in the same run. Reproduces the shape of **Figure 6** of
+//! the MadFS paper (FAST'23, §5.1): six microbenchmarks over I/O sizes of 4 KiB to 1 MiB.
+//!
+//! - `fig6_read_seq`, `fig6_read_rand`: reads of `size` bytes at consecutive (wrapping) or
+//!   uniformly drawn `size`-aligned offsets of a 64 MiB file.
+//! - `fig6_overwrite_seq`, `fig6_overwrite_rand`: the same offsets, overwritten.
+//! - `fig6_subblock_overwrite`: overwrites of 8 B … 2 KiB inside one block, at a uniformly
+//!   drawn block and an unaligned offset inside it (never 0). Throughput in operations.
+//! - `fig6_append`: `size`-byte writes at the end of a file; the file is truncated to 0,
+//!   untimed, whenever it reaches 32 MiB, so it never grows without bound.
+//! - `fig6_memcpy`: the bandwidth reference of the "≥ 85% of memcpy" goal, 1 MiB copies
+//!   (`copy_from_slice`): `dram-read` from a 64 MiB DRAM buffer (at consecutive 1 MiB
+//!   windows) into a 1 MiB buffer, `dram-write` the other way, and `shm-read` / `shm-write`
+//!   the same with a 64 MiB file of the bench directory mapped in place of the big buffer.
+//!
+//! Subjects: `pmfs-extent`, `pmfs-radix`, `pmfs-cuckoo`, `pmfs-hashfs` (a volume on a pool
+//! file in `PMFS_BENCH_DIR`, default `/dev/shm`) and `tmpfs` (a file in the same directory).
+//! Every pmfs write is atomic and durable when it returns; tmpfs's are neither. Criterion
+//! settings come from the environment (see `pmfs_benches::data`).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
+use memmap2::MmapMut;
+use pmfs_benches::data::{BLOCK, DataFile, Pattern, Subject, Timing, bench_dir, offsets};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const SIZES: [u64; 5] = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20];
+const SUB_BLOCK_SIZES: [u64; 4] = [8, 100, 512, 2048];
+/// Length of the file the reads and overwrites work on.
+const FILE_LEN: u64 = 64 << 20;
+/// The append file is truncated to 0 when it reaches this length.
+const APPEND_CAP: u64 = 32 << 20;
+/// Size of each pmfs pool: the data file, the append file and room for copy-on-write.
+const POOL: u64 = 256 << 20;
+/// Offsets drawn per benchmark (cycled).
+const OFFSETS: usize = 1 << 14;
+const MEMCPY: usize = 1 << 20;
+
+/// One subject with its files.
+struct Rig {
+    subject: Subject,
+    data: DataFile,
+    append: DataFile,
+}
+
+fn group<'a>(c: &'a mut Criterion, name: &str, t: Timing) -> BenchmarkGroup<'a, WallTime> {
+    let mut g = c.benchmark_group(name);
+    g.warm_up_time(t.warm_up)
+        .measurement_time(t.measurement)
+        .sample_size(t.samples);
+    g
+}
+
+fn payload(len: u64) -> Vec<u8> {
+    (0..len).map(|i| (i % 253) as u8 ^ 0x5a).collect()
+}
+
+fn reads(c: &mut Criterion, rigs: &[Rig], t: Timing, name: &str, pattern: Pattern) {
+    let mut g = group(c, name, t);
+    let mut rng = SmallRng::seed_from_u64(6);
+    for size in SIZES {
+        g.throughput(Throughput::Bytes(size));
+        let offs = offsets(pattern, size, FILE_LEN, OFFSETS, &mut rng);
+        let mut buf = vec![0u8; size as usize];
+        for r in rigs {
+            let mut i = 0;
+            g.bench_function(BenchmarkId::new(r.subject.name(), size), |b| {
+                b.iter(|| {
+                    let n = r.data.read_at(&mut buf, offs[i % OFFSETS]);
+                    i += 1;
+                    black_box(&buf);
+                    n
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+fn overwrites(c: &mut Criterion, rigs: &[Rig], t: Timing, name: &str, pattern: Pattern) {
+    let mut g = group(c, name, t);
+    let mut rng = SmallRng::seed_from_u64(7);
+    for size in SIZES {
+        g.throughput(Throughput::Bytes(size));
+        let offs = offsets(pattern, size, FILE_LEN, OFFSETS, &mut rng);
+        let buf = payload(size);
+        for r in rigs {
+            let mut i = 0;
+            g.bench_function(BenchmarkId::new(r.subject.name(), size), |b| {
+                b.iter(|| {
+                    r.data.write_at(&buf, offs[i % OFFSETS]);
+                    i += 1;
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+fn sub_block(c: &mut Criterion, rigs: &[Rig], t: Timing) {
+    let mut g = group(c, "fig6_subblock_overwrite", t);
+    g.throughput(Throughput::Elements(1));
+    let mut rng = SmallRng::seed_from_u64(8);
+    for size in SUB_BLOCK_SIZES {
+        let offs: Vec<u64> = (0..OFFSETS)
+            .map(|_| rng.gen_range(0..FILE_LEN / BLOCK) * BLOCK + rng.gen_range(1..=BLOCK - size))
+            .collect();
+        let buf = payload(size);
+        for r in rigs {
+            let mut i = 0;
+            g.bench_function(BenchmarkId::new(r.subject.name(), size), |b| {
+                b.iter(|| {
+                    r.data.write_at(&buf, offs[i % OFFSETS]);
+                    i += 1;
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+fn appends(c: &mut Criterion, rigs: &[Rig], t: Timing) {
+    let mut g = group(c, "fig6_append", t);
+    for size in SIZES {
+        g.throughput(Throughput::Bytes(size));
+        let buf = payload(size);
+        for r in rigs {
+            g.bench_function(BenchmarkId::new(r.subject.name(), size), |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    let mut done = 0;
+                    while done < iters {
+                        r.append.set_len(0);
+                        let n = (iters - done).min(APPEND_CAP / size);
+                        let start = Instant::now();
+                        for k in 0..n {
+                            r.append.write_at(&buf, k * size);
+                        }
+                        total += start.elapsed();
+                        done += n;
+                    }
+                    total
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+/// Copies 1 MiB between `small` and consecutive 1 MiB windows of `big` (`into_big`: from
+/// `small` into `big`).
+fn copy_windows(b: &mut criterion::Bencher<'_>, big: &mut [u8], small: &mut [u8], into_big: bool) {
+    let windows = big.len() / MEMCPY;
+    let mut i = 0;
+    b.iter(|| {
+        let w = &mut big[(i % windows) * MEMCPY..][..MEMCPY];
+        i += 1;
+        if into_big {
+            w.copy_from_slice(black_box(&*small));
+        } else {
+            small.copy_from_slice(black_box(&*w));
+        }
+        black_box(&*small);
+    });
+}
+
+fn memcpy(c: &mut Criterion, t: Timing) {
+    let mut g = group(c, "fig6_memcpy", t);
+    g.throughput(Throughput::Bytes(MEMCPY as u64));
+    let mut small = payload(MEMCPY as u64);
+    let mut dram = payload(FILE_LEN);
+    let path = bench_dir().join(format!("pmfs-fig6-memcpy-{}", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .expect("create the memcpy reference file");
+    file.set_len(FILE_LEN)
+        .expect("size the memcpy reference file");
+    // SAFETY: the file was created by this process under a name no other process uses and
+    // is removed below; nothing else resizes or writes it while the map lives.
+    let mut shm = unsafe { MmapMut::map_mut(&file) }.expect("map the memcpy reference file");
+    shm.copy_from_slice(&dram);
+    for (name, into_big) in [("dram-read", false), ("dram-write", true)] {
+        g.bench_function(BenchmarkId::new(name, MEMCPY), |b| {
+            copy_windows(b, &mut dram, &mut small, into_big)
+        });
+    }
+    for (name, into_big) in [("shm-read", false), ("shm-write", true)] {
+        g.bench_function(BenchmarkId::new(name, MEMCPY), |b| {
+            copy_windows(b, &mut shm, &mut small, into_big)
+        });
+    }
+    g.finish();
+    drop(shm);
+    let _ = std::fs::remove_file(&path);
+}
+
+fn fig6(c: &mut Criterion) {
+    let t = Timing::from_env();
+    let rigs: Vec<Rig> = Subject::all(POOL, "fig6")
+        .into_iter()
+        .map(|subject| {
+            let data = subject.file("data");
+            data.fill(FILE_LEN);
+            let append = subject.file("append");
+            Rig {
+                subject,
+                data,
+                append,
+            }
+        })
+        .collect();
+    reads(c, &rigs, t, "fig6_read_seq", Pattern::Sequential);
+    reads(c, &rigs, t, "fig6_read_rand", Pattern::Uniform);
+    overwrites(c, &rigs, t, "fig6_overwrite_seq", Pattern::Sequential);
+    overwrites(c, &rigs, t, "fig6_overwrite_rand", Pattern::Uniform);
+    sub_block(c, &rigs, t);
+    appends(c, &rigs, t);
+    drop(rigs);
+    memcpy(c, t);
+}
+
+criterion_group!(data_fig6, fig6);
+criterion_main!(data_fig6);
