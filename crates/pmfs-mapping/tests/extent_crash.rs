@@ -1,5 +1,6 @@
 //! Every mutating extent-tree call is atomic across a crash: for every post-crash image the
-//! crash simulator produces during inserts that split nodes and grow the root, removes that
+//! crash simulator produces during inserts (of allocated or of caller-given blocks) that split
+//! nodes and grow the root, the remove-then-`insert_at` of a copy-on-write apply, removes that
 //! merge nodes and shrink the tree, punched holes, truncates and whole-file removal, opening
 //! and recovering yields exactly the state before or after the call in progress (after, once
 //! it returned), with a consistent set of owned blocks and a tree that keeps working.
@@ -36,14 +37,14 @@ fn run(explorer: Explorer, files: usize, fragmented: bool, setup: &[CrashOp], op
     {
         let alloc = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
         alloc.rebuild(&mut reserved.clone().into_iter()).unwrap();
-        let tree = ExtentTree::format_with(&region, g.meta, alloc, OPTS).unwrap();
+        let tree = ExtentTree::format_with(&region, g.meta, alloc.clone(), OPTS).unwrap();
         let handles: Vec<_> = g
             .ids()
             .iter()
             .map(|id| tree.open_file(*id).unwrap())
             .collect();
         for &op in setup {
-            apply(&tree, &handles, op).unwrap();
+            apply(&tree, &alloc, &handles, op).unwrap();
         }
     }
     let stats = crash_check(
@@ -65,10 +66,10 @@ fn height_after(fragmented: bool, setup: &[CrashOp]) -> u8 {
     if fragmented {
         alloc.rebuild(&mut g.odd_blocks().into_iter()).unwrap();
     }
-    let tree = ExtentTree::format_with(&region, g.meta, alloc, OPTS).unwrap();
+    let tree = ExtentTree::format_with(&region, g.meta, alloc.clone(), OPTS).unwrap();
     let h = tree.open_file(g.ids()[0]).unwrap();
     for &op in setup {
-        apply(&tree, std::slice::from_ref(&h), op).unwrap();
+        apply(&tree, &alloc, std::slice::from_ref(&h), op).unwrap();
     }
     tree.height(&h).unwrap()
 }
@@ -88,6 +89,63 @@ fn inserts_that_split_nodes_and_grow_the_root_are_atomic() {
     assert_eq!(height_after(true, &setup), 1);
     assert!(height_after(true, &[setup.as_slice(), &ops].concat()) >= 3);
     run(Explorer::new(1), 1, true, &setup, &ops);
+}
+
+#[test]
+fn insert_at_of_given_blocks_that_splits_and_grows_the_root_is_atomic() {
+    use CrashOp::*;
+    let setup = [Insert(0, 0, 3)];
+    let ops = [
+        InsertAt(0, 3, 1),  // continues the first extent physically: merged into it
+        InsertAt(0, 10, 2), // the leaf fills up
+        InsertAt(0, 20, 2),
+        InsertAt(0, 30, 2),
+        InsertAt(0, 40, 3), // splits the full root leaf: height 2
+        InsertAt(0, 50, 2),
+        InsertAt(0, 60, 2),
+        InsertAt(0, 70, 2),
+        InsertAt(0, 80, 2),
+        InsertAt(0, 90, 2),
+        InsertAt(0, 100, 2),
+        InsertAt(0, 110, 2),
+        InsertAt(0, 120, 2),
+        InsertAt(0, 130, 2),
+        InsertAt(0, 140, 2),
+        InsertAt(0, 150, 2),
+        InsertAt(0, 5, 4),  // into the middle of a full leaf
+        InsertAt(0, 12, 7), // up to the next extent
+    ];
+    assert_eq!(height_after(false, &setup), 1);
+    assert_eq!(
+        height_after(false, &[setup.as_slice(), &ops[..5]].concat()),
+        2
+    );
+    assert!(height_after(false, &[setup.as_slice(), &ops].concat()) >= 3);
+    run(Explorer::new(7), 1, false, &setup, &ops);
+}
+
+#[test]
+fn copy_on_write_remove_then_insert_at_over_mapped_ranges_is_atomic() {
+    use CrashOp::*;
+    let setup = [
+        Insert(0, 0, 4),
+        Insert(0, 10, 4),
+        Insert(0, 20, 4),
+        Insert(0, 30, 4),
+        Insert(0, 40, 4),
+        Insert(1, 0, 6),
+    ];
+    let ops = [
+        Remove(0, 2, 4),   // the apply of a commit: old blocks out ...
+        InsertAt(0, 2, 4), // ... fresh blocks in
+        Remove(0, 10, 14), // across two extents and the hole between them
+        InsertAt(0, 10, 14),
+        Remove(1, 0, 6), // a whole file rewritten
+        InsertAt(1, 0, 6),
+        InsertAt(0, 12, 2), // over mapped blocks: refused, nothing changes
+    ];
+    assert_eq!(height_after(false, &setup[..5]), 2);
+    run(Explorer::new(8), 2, false, &setup, &ops);
 }
 
 #[test]
@@ -147,8 +205,8 @@ fn interleaved_files_truncate_and_remove_file_are_atomic() {
     run(Explorer::new(4), 2, true, &setup, &ops);
 }
 
-/// A mapping whose insert is two separate (each atomic) inserts of the two halves: not
-/// atomic as a whole.
+/// A mapping whose insert and insert_at are two separate (each atomic) calls for the two
+/// halves: not atomic as a whole.
 struct TwoStepInsert<F>(F);
 
 impl<F: FileMapping> FileMapping for TwoStepInsert<F> {
@@ -179,6 +237,19 @@ impl<F: FileMapping> FileMapping for TwoStepInsert<F> {
         self.0.insert(f, lblk, half, out)?;
         self.0.insert(f, lblk + half, len - half, out)
     }
+    fn insert_at(&self, f: &F::File, run: pmfs_core::traits::Run) -> pmfs_core::Result<()> {
+        let half = run.len / 2;
+        let first = pmfs_core::traits::Run { len: half, ..run };
+        self.0.insert_at(f, first)?;
+        self.0.insert_at(
+            f,
+            pmfs_core::traits::Run {
+                lblk: run.lblk + half,
+                pblk: run.pblk + half,
+                len: run.len - half,
+            },
+        )
+    }
     fn remove(&self, f: &F::File, lblk: u64, len: u64) -> pmfs_core::Result<u64> {
         self.0.remove(f, lblk, len)
     }
@@ -198,7 +269,13 @@ impl<F: FileMapping> FileMapping for TwoStepInsert<F> {
 }
 
 #[test]
-fn the_checker_rejects_an_insert_done_in_two_steps() {
+fn the_checker_rejects_an_insert_or_insert_at_done_in_two_steps() {
+    for op in [CrashOp::Insert(0, 0, 4), CrashOp::InsertAt(0, 0, 4)] {
+        the_checker_rejects(op);
+    }
+}
+
+fn the_checker_rejects(op: CrashOp) {
     let g = Geometry::new(1, OPTS.meta_blocks(), 64);
     let region = SimRegion::new(g.bytes()).unwrap();
     {
@@ -211,12 +288,14 @@ fn the_checker_rejects_an_insert_done_in_two_steps() {
             &region,
             &g,
             &[],
-            &[CrashOp::Insert(0, 0, 4)],
+            &[op],
             |r, a| ExtentTree::open(r, g.meta, a).map(TwoStepInsert),
             |r: HeapRegion, a| ExtentTree::open(r, g.meta, a).map(TwoStepInsert),
         )
     }));
-    let message = result.expect_err("a torn insert must be caught");
+    let Err(message) = result else {
+        panic!("a torn {op:?} must be caught");
+    };
     let text = message
         .downcast_ref::<String>()
         .cloned()

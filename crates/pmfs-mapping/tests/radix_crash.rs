@@ -1,8 +1,10 @@
 //! Every mutating radix-tree call is atomic across a crash: for every post-crash image the
-//! crash simulator produces while levels are added on top, removed again, leaves are filled
-//! across their boundaries, large ranges are truncated and files removed, opening and
-//! recovering yields exactly the state before or after the call in progress (after, once it
-//! returned), with a consistent set of owned blocks and a tree that keeps working.
+//! crash simulator produces while levels are added on top (by `insert`, or by `insert_at` of
+//! caller-given blocks, also as the remove-then-`insert_at` of a copy-on-write apply), removed
+//! again, leaves are filled across their boundaries, large ranges are truncated and files
+//! removed, opening and recovering yields exactly the state before or after the call in
+//! progress (after, once it returned), with a consistent set of owned blocks and a tree that
+//! keeps working.
 
 mod tree_common;
 
@@ -35,14 +37,14 @@ fn run(explorer: Explorer, files: usize, fragmented: bool, setup: &[CrashOp], op
     {
         let alloc = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
         alloc.rebuild(&mut reserved.clone().into_iter()).unwrap();
-        let tree = RadixTree::format_with(&region, g.meta, alloc, OPTS).unwrap();
+        let tree = RadixTree::format_with(&region, g.meta, alloc.clone(), OPTS).unwrap();
         let handles: Vec<_> = g
             .ids()
             .iter()
             .map(|id| tree.open_file(*id).unwrap())
             .collect();
         for &op in setup {
-            apply(&tree, &handles, op).unwrap();
+            apply(&tree, &alloc, &handles, op).unwrap();
         }
     }
     let stats = crash_check(
@@ -61,10 +63,10 @@ fn height_after(setup: &[CrashOp]) -> u8 {
     let g = Geometry::new(1, OPTS.meta_blocks(), 512);
     let region = HeapRegion::new(g.bytes()).unwrap();
     let alloc = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
-    let tree = RadixTree::format_with(&region, g.meta, alloc, OPTS).unwrap();
+    let tree = RadixTree::format_with(&region, g.meta, alloc.clone(), OPTS).unwrap();
     let h = tree.open_file(g.ids()[0]).unwrap();
     for &op in setup {
-        apply(&tree, std::slice::from_ref(&h), op).unwrap();
+        apply(&tree, &alloc, std::slice::from_ref(&h), op).unwrap();
     }
     tree.height(&h).unwrap()
 }
@@ -86,6 +88,27 @@ fn inserts_that_add_levels_are_atomic() {
     assert_eq!(height_after(&setup), 1);
     assert_eq!(height_after(&[setup.as_slice(), &ops].concat()), 4);
     run(Explorer::new(11), 1, false, &setup, &ops);
+}
+
+#[test]
+fn insert_at_of_given_blocks_that_adds_levels_is_atomic() {
+    use CrashOp::*;
+    let setup = [Insert(0, 0, 3)];
+    let ops = [
+        InsertAt(0, 600, 2),        // height 1 -> 2
+        InsertAt(0, L2, 1),         // -> 3
+        InsertAt(0, L3 + 5, 3),     // -> 4, a new path of fresh nodes
+        InsertAt(0, 510, 4),        // across a leaf boundary into an existing leaf
+        InsertAt(0, 2 * L2 - 2, 4), // across a level-1 subtree boundary
+        Remove(0, 600, 2),          // copy-on-write apply: old blocks out ...
+        InsertAt(0, 600, 2),        // ... fresh blocks in
+        InsertAt(0, 1, 4),          // over mapped blocks: refused, nothing changes
+    ];
+    assert_eq!(height_after(&setup), 1);
+    assert_eq!(height_after(&[setup.as_slice(), &ops[..1]].concat()), 2);
+    assert_eq!(height_after(&[setup.as_slice(), &ops[..2]].concat()), 3);
+    assert_eq!(height_after(&[setup.as_slice(), &ops[..7]].concat()), 4);
+    run(Explorer::new(15), 1, false, &setup, &ops);
 }
 
 #[test]

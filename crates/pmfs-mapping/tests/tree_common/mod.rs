@@ -4,8 +4,9 @@
 //! [`CrashOp`]s to [`crash_check`]. The harness first replays the operations on a heap copy of
 //! the starting image to learn the exact state after each one (the structures and the
 //! allocator are deterministic), then runs them on the simulated region under the
-//! [`Explorer`]. Every post-crash image is opened, recovered and compared, file by file and
-//! over the whole logical space, with the state before or after the operation in progress
+//! [`Explorer`]. Only an [`InsertAt`](CrashOp::InsertAt) over mapped blocks may fail (in both
+//! runs alike); every other operation must succeed. Every post-crash image is opened,
+//! recovered and compared, file by file and over the whole logical space, with the state before or after the operation in progress
 //! (only "after" once the workload has returned); its owned blocks must rebuild an allocator
 //! (inside the data area, no block owned twice), and it must accept a further insert and
 //! remove.
@@ -19,7 +20,9 @@ use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::pm::HeapRegion;
 use pmfs_core::sim::{Explorer, SimRegion, Stats};
 use pmfs_core::traits::conformance::mapping::normalize;
-use pmfs_core::traits::{BlockAllocator, Extent, FileId, FileMapping, Run, SimpleAllocator};
+use pmfs_core::traits::{
+    AllocHint, BlockAllocator, Extent, FileId, FileMapping, Run, SimpleAllocator,
+};
 
 /// Where things live in the test region: block 0 holds the files' root words, the meta area
 /// follows, then the data area the allocator manages.
@@ -74,6 +77,11 @@ impl Geometry {
 pub enum CrashOp {
     /// `insert(file, lblk, len)`.
     Insert(usize, u64, u64),
+    /// One extent of up to `len` blocks from the allocator, then one `insert_at(file, run)`
+    /// of it at `lblk` (the extent goes back to the allocator if `insert_at` fails). The
+    /// harness expects it to be refused exactly when `[lblk, lblk + len)` has a mapped block,
+    /// so tests use it where the allocator hands out the whole length.
+    InsertAt(usize, u64, u64),
     /// `remove(file, lblk, len)`.
     Remove(usize, u64, u64),
     /// `remove(file, lblk, u64::MAX - lblk)`: truncate from `lblk`.
@@ -82,10 +90,26 @@ pub enum CrashOp {
     RemoveFile(usize),
 }
 
-/// Applies `op`.
-pub fn apply<F: FileMapping>(m: &F, files: &[F::File], op: CrashOp) -> Result<(), String> {
+/// Applies `op`; `alloc` is the allocator `m` was built with.
+pub fn apply<F: FileMapping>(
+    m: &F,
+    alloc: &SimpleAllocator,
+    files: &[F::File],
+    op: CrashOp,
+) -> Result<(), String> {
     let r = match op {
         CrashOp::Insert(f, l, n) => m.insert(&files[f], l, n, &mut Vec::new()),
+        CrashOp::InsertAt(f, l, n) => alloc.alloc(n, AllocHint::default()).and_then(|e| {
+            let run = Run {
+                lblk: l,
+                pblk: e.start,
+                len: e.len,
+            };
+            m.insert_at(&files[f], run).or_else(|err| {
+                alloc.free(e)?;
+                Err(err)
+            })
+        }),
         CrashOp::Remove(f, l, n) => m.remove(&files[f], l, n).map(drop),
         CrashOp::Truncate(f, l) => m.remove(&files[f], l, u64::MAX - l).map(drop),
         CrashOp::RemoveFile(f) => m.remove_file(&files[f]),
@@ -166,11 +190,25 @@ where
     let alloc = rebuild_alloc(&probe, g, reserved).expect("starting state");
     drop(probe);
     let heap = HeapRegion::from_image(&region.image()).unwrap();
-    let dry = open_heap(heap, alloc).expect("open the starting image");
+    let dry = open_heap(heap, alloc.clone()).expect("open the starting image");
     let handles: Vec<_> = ids.iter().map(|id| dry.open_file(*id).unwrap()).collect();
     let mut states = vec![state_of(&dry, &ids).unwrap()];
+    let mut outcomes = Vec::new();
     for &op in ops {
-        apply(&dry, &handles, op).unwrap();
+        let overlaps = match op {
+            CrashOp::InsertAt(f, l, n) => {
+                let cur: &State = states.last().expect("the starting state");
+                cur[f].iter().any(|r| r.lblk < l + n && l < r.lblk + r.len)
+            }
+            _ => false,
+        };
+        let outcome = apply(&dry, &alloc, &handles, op);
+        match &outcome {
+            Err(e) if overlaps => assert!(e.contains("over mapped blocks"), "{op:?}: {e}"),
+            Ok(()) if overlaps => panic!("{op:?} over mapped blocks succeeded"),
+            r => assert!(r.is_ok(), "{op:?}: {r:?}"),
+        }
+        outcomes.push(outcome);
         states.push(state_of(&dry, &ids).unwrap());
     }
     drop(handles);
@@ -184,14 +222,15 @@ where
     .expect("open the starting image");
     let alloc = rebuild_alloc(&probe, g, reserved).expect("starting state");
     drop(probe);
-    let tree = open_sim(region, alloc).expect("open the starting image");
+    let tree = open_sim(region, alloc.clone()).expect("open the starting image");
     let handles: Vec<_> = ids.iter().map(|id| tree.open_file(*id).unwrap()).collect();
     let done = Cell::new(0usize);
     let stats = explorer.run(
         region,
         |_| {
             for (i, &op) in ops.iter().enumerate() {
-                apply(&tree, &handles, op).unwrap();
+                let outcome = apply(&tree, &alloc, &handles, op);
+                assert_eq!(outcome, outcomes[i], "{op:?} differs from the dry run");
                 done.set(i + 1);
             }
         },
