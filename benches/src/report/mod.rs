@@ -3,8 +3,9 @@
 //!
 //! Inputs are `<target>/criterion/**/new/{benchmark,estimates}.json` (or `$CRITERION_HOME`)
 //! and `<target>/pmfs-report/tables/*.json` (see [`table`]). Outputs are one markdown page
-//! and one SVG plot per criterion group, one page per table, and `index.md`. Missing or
-//! broken inputs are skipped and listed in the index; they never stop the report.
+//! and one SVG plot per criterion group, one page per table (those read and those
+//! [`derived`] from the groups: pmfs against tmpfs, the data-path goals), and `index.md`.
+//! Missing or broken inputs are skipped and listed in the index; they never stop the report.
 
 use std::collections::HashSet;
 use std::fs;
@@ -12,6 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub mod criterion;
+pub mod derived;
 pub mod format;
 pub mod markdown;
 pub mod svg;
@@ -95,7 +97,8 @@ fn slug(id: &str, taken: &mut HashSet<String>) -> String {
 pub fn generate(paths: &Paths) -> io::Result<Summary> {
     let mut summary = Summary::default();
     let groups = criterion::group(criterion::scan(&paths.criterion, &mut summary.warnings));
-    let tables = table::read_tables(&paths.tables, &mut summary.warnings);
+    let mut tables = table::read_tables(&paths.tables, &mut summary.warnings);
+    tables.extend(derived::tables(&groups));
     fs::create_dir_all(&paths.out)?;
 
     let mut taken = HashSet::from(["index".to_string()]);
