@@ -1,5 +1,378 @@
 //! # pmfs-preload
 //!
-//! Will be `libpmfs_preload.so`: interposed read/write/mmap for files on a pmfs FUSE mount,
-//! served from the shared pool mapping. It owns the FFI edge only; the data path is the
-//! engine's. Nothing is implemented here yet: loading it changes no behaviour.
+//! `libpmfs_preload.so`: an `LD_PRELOAD` library for programs that use files on a pmfs FUSE
+//! mount (`pmfs mount`). It owns the FFI edge only — which calls it stands in front of, how
+//! it recognises pmfs files and follows descriptors — and must not know how file data is laid
+//! out: that is the engine's (`pmfs`).
+//!
+//! ```text
+//! LD_PRELOAD=target/release/libpmfs_preload.so PMFS_PRELOAD_STATS=1 sqlite3 /mnt/pmfs/db
+//! ```
+//!
+//! ## What works today
+//! - **Interposition, transparently.** `read`, `write`, `pread(64)`, `pwrite(64)`, `readv`,
+//!   `writev`, `preadv(64)`, `pwritev(64)`, `preadv2`, `pwritev2`, the fortified
+//!   `__read_chk`/`__pread(64)_chk`, `lseek(64)`, `fsync`, `fdatasync`, `ftruncate(64)`,
+//!   `fallocate(64)`, `fstat`/`fstat64`/`__fxstat`/`__fxstat64`/`statx`, `mmap(64)`, `open`/
+//!   `open64`/`openat`/`openat64`/`creat`/`creat64`, `close`, `close_range`, `closefrom`,
+//!   `dup`/`dup2`/`dup3`, `fcntl`/`fcntl64` (`F_DUPFD`, `F_DUPFD_CLOEXEC` followed; every other
+//!   command forwarded), `fclose`, `freopen(64)`. Each forwards to the next definition
+//!   (`dlsym(RTLD_NEXT)`, resolved lazily; raw system calls while that is not possible, see
+//!   [`real`](crate::real)), so programs behave exactly as without the library.
+//! - **Recognising pmfs files.** After every open (and lazily for descriptors it did not see
+//!   opened: inherited ones, stdin redirected from a file, …) a descriptor is classified with
+//!   one `statx` (`AT_STATX_DONT_SYNC`: no FUSE round trip): a regular file whose device is
+//!   that of a `fuse.pmfs` mount in `/proc/self/mountinfo` is a pmfs file ([`mounts`]).
+//! - **A descriptor table** ([`fdtable`]): lock-free, `dup` copies, every close path resets;
+//!   safe across `fork` (the child keeps the table that matches its descriptors; a
+//!   `pthread_atfork` handler resets its counters and scan flag) and `exec` (rebuilt in the
+//!   new image). A `vfork` child (shared memory) never writes the table: changes are made only
+//!   by the process that initialised it or a `fork` child of it.
+//! - `PMFS_PRELOAD=off` (or `0`) turns all of it off: every call is forwarded, nothing is
+//!   recorded or counted.
+//! - `PMFS_PRELOAD_STATS=1` prints one line to standard error at exit (the library's only
+//!   output): `pmfs-preload: pid P: F pmfs fds, C calls on them, S served in userspace`;
+//!   `PMFS_PRELOAD_STATS=/absolute/path` appends that line to the file instead (one `write`
+//!   per process, `O_APPEND`), for programs that close standard error before they exit
+//!   (coreutils do) and for collecting the lines of every process of a pipeline.
+//!
+//! ## What does not work yet
+//! - **No call is served in userspace**: the data path through an attached volume
+//!   (`pmfs::Volume::attach`, a data-only client of the daemon's pool) does not exist yet, so
+//!   every call on a pmfs file still goes through the kernel and the daemon; `S` is 0. The
+//!   counters prove the library saw the pmfs files and their calls; they do not prove any
+//!   speed-up.
+//! - `mmap` of pmfs files maps through the kernel (no direct mapping of the pool); `munmap`
+//!   and `msync` are not interposed (nothing to do for them yet).
+//! - Descriptors at or above 65536 are not recorded (kernel path); more than 16 pmfs mounts in
+//!   one process are not told apart (kernel path for the rest).
+//! - Functions not interposed: `fopen`'s and other stdio opens (glibc calls its internal open,
+//!   so stdio streams on pmfs files always take the kernel path), `fstatat`/`newfstatat` with
+//!   `AT_EMPTY_PATH`, `posix_fallocate`, `copy_file_range`, `sendfile`, `splice`, and raw
+//!   `syscall(SYS_close, …)`. A recorded descriptor closed by a raw system call and reused
+//!   would keep a stale entry.
+
+pub(crate) mod fdtable;
+pub mod interpose;
+pub(crate) mod mounts;
+pub(crate) mod real;
+
+use core::ffi::c_int;
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, Ordering};
+
+use fdtable::Kind;
+
+const UNINIT: u8 = 0;
+const INITIALISING: u8 = 1;
+const ON: u8 = 2;
+const OFF: u8 = 3;
+
+/// Whether the library is on (`ON`), off by request (`OFF`), or not initialised yet.
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+/// Where to print the counters at exit: nowhere (empty), standard error (`1`) or the file at
+/// this absolute path (copied here at initialisation, NUL-terminated).
+static STATS_TO: StatsTo = StatsTo(core::cell::UnsafeCell::new([0; STATS_PATH_MAX]));
+/// Whether `STATS_TO` holds a destination.
+static STATS: AtomicBool = AtomicBool::new(false);
+const STATS_PATH_MAX: usize = 512;
+
+/// The destination of the counters, written once at initialisation before `STATS` is set
+/// (release) and read only after `STATS` was seen set (acquire).
+struct StatsTo(core::cell::UnsafeCell<[u8; STATS_PATH_MAX]>);
+
+// SAFETY: written by the one initialising thread before publication through `STATS`, then only
+// read.
+unsafe impl Sync for StatsTo {}
+/// The process allowed to change the descriptor table (see the crate docs on `vfork`).
+static OWNER_PID: AtomicI32 = AtomicI32::new(0);
+
+/// Descriptors recognised as pmfs files.
+static PMFS_FDS: AtomicU64 = AtomicU64::new(0);
+/// Interposed data calls made on pmfs files.
+static PMFS_CALLS: AtomicU64 = AtomicU64::new(0);
+/// Calls served in userspace: none until the attached data path exists.
+static SERVED: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the library is on; initialises it on the first call. A call made while another
+/// thread initialises it is treated as "off" (forwarded, not recorded).
+fn active() -> bool {
+    match STATE.load(Ordering::Acquire) {
+        ON => true,
+        UNINIT => init(),
+        _ => false,
+    }
+}
+
+fn init() -> bool {
+    if STATE
+        .compare_exchange(UNINIT, INITIALISING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return STATE.load(Ordering::Acquire) == ON;
+    }
+    let on = !matches!(env(c"PMFS_PRELOAD"), Some(b"off" | b"0"));
+    if on {
+        if let Some(to) = env(c"PMFS_PRELOAD_STATS")
+            && (to == b"1" || to.first() == Some(&b'/'))
+            && to.len() < STATS_PATH_MAX
+        {
+            // SAFETY: only this thread (the one that won the initialisation) writes it, and
+            // nobody reads it before `STATS` is set below.
+            unsafe { (&mut *STATS_TO.0.get())[..to.len()].copy_from_slice(to) };
+            STATS.store(true, Ordering::Release);
+        }
+        OWNER_PID.store(getpid(), Ordering::Relaxed);
+        // SAFETY: registers a plain function without arguments to run in fork children.
+        unsafe { libc::pthread_atfork(None, None, Some(in_fork_child)) };
+    }
+    STATE.store(if on { ON } else { OFF }, Ordering::Release);
+    on
+}
+
+/// The value of an environment variable, without allocating.
+fn env(name: &core::ffi::CStr) -> Option<&'static [u8]> {
+    // SAFETY: a NUL-terminated name; getenv returns null or a NUL-terminated string that
+    // lives as long as the environment entry (the library only reads it at initialisation).
+    let p = unsafe { libc::getenv(name.as_ptr()) };
+    // SAFETY: non-null results of getenv are NUL-terminated strings.
+    (!p.is_null()).then(|| unsafe { core::ffi::CStr::from_ptr(p) }.to_bytes())
+}
+
+fn getpid() -> i32 {
+    // SAFETY: getpid takes no arguments.
+    unsafe { libc::syscall(libc::SYS_getpid) as i32 }
+}
+
+extern "C" fn in_fork_child() {
+    OWNER_PID.store(getpid(), Ordering::Relaxed);
+    PMFS_FDS.store(0, Ordering::Relaxed);
+    PMFS_CALLS.store(0, Ordering::Relaxed);
+    SERVED.store(0, Ordering::Relaxed);
+    mounts::after_fork_in_child();
+}
+
+/// Whether this process may change the descriptor table: not a `vfork` child sharing the
+/// parent's memory.
+fn owns_table() -> bool {
+    getpid() == OWNER_PID.load(Ordering::Relaxed)
+}
+
+pub(crate) fn errno() -> c_int {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+pub(crate) fn set_errno(e: c_int) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = e }
+}
+
+/// What `fd` is, classifying it if the table does not know.
+fn kind(fd: c_int) -> Kind {
+    match fdtable::get(fd) {
+        Kind::Unknown if fd >= 0 => learn(fd),
+        k => k,
+    }
+}
+
+/// Classifies `fd` and records the answer (errno kept as it was).
+fn learn(fd: c_int) -> Kind {
+    let saved = errno();
+    let k = classify(fd);
+    set_errno(saved);
+    if k != Kind::Unknown && owns_table() {
+        fdtable::set(fd, k);
+        if let Kind::Pmfs(_) = k {
+            PMFS_FDS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    k
+}
+
+/// A pmfs regular file, another open file, or `Unknown` if `fd` is not open.
+fn classify(fd: c_int) -> Kind {
+    let mut stx = core::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: an empty NUL-terminated path with AT_EMPTY_PATH, and a statx buffer.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_statx,
+            fd,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
+            libc::STATX_TYPE,
+            stx.as_mut_ptr(),
+        )
+    };
+    let (mode, dev) = if r == 0 {
+        // SAFETY: statx filled the buffer.
+        let s = unsafe { stx.assume_init() };
+        (
+            u32::from(s.stx_mode),
+            libc::makedev(s.stx_dev_major, s.stx_dev_minor),
+        )
+    } else if errno() == libc::ENOSYS {
+        let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
+        // SAFETY: a stat buffer.
+        if unsafe { libc::syscall(libc::SYS_fstat, fd, st.as_mut_ptr()) } != 0 {
+            return Kind::Unknown;
+        }
+        // SAFETY: fstat filled the buffer.
+        let s = unsafe { st.assume_init() };
+        (s.st_mode, s.st_dev)
+    } else {
+        return Kind::Unknown;
+    };
+    if mode & libc::S_IFMT != libc::S_IFREG {
+        return Kind::Other;
+    }
+    mounts::pmfs_mount_of(dev).map_or(Kind::Other, Kind::Pmfs)
+}
+
+/// Counts a data call on `fd` if it is a pmfs file.
+fn note_data_call(fd: c_int) {
+    if active() && matches!(kind(fd), Kind::Pmfs(_)) {
+        PMFS_CALLS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A descriptor was just opened (or replaced): forget what was known, classify it afresh.
+fn opened(fd: c_int) {
+    if fd >= 0 && active() && owns_table() {
+        fdtable::set(fd, Kind::Unknown);
+        learn(fd);
+    }
+}
+
+/// `new` was made a duplicate of `old`.
+fn duplicated(old: c_int, new: c_int) {
+    if new >= 0 && old != new && active() && owns_table() {
+        fdtable::copy(old, new);
+    }
+}
+
+/// Descriptors `first..=last` were closed.
+fn closed(first: usize, last: usize) {
+    if active() && owns_table() {
+        fdtable::forget_range(first, last);
+    }
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT: extern "C" fn() = {
+    extern "C" fn init_at_load() {
+        active();
+    }
+    init_at_load
+};
+
+#[used]
+#[unsafe(link_section = ".fini_array")]
+static FINI: extern "C" fn() = {
+    extern "C" fn report_at_exit() {
+        if STATE.load(Ordering::Acquire) == ON && STATS.load(Ordering::Acquire) {
+            report();
+        }
+    }
+    report_at_exit
+};
+
+/// Writes the counters to their destination with one raw `write`.
+fn report() {
+    let mut line = Line::default();
+    line.push(b"pmfs-preload: pid ");
+    line.num(getpid() as u64);
+    line.push(b": ");
+    line.num(PMFS_FDS.load(Ordering::Relaxed));
+    line.push(b" pmfs fds, ");
+    line.num(PMFS_CALLS.load(Ordering::Relaxed));
+    line.push(b" calls on them, ");
+    line.num(SERVED.load(Ordering::Relaxed));
+    line.push(b" served in userspace\n");
+    // SAFETY: `STATS` was seen set, so the destination is written and no longer changes.
+    let to = unsafe { &*STATS_TO.0.get() };
+    if to.starts_with(b"1\0") {
+        // SAFETY: writes initialised bytes of the buffer.
+        unsafe { libc::syscall(libc::SYS_write, 2, line.buf.as_ptr(), line.len) };
+        return;
+    }
+    // SAFETY: `to` is a NUL-terminated path (the buffer is longer than any accepted path).
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC,
+            0o644,
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: writes initialised bytes of the buffer, then closes the file opened above.
+        unsafe {
+            libc::syscall(libc::SYS_write, fd, line.buf.as_ptr(), line.len);
+            libc::syscall(libc::SYS_close, fd);
+        }
+    }
+}
+
+/// A fixed buffer for the report line (no allocation at exit).
+struct Line {
+    buf: [u8; 160],
+    len: usize,
+}
+
+impl Default for Line {
+    fn default() -> Self {
+        Line {
+            buf: [0; 160],
+            len: 0,
+        }
+    }
+}
+
+impl Line {
+    fn push(&mut self, s: &[u8]) {
+        let n = s.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&s[..n]);
+        self.len += n;
+    }
+
+    fn num(&mut self, mut v: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        self.push(&digits[i..]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_numbers_are_decimal() {
+        let mut l = Line::default();
+        l.num(0);
+        l.push(b" ");
+        l.num(u64::MAX);
+        assert_eq!(&l.buf[..l.len], b"0 18446744073709551615");
+    }
+
+    #[test]
+    fn files_outside_pmfs_mounts_are_other_and_closed_fds_unknown() {
+        let f = std::fs::File::open("/proc/self/mountinfo").unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+        assert_eq!(classify(fd), Kind::Other);
+        let exe = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
+        assert_eq!(classify(std::os::fd::AsRawFd::as_raw_fd(&exe)), Kind::Other);
+        drop(f);
+        assert_eq!(classify(fd), Kind::Unknown);
+    }
+}

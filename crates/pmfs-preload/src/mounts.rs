@@ -1,0 +1,226 @@
+//! Which devices are pmfs mounts: `fuse.pmfs` lines of `/proc/self/mountinfo`.
+//!
+//! A FUSE file system's files carry an anonymous device number (major 0) that is the
+//! mount's, so a regular file is a pmfs file exactly when its `st_dev` is the device of a
+//! `fuse.pmfs` mount. Devices are learnt lazily: the first file on an anonymous device the
+//! library has not seen yet makes it read mountinfo again (so mounts made after the program
+//! started are found too); the answer is remembered either way, in fixed tables of atomics
+//! (no allocation, no lock a `fork` could leave held). Real block devices (major ≠ 0) are
+//! never FUSE mounts and are answered without reading anything.
+//!
+//! Only one thread reads mountinfo at a time; a thread that finds another one at it answers
+//! "not pmfs" for now, which is always safe: such a file just takes the kernel path.
+
+use core::ffi::c_int;
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// How many pmfs mounts a process can tell apart.
+pub(crate) const MAX_PMFS: usize = 16;
+/// How many other anonymous devices are remembered as "not pmfs".
+const MAX_OTHER: usize = 64;
+
+/// Devices of the pmfs mounts found so far; the first `PMFS_LEN` are valid.
+static PMFS: [AtomicU64; MAX_PMFS] = [const { AtomicU64::new(0) }; MAX_PMFS];
+static PMFS_LEN: AtomicUsize = AtomicUsize::new(0);
+/// Anonymous devices found not to be pmfs mounts; the first `OTHER_LEN` are valid.
+static OTHER: [AtomicU64; MAX_OTHER] = [const { AtomicU64::new(0) }; MAX_OTHER];
+static OTHER_LEN: AtomicUsize = AtomicUsize::new(0);
+/// Held by the thread reading mountinfo.
+static SCANNING: AtomicBool = AtomicBool::new(false);
+
+/// The index of the pmfs mount with device `dev`, if it is one.
+pub(crate) fn pmfs_mount_of(dev: u64) -> Option<usize> {
+    if let Some(i) = find(&PMFS, &PMFS_LEN, dev) {
+        return Some(i);
+    }
+    if libc::major(dev) != 0 || find(&OTHER, &OTHER_LEN, dev).is_some() {
+        return None;
+    }
+    if SCANNING
+        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        return None;
+    }
+    rescan();
+    let found = find(&PMFS, &PMFS_LEN, dev);
+    if found.is_none() {
+        push(&OTHER, &OTHER_LEN, dev);
+    }
+    SCANNING.store(false, Ordering::Release);
+    found
+}
+
+/// After `fork`: a thread of the parent that was reading mountinfo does not exist in the
+/// child.
+pub(crate) fn after_fork_in_child() {
+    SCANNING.store(false, Ordering::Release);
+}
+
+fn find(table: &[AtomicU64], len: &AtomicUsize, dev: u64) -> Option<usize> {
+    let n = len.load(Ordering::Acquire).min(table.len());
+    table[..n]
+        .iter()
+        .position(|d| d.load(Ordering::Relaxed) == dev)
+}
+
+/// Appends `dev` (the caller holds `SCANNING`); a full table keeps what it has.
+fn push(table: &[AtomicU64], len: &AtomicUsize, dev: u64) {
+    let n = len.load(Ordering::Relaxed);
+    if n < table.len() {
+        table[n].store(dev, Ordering::Relaxed);
+        len.store(n + 1, Ordering::Release);
+    }
+}
+
+/// Reads mountinfo with raw system calls and records every pmfs mount not known yet.
+fn rescan() {
+    // SAFETY: a NUL-terminated path; openat has no other precondition.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            c"/proc/self/mountinfo".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    } as c_int;
+    if fd < 0 {
+        return;
+    }
+    let mut lines = Lines::new();
+    loop {
+        let spare = lines.spare();
+        // SAFETY: `spare` is writable memory of the length passed.
+        let n = unsafe { libc::syscall(libc::SYS_read, fd, spare.as_mut_ptr(), spare.len()) };
+        if n <= 0 {
+            break;
+        }
+        lines.filled(n as usize, |line| {
+            if let Some(dev) = pmfs_dev_of_line(line)
+                && find(&PMFS, &PMFS_LEN, dev).is_none()
+            {
+                push(&PMFS, &PMFS_LEN, dev);
+            }
+        });
+    }
+    // SAFETY: closes the descriptor opened above.
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+}
+
+/// Splits a byte stream read in pieces into lines, in a fixed buffer; a line longer than the
+/// buffer is skipped whole (mountinfo lines are far shorter unless a path is huge).
+struct Lines {
+    buf: [u8; 8192],
+    len: usize,
+    skipping: bool,
+}
+
+impl Lines {
+    fn new() -> Lines {
+        Lines {
+            buf: [0; 8192],
+            len: 0,
+            skipping: false,
+        }
+    }
+
+    /// Where the next read goes.
+    fn spare(&mut self) -> &mut [u8] {
+        &mut self.buf[self.len..]
+    }
+
+    /// Accepts `n` more bytes and hands every complete line to `each`.
+    fn filled(&mut self, n: usize, mut each: impl FnMut(&[u8])) {
+        self.len += n;
+        let mut start = 0;
+        while let Some(nl) = self.buf[start..self.len].iter().position(|&b| b == b'\n') {
+            if !self.skipping {
+                each(&self.buf[start..start + nl]);
+            }
+            self.skipping = false;
+            start += nl + 1;
+        }
+        self.buf.copy_within(start..self.len, 0);
+        self.len -= start;
+        if self.len == self.buf.len() {
+            self.len = 0;
+            self.skipping = true;
+        }
+    }
+}
+
+/// The device of a mountinfo line if it is a `fuse.pmfs` mount.
+///
+/// Format (proc(5)): `id parent major:minor root mount-point options [optional...] - fstype
+/// source super-options`.
+pub(crate) fn pmfs_dev_of_line(line: &[u8]) -> Option<u64> {
+    let mut fields = line.split(|&b| b == b' ');
+    let dev = fields.nth(2)?;
+    let mut fields = fields.skip(3).skip_while(|f| *f != b"-");
+    fields.next()?;
+    if fields.next()? != b"fuse.pmfs" {
+        return None;
+    }
+    let colon = dev.iter().position(|&b| b == b':')?;
+    let major = number(&dev[..colon])?;
+    let minor = number(&dev[colon + 1..])?;
+    Some(libc::makedev(major, minor))
+}
+
+fn number(digits: &[u8]) -> Option<u32> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u32, |n, &d| {
+        d.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u32::from(d - b'0')))?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pmfs_line_gives_its_device() {
+        let l = b"77 30 0:52 / /mnt/p rw,nosuid,nodev,relatime shared:40 - fuse.pmfs \
+                  /dev/shm/pool rw,user_id=0,group_id=0,default_permissions,allow_other";
+        assert_eq!(pmfs_dev_of_line(l), Some(libc::makedev(0, 52)));
+        let no_optional = b"77 30 0:53 / /m rw - fuse.pmfs /p rw";
+        assert_eq!(pmfs_dev_of_line(no_optional), Some(libc::makedev(0, 53)));
+    }
+
+    #[test]
+    fn other_lines_give_nothing() {
+        for l in [
+            &b"22 1 0:21 / /proc rw,nosuid - proc proc rw"[..],
+            b"90 30 0:60 / /mnt/sshfs rw - fuse.sshfs host: rw",
+            b"91 30 0:61 / /mnt/x rw - fuse pmfs rw",
+            b"92 30 0:62 / /mnt/fuse.pmfs rw - tmpfs fuse.pmfs rw",
+            b"93 30 0:x / /m rw - fuse.pmfs /p rw",
+            b"",
+            b"garbage",
+        ] {
+            assert_eq!(pmfs_dev_of_line(l), None, "{}", String::from_utf8_lossy(l));
+        }
+    }
+
+    #[test]
+    fn lines_are_reassembled_across_reads_and_overlong_ones_skipped() {
+        let mut got = Vec::new();
+        let mut lines = Lines::new();
+        let mut feed = |lines: &mut Lines, bytes: &[u8]| {
+            lines.spare()[..bytes.len()].copy_from_slice(bytes);
+            lines.filled(bytes.len(), |l| got.push(l.to_vec()));
+        };
+        feed(&mut lines, b"one\ntw");
+        feed(&mut lines, b"o\nthree");
+        let long = vec![b'x'; 8192 - 5];
+        feed(&mut lines, &long);
+        feed(&mut lines, b"yy\nfour\n");
+        assert_eq!(
+            got,
+            vec![b"one".to_vec(), b"two".to_vec(), b"four".to_vec()]
+        );
+    }
+}
