@@ -83,14 +83,14 @@ fn file<M: Media>(t: &HashFs<M>, i: usize) -> pmfs_mapping::hashfs::HashFsFile {
 
 fn state<M: Media>(t: &HashFs<M>) -> Result<State, String> {
     let mut s = State::default();
-    for i in 0..INOS.len() {
+    for (i, &ino) in INOS.iter().enumerate() {
         let f = file(t, i);
         let mut runs = Vec::new();
         t.lookup(&f, 0, LBLK_LIMIT, &mut runs)
             .map_err(|e| format!("lookup: {e}"))?;
         for r in runs {
             for k in 0..r.len {
-                s.mapped.insert((INOS[i], r.lblk + k), r.pblk.0 + k);
+                s.mapped.insert((ino, r.lblk + k), r.pblk.0 + k);
             }
         }
     }
