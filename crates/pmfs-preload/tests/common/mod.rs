@@ -1,0 +1,332 @@
+//! Helpers of the library's tests: the built `libpmfs_preload.so` and `pmfs` binary, a pmfs
+//! pool mounted by a `pmfs mount --foreground` daemon that is always unmounted and reaped
+//! (even when a test fails), shell commands run with or without the library, and the
+//! library's counter lines.
+//!
+//! The tests need root and `/dev/fuse` (mounting), as in CI.
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The directory the test binary was built into (`target/<profile>/deps`).
+fn deps_dir() -> PathBuf {
+    std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// The library under test, built by cargo next to the test binary.
+pub fn library() -> PathBuf {
+    let so = deps_dir().join("libpmfs_preload.so");
+    assert!(so.exists(), "{} was not built", so.display());
+    so
+}
+
+/// The `pmfs` binary of the same build, built now if cargo has not built it yet.
+pub fn pmfs_bin() -> PathBuf {
+    let profile_dir = deps_dir().parent().unwrap().to_owned();
+    let bin = profile_dir.join("pmfs");
+    if !bin.exists() {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "pmfs-fuse", "--bin", "pmfs"])
+            .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap());
+        if profile_dir.file_name().unwrap() == "release" {
+            cmd.arg("--release");
+        }
+        assert!(cmd.status().unwrap().success(), "building pmfs failed");
+    }
+    bin
+}
+
+/// A unique directory under the system's temporary directory, removed on drop.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "pmfs-preload-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Whether `dir` is a pmfs mount point now.
+fn mounted(dir: &Path) -> bool {
+    let want = dir.to_string_lossy().replace(' ', "\\040");
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()) && l.contains(" - fuse.pmfs "))
+}
+
+/// A fresh pool mounted on a directory next to it; unmounted and its daemon reaped on drop.
+#[derive(Debug)]
+pub struct Mounted {
+    pool: PathBuf,
+    mnt: PathBuf,
+    daemon: Option<Child>,
+    // Dropped last: the pool and the mount point live in it.
+    dir: TempDir,
+}
+
+impl Mounted {
+    /// Makes a pool of `size` with `mapping` and mounts it.
+    pub fn new(tag: &str, size: &str, mapping: &str) -> Mounted {
+        let dir = TempDir::new(tag);
+        let pool = dir.path().join("pool");
+        let mnt = dir.path().join("mnt");
+        fs::create_dir(&mnt).unwrap();
+        let out = Command::new(pmfs_bin())
+            .arg("mkfs")
+            .arg(&pool)
+            .args(["--size", size, "--mapping", mapping])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mkfs: {out:?}");
+        let daemon = Command::new(pmfs_bin())
+            .arg("mount")
+            .arg(&pool)
+            .arg(&mnt)
+            .arg("--foreground")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut m = Mounted {
+            pool,
+            mnt,
+            daemon: Some(daemon),
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !mounted(&m.mnt) {
+            if let Some(s) = m.daemon.as_mut().unwrap().try_wait().unwrap() {
+                panic!("pmfs mount exited with {s} before mounting");
+            }
+            assert!(Instant::now() < deadline, "the mount did not appear");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        m
+    }
+
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        &self.mnt
+    }
+
+    /// Unmounts, requires a clean daemon exit and a clean `pmfs fsck`.
+    pub fn unmount_and_fsck(mut self) {
+        self.unmount();
+        let out = Command::new(pmfs_bin())
+            .arg("fsck")
+            .arg(&self.pool)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "fsck: {out:?}");
+    }
+
+    fn unmount(&mut self) {
+        let Some(mut daemon) = self.daemon.take() else {
+            return;
+        };
+        // The kernel keeps the mount busy until the daemon answered the releases of files
+        // closed just before: retry for a while.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while mounted(&self.mnt) && Instant::now() < deadline {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.mnt)
+                .stderr(Stdio::null())
+                .status();
+            if mounted(&self.mnt) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        if mounted(&self.mnt) {
+            let _ = daemon.kill();
+            let _ = Command::new("fusermount3")
+                .arg("-uz")
+                .arg(&self.mnt)
+                .status();
+            let _ = daemon.wait();
+            panic!("the mount stayed busy");
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = daemon.try_wait().unwrap() {
+                assert!(s.success(), "the daemon exited with {s}");
+                return;
+            }
+            if Instant::now() > deadline {
+                let _ = daemon.kill();
+                let _ = daemon.wait();
+                panic!("the daemon did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(mut d) = self.daemon.take() {
+                let _ = d.kill();
+                let _ = d.wait();
+                let _ = Command::new("fusermount3")
+                    .arg("-uz")
+                    .arg(&self.mnt)
+                    .status();
+            }
+        } else {
+            self.unmount();
+        }
+    }
+}
+
+/// How a command is run.
+#[derive(Clone, Copy, Debug)]
+pub enum With<'a> {
+    /// Without the library.
+    Kernel,
+    /// Under the library, its counters appended to this file.
+    Library(&'a Path),
+    /// Under the library with `PMFS_PRELOAD=off`, counters asked for in this file.
+    LibraryOff(&'a Path),
+}
+
+/// Runs `sh -c script` in `dir`.
+pub fn sh_in(dir: &Path, script: &str, with: With<'_>) -> Output {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .env_remove("LD_PRELOAD")
+        .env_remove("PMFS_PRELOAD")
+        .env_remove("PMFS_PRELOAD_STATS");
+    match with {
+        With::Kernel => {}
+        With::Library(stats) => {
+            cmd.env("LD_PRELOAD", library())
+                .env("PMFS_PRELOAD_STATS", stats);
+        }
+        With::LibraryOff(stats) => {
+            cmd.env("LD_PRELOAD", library())
+                .env("PMFS_PRELOAD", "off")
+                .env("PMFS_PRELOAD_STATS", stats);
+        }
+    }
+    cmd.output().unwrap()
+}
+
+/// As [`sh_in`], requiring success; returns stdout.
+pub fn sh_ok(dir: &Path, script: &str, with: With<'_>) -> Vec<u8> {
+    let out = sh_in(dir, script, with);
+    assert!(
+        out.status.success(),
+        "`{script}` in {} ({with:?}) failed ({}): {}{}",
+        dir.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// The library's counters, summed over every process that wrote a line.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    /// Processes that reported.
+    pub processes: u64,
+    /// Descriptors recognised as pmfs files.
+    pub pmfs_fds: u64,
+    /// Data calls on them.
+    pub pmfs_calls: u64,
+    /// Calls served in userspace.
+    pub served: u64,
+}
+
+/// Reads and sums the counter lines in `file` (none if it does not exist).
+pub fn counters(file: &Path) -> Counters {
+    let Ok(text) = fs::read_to_string(file) else {
+        return Counters::default();
+    };
+    let mut c = Counters::default();
+    for line in text.lines() {
+        // pmfs-preload: pid P: F pmfs fds, C calls on them, S served in userspace
+        let nums: Vec<u64> = line
+            .split(|ch: char| !ch.is_ascii_digit())
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert!(
+            line.starts_with("pmfs-preload: pid ") && nums.len() == 4,
+            "unexpected counter line {line:?}"
+        );
+        c.processes += 1;
+        c.pmfs_fds += nums[1];
+        c.pmfs_calls += nums[2];
+        c.served += nums[3];
+    }
+    c
+}
+
+/// Pseudo-random bytes from a seed.
+pub fn bytes(seed: u64, n: usize) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect()
+}
+
+/// Every regular file under `root` with its bytes, by relative path.
+pub fn tree(root: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                let rel = e
+                    .path()
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                out.push((rel, fs::read(e.path()).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
