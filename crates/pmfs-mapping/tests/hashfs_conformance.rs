@@ -1,18 +1,40 @@
 //! HashFS passes the shared `FileMapping` conformance suite on every hashing kernel this CPU
 //! has (scalar, AVX2, AVX-512), also when the table runs full, and survives the suite's
-//! concurrency stress (writers on different files; one writer and readers on one file).
+//! concurrency stress (writers on different files; one writer and readers on one file). The
+//! suite's `insert_at` operations (and copy-on-write overwrites) get their blocks from
+//! `HashFs::stage`, and give refused runs back with `HashFs::unstage`.
 
 use std::sync::Arc;
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::pm::HeapRegion;
 use pmfs_core::traits::conformance::mapping::{
-    StressConfig, Subject, SuiteConfig, run_suite, stress_files, stress_one_writer,
+    BlockSource, StressConfig, Subject, SuiteConfig, run_suite, stress_files, stress_one_writer,
 };
-use pmfs_core::traits::{Extent, FileId};
-use pmfs_mapping::hashfs::{HashFs, HashKernel, LBLK_LIMIT};
+use pmfs_core::traits::{Extent, FileId, Run};
+use pmfs_mapping::hashfs::{HashFs, HashFsFile, HashKernel, LBLK_LIMIT};
 
 type Table = HashFs<Arc<HeapRegion>>;
+
+/// HashFS is its own allocator: blocks for `insert_at` are slots staged for the keys.
+struct Staging;
+
+impl BlockSource<Table> for Staging {
+    fn obtain(
+        &self,
+        mapping: &Table,
+        file: &HashFsFile,
+        lblk: u64,
+        len: u64,
+        out: &mut Vec<Run>,
+    ) -> pmfs_core::Result<()> {
+        mapping.stage(file, lblk, len, out)
+    }
+
+    fn release(&self, mapping: &Table, runs: &[Run]) -> pmfs_core::Result<()> {
+        mapping.unstage(runs)
+    }
+}
 
 fn kernels() -> Vec<HashKernel> {
     [HashKernel::Scalar, HashKernel::Avx2, HashKernel::Avx512]
@@ -38,6 +60,7 @@ fn subject(files: usize, slots: u64, kernel: HashKernel) -> Subject<Table> {
         .collect();
     Subject::new(table, ids)
         .with_free_blocks(move || counter.free_blocks().expect("scan of the slot table"))
+        .with_block_source(Staging)
 }
 
 fn config() -> SuiteConfig {
