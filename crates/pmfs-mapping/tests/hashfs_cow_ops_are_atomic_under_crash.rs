@@ -9,19 +9,23 @@
 //!   crash (skip if the run is mapped exactly, else remove and `insert_at`) always reaches the
 //!   state after it.
 //!
+//! A crash during a log-block allocation or free leaves the file's log blocks as they were
+//! before or after the call, each under its own key, and no tentative slot.
+//!
 //! Recovery keeps staged slots (the data path still has to replay its logs), leaves no
 //! tentative slot, and a `sweep_staged` afterwards drops exactly the staged slots.
 //! The expected states come from a twin table on a heap region with the same salt.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::{Explorer, SimRegion};
-use pmfs_core::traits::{Extent, FileId, FileMapping, Run};
+use pmfs_core::traits::{AllocHint, BlockAllocator, Extent, FileId, FileMapping, Run};
 use pmfs_mapping::hashfs::slot::Slot;
-use pmfs_mapping::hashfs::{HashFs, LBLK_LIMIT};
+use pmfs_mapping::hashfs::{HashFs, LBLK_LIMIT, LOG_LBLK_END, LOG_LBLK_FIRST};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -361,6 +365,88 @@ fn a_multi_slot_promote_over_an_old_version_is_atomic_under_crash() {
             apply_run(&t, 1, run).expect("apply");
         },
         |cp| recovered(cp.image, &w),
+    );
+    if let Err(f) = result {
+        panic!("{f}");
+    }
+}
+
+/// The log blocks of inode `ino` in a table: slot index by key.
+fn log_blocks_of<M: Media>(t: &HashFs<M>, ino: u64) -> Result<BTreeMap<u64, u64>, String> {
+    let table = (meta().start + 2).offset();
+    let mut out = BTreeMap::new();
+    for i in 0..SLOTS {
+        let w = t
+            .media()
+            .load_u64(table + 8 * i)
+            .map_err(|e| e.to_string())?;
+        match Slot::decode(w) {
+            Some(Slot::Committed(k)) if k.ino == ino => {
+                if !(LOG_LBLK_FIRST..LOG_LBLK_END).contains(&k.lblk) {
+                    return Err(format!("slot {i} maps data block {}", k.lblk));
+                }
+                if out.insert(k.lblk, i).is_some() {
+                    return Err(format!("log key {} held twice", k.lblk));
+                }
+            }
+            Some(Slot::Tentative(k)) => return Err(format!("tentative slot {i}: {k:?}")),
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+#[test]
+fn log_block_allocations_and_frees_are_atomic_under_crash() {
+    // Each allocation either happened (one more log block, uniquely keyed) or left nothing;
+    // each free either happened or not.
+    let region = SimRegion::new(region_bytes()).expect("sim region");
+    HashFs::format_with_salt(&region, meta(), data(), SALT).expect("format");
+    region.persist_all();
+    // (log blocks before the call, the block a free gives back)
+    let window = RefCell::new((BTreeSet::new(), None::<u64>));
+    let result = Explorer::new(8).run(
+        &region,
+        |pm| {
+            let t = Arc::new(HashFs::open(pm, meta(), data()).expect("open"));
+            let logs = t.log_blocks(3);
+            let mut held = BTreeSet::new();
+            for round in 0..12 {
+                *window.borrow_mut() = (held.clone(), None);
+                if round % 3 == 2 {
+                    let b = *held.iter().next().expect("a held block");
+                    window.borrow_mut().1 = Some(b);
+                    logs.free(Extent::new(BlockNo(b), 1)).expect("free");
+                    held.remove(&b);
+                } else {
+                    let e = logs.alloc(1, AllocHint::metadata()).expect("alloc");
+                    held.insert(e.start.0);
+                }
+            }
+        },
+        |cp| {
+            let r = HeapRegion::from_image(cp.image).map_err(|e| e.to_string())?;
+            let t = HashFs::open(&r, meta(), data()).map_err(|e| format!("open: {e}"))?;
+            t.recover().map_err(|e| format!("recover: {e}"))?;
+            let got: BTreeSet<u64> = log_blocks_of(&t, 3)?
+                .values()
+                .map(|i| data().start.0 + i)
+                .collect();
+            let (before, freed) = &*window.borrow();
+            let ok = match freed {
+                Some(b) => {
+                    let mut after = before.clone();
+                    after.remove(b);
+                    got == *before || got == after
+                }
+                None => got.is_superset(before) && got.len() <= before.len() + 1,
+            };
+            if ok {
+                Ok(())
+            } else {
+                Err(format!("log blocks {got:?}, before the call {before:?}"))
+            }
+        },
     );
     if let Err(f) = result {
         panic!("{f}");
