@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod model;
+pub mod rng;
 
 use std::cell::Cell;
 use std::collections::BTreeMap;

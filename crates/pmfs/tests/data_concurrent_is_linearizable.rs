@@ -1,0 +1,288 @@
+//! Concurrent writers and readers on one file, each through its own handle, on every mapping
+//! kind, are linearizable at block granularity. Writers write block-aligned ranges of 1..4
+//! blocks at random offsets, every 8-byte word of a write holding the write's tag (writer,
+//! sequence number). Every read, and the final state, is checked against the record of
+//! which writes started and returned when:
+//! - no block is torn: it holds one tag of a write that had started;
+//! - a write that returned before the read started is never undone by an older one;
+//! - a multi-block write is seen whole: when one block of it shows it and another block of
+//!   it shows a different write, that write is a later one (it did not return before the
+//!   first started) that does not cover the first block;
+//! - the final value of each block is a write no other write of that block follows in real
+//!   time.
+//!
+//! Bounded by operation counts (a few seconds in debug).
+
+mod data_common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+use data_common::rng::Rng;
+use data_common::{BS, Config, KINDS, RW, create, sim_options};
+use pmfs::{MappingKind, OpenNode, Volume};
+use pmfs_core::pm::{HeapRegion, Media};
+
+/// Blocks of the shared file.
+const BLOCKS: u64 = 16;
+/// Writes per writer thread.
+const WRITES: u64 = 250;
+
+/// One write: blocks `[first, first + len)` and when it started and returned (`u64::MAX`
+/// while running).
+#[derive(Clone, Copy, Debug)]
+struct Rec {
+    first: u64,
+    len: u64,
+    start: u64,
+    end: u64,
+}
+
+impl Rec {
+    fn covers(&self, b: u64) -> bool {
+        b >= self.first && b < self.first + self.len
+    }
+}
+
+/// The shared record of writes and a logical clock.
+#[derive(Default)]
+struct History {
+    clock: AtomicU64,
+    writes: Mutex<HashMap<u64, Rec>>,
+}
+
+impl History {
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn snapshot(&self) -> HashMap<u64, Rec> {
+        self.writes.lock().unwrap().clone()
+    }
+}
+
+fn tag(writer: u64, seq: u64) -> u64 {
+    (writer << 32) | seq
+}
+
+/// The tag of each block of `buf` (read at block `first`); fails on a torn block.
+fn tags_of(buf: &[u8], first: u64) -> Result<Vec<u64>, String> {
+    buf.chunks(BS as usize)
+        .enumerate()
+        .map(|(i, blk)| {
+            let t = u64::from_le_bytes(blk[..8].try_into().unwrap());
+            if blk
+                .chunks(8)
+                .any(|w| u64::from_le_bytes(w.try_into().unwrap()) != t)
+            {
+                return Err(format!("block {} is torn", first + i as u64));
+            }
+            Ok(t)
+        })
+        .collect()
+}
+
+/// Checks a read of blocks `[first, first + tags.len())` that ran from `rstart` to `rend`,
+/// against `writes` (taken after the read returned).
+fn check_read(
+    tags: &[u64],
+    first: u64,
+    rstart: u64,
+    rend: u64,
+    writes: &HashMap<u64, Rec>,
+) -> Result<(), String> {
+    for (i, &t) in tags.iter().enumerate() {
+        let b = first + i as u64;
+        let w = writes
+            .get(&t)
+            .ok_or_else(|| format!("block {b} holds {t:#x}, which no write wrote"))?;
+        if !w.covers(b) {
+            return Err(format!(
+                "block {b} holds {t:#x}, a write of other blocks {w:?}"
+            ));
+        }
+        if w.start > rend {
+            return Err(format!(
+                "block {b} holds {t:#x}, which started after the read"
+            ));
+        }
+        // A write of this block that returned before the read started and started after
+        // the observed one returned makes the observed value stale.
+        if let Some((ft, f)) = writes
+            .iter()
+            .find(|(_, f)| f.covers(b) && f.end < rstart && f.start > w.end)
+        {
+            return Err(format!(
+                "block {b} holds {t:#x} {w:?}, undone by {ft:#x} {f:?} before the read"
+            ));
+        }
+        // Atomicity across the blocks of one write.
+        for (j, &u) in tags.iter().enumerate() {
+            let c = first + j as u64;
+            if u == t || !w.covers(c) {
+                continue;
+            }
+            let v = &writes[&u];
+            if v.covers(b) || v.end < w.start {
+                return Err(format!(
+                    "write {t:#x} {w:?} is seen in block {b} but block {c} holds {u:#x} {v:?}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run(kind: MappingKind, writers: u64, seed: u64) {
+    let media: Arc<dyn Media> = Arc::new(HeapRegion::new(8 << 20).unwrap());
+    let cfg = Config {
+        kind,
+        alloc: pmfs::AllocatorKind::Cffs,
+    };
+    let vol = Volume::format(media, &sim_options(cfg)).unwrap();
+    let ino = {
+        let f = create(&vol, "f");
+        f.write_at(&vec![0u8; (BLOCKS * BS) as usize], 0).unwrap();
+        f.ino()
+    };
+    let hist = History::default();
+    hist.writes.lock().unwrap().insert(
+        tag(0, 0),
+        Rec {
+            first: 0,
+            len: BLOCKS,
+            start: 0,
+            end: 0,
+        },
+    );
+    let done = AtomicBool::new(false);
+    let reads = AtomicU64::new(0);
+    thread::scope(|s| {
+        let mut handles = Vec::new();
+        for w in 1..=writers {
+            let node: OpenNode = vol.open_ino(ino, RW).unwrap();
+            let hist = &hist;
+            handles.push(s.spawn(move || {
+                let mut rng = Rng::new(seed ^ w);
+                for seq in 1..=WRITES {
+                    let len = rng.range(1, 4);
+                    let first = rng.range(0, BLOCKS - len);
+                    let t = tag(w, seq);
+                    let buf: Vec<u8> =
+                        std::iter::repeat_n(t.to_le_bytes(), (len * BS / 8) as usize)
+                            .flatten()
+                            .collect();
+                    let start = hist.tick();
+                    hist.writes.lock().unwrap().insert(
+                        t,
+                        Rec {
+                            first,
+                            len,
+                            start,
+                            end: u64::MAX,
+                        },
+                    );
+                    node.write_at(&buf, first * BS).unwrap();
+                    let end = hist.tick();
+                    hist.writes.lock().unwrap().get_mut(&t).unwrap().end = end;
+                }
+            }));
+        }
+        // Two readers: whole-file reads and random ranges.
+        for r in 0..2u64 {
+            let node: OpenNode = vol.open_ino(ino, RW).unwrap();
+            let (hist, done, reads) = (&hist, &done, &reads);
+            s.spawn(move || {
+                let mut rng = Rng::new(seed ^ (100 + r));
+                while !done.load(Ordering::SeqCst) {
+                    let (first, len) = if r == 0 {
+                        (0, BLOCKS)
+                    } else {
+                        let len = rng.range(1, 8);
+                        (rng.range(0, BLOCKS - len), len)
+                    };
+                    let mut buf = vec![0u8; (len * BS) as usize];
+                    let rstart = hist.tick();
+                    let n = node.read_at(&mut buf, first * BS).unwrap();
+                    let rend = hist.tick();
+                    assert_eq!(n, buf.len(), "{kind:?}: short read");
+                    let tags = tags_of(&buf, first).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+                    check_read(&tags, first, rstart, rend, &hist.snapshot())
+                        .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+        done.store(true, Ordering::SeqCst);
+    });
+    assert!(reads.load(Ordering::Relaxed) > 0, "{kind:?}: no read ran");
+    // The final state: a serial order of all writes.
+    let node = vol.open_ino(ino, RW).unwrap();
+    assert_eq!(node.size().unwrap(), BLOCKS * BS);
+    let mut buf = vec![0u8; (BLOCKS * BS) as usize];
+    node.read_at(&mut buf, 0).unwrap();
+    let tags = tags_of(&buf, 0).unwrap_or_else(|e| panic!("{kind:?}: final: {e}"));
+    let writes = hist.snapshot();
+    let t = hist.tick();
+    check_read(&tags, 0, t, t, &writes).unwrap_or_else(|e| panic!("{kind:?}: final: {e}"));
+    for (b, tg) in tags.iter().enumerate() {
+        let w = writes[tg];
+        if let Some((ft, f)) = writes
+            .iter()
+            .find(|(_, f)| f.covers(b as u64) && f.start > w.end)
+        {
+            panic!("{kind:?}: final block {b} holds {tg:#x} {w:?}, but {ft:#x} {f:?} followed");
+        }
+    }
+    drop(node);
+    vol.close().unwrap();
+}
+
+#[test]
+fn two_writers_and_two_readers_are_linearizable() {
+    for (i, kind) in KINDS.into_iter().enumerate() {
+        run(kind, 2, 11 + i as u64);
+    }
+}
+
+#[test]
+fn three_writers_and_two_readers_are_linearizable() {
+    for (i, kind) in KINDS.into_iter().enumerate() {
+        run(kind, 3, 21 + i as u64);
+    }
+}
+
+#[test]
+fn the_checker_rejects_torn_stale_and_partial_observations() {
+    let rec = |first, len, start, end| Rec {
+        first,
+        len,
+        start,
+        end,
+    };
+    let writes: HashMap<u64, Rec> = [
+        (tag(0, 0), rec(0, 4, 0, 0)),
+        (tag(1, 1), rec(0, 2, 1, 2)),
+        (tag(2, 1), rec(1, 2, 3, 4)),
+    ]
+    .into();
+    // Serial states are accepted.
+    check_read(&[tag(1, 1), tag(2, 1), tag(2, 1), 0], 0, 5, 6, &writes).unwrap();
+    check_read(&[tag(1, 1), tag(1, 1), 0, 0], 0, 2, 6, &writes).unwrap();
+    // Stale: (2, 1) returned before the read started, yet block 1 shows the older (1, 1).
+    assert!(check_read(&[tag(1, 1), tag(1, 1), tag(2, 1), 0], 0, 5, 6, &writes).is_err());
+    // Partial: (1, 1) seen in block 1 but block 0 still holds the initial write.
+    assert!(check_read(&[0, tag(1, 1), 0, 0], 0, 2, 6, &writes).is_err());
+    // A tag outside the write's blocks, and a write from the future.
+    assert!(check_read(&[0, 0, 0, tag(1, 1)], 0, 5, 6, &writes).is_err());
+    assert!(check_read(&[tag(1, 1), tag(2, 1), tag(2, 1), 0], 0, 0, 2, &writes).is_err());
+    // A torn block.
+    let mut blk = vec![0u8; BS as usize];
+    blk[8..16].copy_from_slice(&tag(1, 1).to_le_bytes());
+    assert!(tags_of(&blk, 0).is_err());
+}
