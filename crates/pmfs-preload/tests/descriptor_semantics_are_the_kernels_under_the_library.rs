@@ -1,0 +1,79 @@
+//! A C program (`programs/descriptors.c`) drives every interposed call — read/write at
+//! offsets, holes and short reads at EOF, vectored I/O, lseek, dup/dup2/dup3/F_DUPFD(_CLOEXEC)
+//! sharing offsets, O_APPEND and F_SETFL, ftruncate, fallocate and punch hole, fstat/statx
+//! sizes, fsync, EBADF after close, a fork child and an exec'd image writing through a shared
+//! descriptor, threads writing at once, a shared mapping against read and write, stdio,
+//! close_range, a pipe, and file calls from a constructor before `main` — and prints a
+//! transcript. On a pmfs mount the transcript and the files are the same with and without the
+//! library, and the same as on a local directory (except one call the daemon refuses, see
+//! below).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{Mounted, TempDir, With, counters, sh_ok, tree};
+
+fn compile(dir: &Path) -> std::path::PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/descriptors.c");
+    let exe = dir.join("descriptors");
+    let out = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cc: {out:?}");
+    exe
+}
+
+/// `fallocate(FALLOC_FL_KEEP_SIZE)` past EOF: the pmfs daemon answers EOPNOTSUPP, a local file
+/// system allocates. The only line allowed to differ from the local run.
+fn without_keep_size(transcript: &[u8]) -> String {
+    String::from_utf8_lossy(transcript)
+        .lines()
+        .filter(|l| !l.starts_with("fallocate keep size"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn descriptor_calls_give_the_same_results_with_and_without_the_library() {
+    let work = TempDir::new("descriptors");
+    let exe = compile(work.path());
+    let m = Mounted::new("descriptors", "256M", "hashfs");
+    let stats = work.path().join("stats");
+    let run = |dir: &Path, with: With<'_>| {
+        std::fs::create_dir(dir).unwrap();
+        let out = sh_ok(dir, &exe.display().to_string(), with);
+        (out, tree(dir))
+    };
+    let (local, local_files) = run(&work.path().join("local"), With::Kernel);
+    let (kernel, kernel_files) = run(&m.path().join("kernel"), With::Kernel);
+    let (library, library_files) = run(&m.path().join("library"), With::Library(&stats));
+
+    assert_eq!(
+        String::from_utf8_lossy(&kernel),
+        String::from_utf8_lossy(&library),
+        "the library changed a result"
+    );
+    assert_eq!(without_keep_size(&local), without_keep_size(&library));
+    assert!(kernel_files == library_files, "the library changed a file");
+    assert!(
+        local_files == library_files,
+        "pmfs files differ from local ones"
+    );
+    assert_eq!(library_files.len(), 3);
+
+    let c = counters(&stats);
+    // The program and its exec'd image report; fork children leave with _exit.
+    assert_eq!(c.processes, 2, "{c:?}");
+    // Opened with open(): f, f again with O_APPEND, threads, stream; plus the descriptor the
+    // exec'd image inherited, classified on its first read. Duplicates are not new files, and
+    // fopen opens inside libc, out of the library's sight.
+    assert_eq!(c.pmfs_fds, 5, "{c:?}");
+    assert!(c.pmfs_calls >= 60, "{c:?}");
+    assert_eq!(c.served, 0, "no attached data path yet");
+    m.unmount_and_fsck();
+}

@@ -1,0 +1,233 @@
+/* Exercises every interposed call on files in the current directory and prints a transcript
+ * of results, errnos, sizes and checksums: the transcript must not depend on whether the
+ * library is loaded. argv[1] == "exec-child" is the re-executed image of the exec step. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static long early_read = -1;
+
+/* Runs before main: file calls from a constructor must be forwarded correctly. */
+__attribute__((constructor)) static void early(void) {
+    char c;
+    int fd = open("/proc/self/stat", O_RDONLY);
+    early_read = read(fd, &c, 1);
+    close(fd);
+}
+
+static void show(const char *what, long r) {
+    printf("%-28s = %ld", what, r);
+    if (r < 0)
+        printf(" errno %s", strerror(errno));
+    printf("\n");
+    fflush(stdout);
+}
+
+static unsigned long fnv(const unsigned char *p, size_t n) {
+    unsigned long h = 1469598103934665603UL;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211UL;
+    return h;
+}
+
+static long size_of(int fd) {
+    struct stat st;
+    return fstat(fd, &st) < 0 ? -1 : (long)st.st_size;
+}
+
+static void sum_at(int fd, const char *what, off_t off, size_t n) {
+    unsigned char *b = calloc(1, n);
+    ssize_t r = pread(fd, b, n, off);
+    printf("%-28s = %zd sum %lx\n", what, r, r > 0 ? fnv(b, (size_t)r) : 0UL);
+    fflush(stdout);
+    free(b);
+}
+
+struct job {
+    int fd, id;
+};
+
+static void *writer(void *arg) {
+    struct job *j = arg;
+    unsigned char b[4096];
+    for (int round = 0; round < 50; round++) {
+        memset(b, 'a' + j->id + round % 3, sizeof b);
+        if (pwrite(j->fd, b, sizeof b, (off_t)(j->id * 8 + round % 8) * 4096) != sizeof b)
+            abort();
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    unsigned char buf[20000];
+    if (argc == 3 && strcmp(argv[1], "exec-child") == 0) {
+        int fd = atoi(argv[2]);
+        show("exec child read", read(fd, buf, 4));
+        show("exec child offset", lseek(fd, 0, SEEK_CUR));
+        return 0;
+    }
+    show("constructor read", early_read);
+    for (size_t i = 0; i < sizeof buf; i++)
+        buf[i] = (unsigned char)(i * 31 + i / 251);
+
+    int fd = open("f", O_RDWR | O_CREAT | O_TRUNC, 0644);
+    show("open", fd >= 0);
+    show("write 10000", write(fd, buf, 10000));
+    show("offset", lseek(fd, 0, SEEK_CUR));
+    show("pwrite past eof", pwrite(fd, buf + 7, 100, 20000));
+    show("size", size_of(fd));
+    sum_at(fd, "pread across the hole", 9950, 200);
+    sum_at(fd, "pread short at eof", 20050, 100);
+    sum_at(fd, "pread past eof", 30000, 10);
+    show("offset after preads", lseek(fd, 0, SEEK_CUR));
+    show("lseek end", lseek(fd, -5, SEEK_END));
+    show("read at end", read(fd, buf + 15000, 100));
+    show("read at eof", read(fd, buf + 15000, 100));
+    show("lseek64 set", lseek64(fd, 1000, SEEK_SET));
+
+    struct iovec iov[3] = {{buf, 10}, {buf + 100, 0}, {buf + 200, 4000}};
+    show("writev", writev(fd, iov, 3));
+    show("offset", lseek(fd, 0, SEEK_CUR));
+    show("pwritev", pwritev(fd, iov, 3, 15000));
+    unsigned char r1[100], r2[5000];
+    struct iovec riov[2] = {{r1, sizeof r1}, {r2, sizeof r2}};
+    show("preadv", preadv(fd, riov, 2, 998));
+    printf("preadv sums %lx %lx\n", fnv(r1, sizeof r1), fnv(r2, sizeof r2));
+    show("lseek", lseek(fd, 20090, SEEK_SET));
+    show("readv short", readv(fd, riov, 2));
+    show("offset", lseek(fd, 0, SEEK_CUR));
+
+    int d = dup(fd);
+    show("dup", d > fd);
+    show("lseek on fd", lseek(fd, 123, SEEK_SET));
+    show("offset seen by dup", lseek(d, 0, SEEK_CUR));
+    show("read via dup", read(d, r1, 10));
+    show("offset of fd", lseek(fd, 0, SEEK_CUR));
+    show("dup2", dup2(fd, 50));
+    show("dup2 same", dup2(50, 50));
+    show("dup3 cloexec", dup3(fd, 51, O_CLOEXEC));
+    show("dup3 same", dup3(51, 51, 0));
+    show("F_GETFD 51", fcntl(51, F_GETFD));
+    int f60 = fcntl(fd, F_DUPFD, 60);
+    show("F_DUPFD >= 60", f60 >= 60);
+    int f70 = fcntl(fd, F_DUPFD_CLOEXEC, 70);
+    show("F_DUPFD_CLOEXEC >= 70", f70 >= 70);
+    show("F_GETFD", fcntl(f70, F_GETFD));
+    show("F_GETFL accmode", fcntl(f60, F_GETFL) & O_ACCMODE);
+    show("write via 50", write(50, "fifty", 5));
+    show("offset via 60", lseek(f60, 0, SEEK_CUR));
+
+    int a = open("f", O_WRONLY | O_APPEND);
+    show("append write", write(a, "APPEND", 6));
+    show("size", size_of(fd));
+    show("append pwrite (appends)", pwrite(a, "PW", 2, 0));
+    show("size", size_of(fd));
+    show("F_SETFL no append", fcntl(a, F_SETFL, 0));
+    show("lseek on a", lseek(a, 3, SEEK_SET));
+    show("write in place", write(a, "xyz", 3));
+    show("size", size_of(fd));
+    sum_at(fd, "whole file", 0, 30000);
+    show("close a", close(a));
+
+    show("ftruncate shrink", ftruncate(fd, 4097));
+    show("size", size_of(fd));
+    sum_at(fd, "after shrink", 4000, 200);
+    show("ftruncate grow", ftruncate(fd, 9000));
+    sum_at(fd, "grown part", 4000, 5000);
+    show("fallocate", fallocate(fd, 0, 0, 65536));
+    show("size", size_of(fd));
+    show("fallocate keep size", fallocate(fd, FALLOC_FL_KEEP_SIZE, 65536, 65536));
+    show("size", size_of(fd));
+    show("punch hole", fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 2048, 8192));
+    sum_at(fd, "after punch", 0, 65536);
+    struct statx sx;
+    show("statx", statx(fd, "", AT_EMPTY_PATH, STATX_SIZE, &sx));
+    show("statx size", (long)sx.stx_size);
+    show("fsync", fsync(fd));
+    show("fdatasync", fdatasync(fd));
+
+    show("close dup", close(d));
+    show("read closed", read(d, r1, 1));
+    show("close 50", close(50));
+    show("write closed", write(50, "x", 1));
+    show("close closed", close(50));
+
+    show("lseek", lseek(fd, 100, SEEK_SET));
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (write(fd, "child!", 6) != 6)
+            _exit(1);
+        _exit(0);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    show("fork child status", status);
+    show("offset after child", lseek(fd, 0, SEEK_CUR));
+    sum_at(fd, "child's bytes", 100, 6);
+
+    pid = fork();
+    if (pid == 0) {
+        char num[16];
+        snprintf(num, sizeof num, "%d", fd);
+        execl("/proc/self/exe", argv[0], "exec-child", num, (char *)NULL);
+        _exit(127);
+    }
+    waitpid(pid, &status, 0);
+    show("exec child status", status);
+    show("offset after exec child", lseek(fd, 0, SEEK_CUR));
+
+    int t = open("threads", O_RDWR | O_CREAT | O_TRUNC, 0644);
+    pthread_t th[4];
+    struct job jobs[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (struct job){t, i};
+        pthread_create(&th[i], NULL, writer, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    show("threads size", size_of(t));
+    sum_at(t, "threads file", 0, 4 * 8 * 4096);
+
+    unsigned char *map = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, t, 0);
+    show("mmap", map != MAP_FAILED);
+    memcpy(map + 10, "mapped store", 12);
+    show("msync", msync(map, 8192, MS_SYNC));
+    sum_at(t, "read sees the store", 0, 100);
+    show("pwrite under the map", pwrite(t, "written", 7, 4096));
+    printf("map sees the write: %.7s\n", map + 4096);
+    show("munmap", munmap(map, 8192));
+    show("close threads", close(t));
+
+    FILE *s = fopen("stream", "w+");
+    fprintf(s, "through stdio %d\n", 42);
+    show("fclose", fclose(s));
+    int g = open("stream", O_RDONLY);
+    memset(r1, 0, sizeof r1);
+    show("read stream file", read(g, r1, sizeof r1));
+    printf("%s", r1);
+    show("close", close(g));
+
+    show("dup2 to 100", dup2(fd, 100));
+    show("dup2 to 101", dup2(fd, 101));
+    show("close_range", close_range(100, 101, 0));
+    show("F_GETFD closed", fcntl(100, F_GETFD));
+
+    int p[2];
+    show("pipe", pipe(p));
+    show("pipe write", write(p[1], "pipe", 4));
+    show("pipe read", read(p[0], r1, 10));
+    close(p[0]);
+    close(p[1]);
+    show("close fd", close(fd));
+    return 0;
+}
