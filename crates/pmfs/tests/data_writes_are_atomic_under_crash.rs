@@ -5,14 +5,18 @@
 //! unaligned overwrites, appends past an unaligned end of file, a write of 70 blocks, a sparse
 //! write past end of file over stale bytes a truncate left, and an `O_APPEND` write through
 //! the path API. Crash points with at most 16 images are enumerated, others sampled (8, or
-//! `PMFS_CRASH_SAMPLES`).
+//! `PMFS_CRASH_SAMPLES`). Recovery of a crashed write survives crashes of its own.
 
 mod data_common;
 
+use std::sync::Arc;
+
 use pmfs::{OpenNode, OpenOptions, Volume};
+use pmfs_core::pm::Media;
+use pmfs_core::sim::SimRegion;
 
 use data_common::model::Model;
-use data_common::{BS, Config, Sampling, check_op, configs, create, pattern};
+use data_common::{BS, Config, Sampling, check_op, configs, create, pattern, recover_and_image};
 
 /// Creates `/f` holding `initial` (and an untouched neighbour `/g`), open for the write.
 fn setup_with(initial: &[u8]) -> impl Fn(&Volume) -> OpenNode + '_ {
@@ -138,5 +142,60 @@ fn append_mode_write_through_the_path_api_is_atomic() {
             &before,
             &after,
         );
+    }
+}
+
+#[test]
+fn recovery_of_a_write_survives_crashes() {
+    // For crash images taken during an unaligned overwrite that also extends the file (a few
+    // per crash point), a crash at any fence of the recovery itself, followed by another
+    // recovery, ends in the state one uninterrupted recovery gives.
+    let initial = pattern(13, 5 * BS as usize + 100);
+    let data = pattern(14, 3 * BS as usize);
+    for (i, cfg) in data_common::kinds_only().into_iter().enumerate() {
+        let seed = 700 + i as u64;
+        let region = Arc::new(SimRegion::new(data_common::SIM_SIZE).unwrap());
+        let vol = Volume::format(region.clone(), &data_common::sim_options(cfg)).unwrap();
+        let f = setup_with(&initial)(&vol);
+        region.persist_all();
+        let mut nested = 0u64;
+        data_common::explorer(seed, 2, 2)
+            .run(
+                &region,
+                |_| {
+                    f.write_at(&data, 4 * BS + 50).unwrap();
+                },
+                |cp| {
+                    let expected = recover_and_image(cp.image)?;
+                    let inner =
+                        Arc::new(SimRegion::from_image(cp.image).map_err(|e| e.to_string())?);
+                    let media: Arc<dyn Media> = inner.clone();
+                    let stats = data_common::explorer(seed ^ cp.fence, 2, 2)
+                        .run(
+                            &inner,
+                            |_| {
+                                let v = Volume::mount(media.clone()).expect("recovery");
+                                v.close().expect("close after recovery");
+                            },
+                            |inner_cp| {
+                                let got = recover_and_image(inner_cp.image)?;
+                                if got == expected {
+                                    Ok(())
+                                } else {
+                                    Err(format!(
+                                        "{cfg:?}: second recovery differs from a single one: \
+                                         {got:?} vs {expected:?}"
+                                    ))
+                                }
+                            },
+                        )
+                        .map_err(|f| f.to_string())?;
+                    nested += stats.images;
+                    Ok(())
+                },
+            )
+            .unwrap_or_else(|f| panic!("{f}"));
+        assert!(nested > 0);
+        drop(f);
     }
 }
