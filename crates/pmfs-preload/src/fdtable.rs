@@ -60,6 +60,11 @@ fn slot(fd: i32) -> Option<&'static AtomicU8> {
     usize::try_from(fd).ok().and_then(|i| TABLE.get(i))
 }
 
+/// Whether `fd` has an entry (it is in `0..TABLE_FDS`).
+pub(crate) fn recorded(fd: i32) -> bool {
+    slot(fd).is_some()
+}
+
 /// What is recorded for `fd` (`Unknown` for descriptors outside the table).
 pub(crate) fn get(fd: i32) -> Kind {
     slot(fd).map_or(Kind::Unknown, |s| Kind::decode(s.load(Ordering::Acquire)))
@@ -113,6 +118,7 @@ mod tests {
         for fd in [-1, TABLE_FDS as i32, i32::MAX] {
             set(fd, Kind::Pmfs(0));
             assert_eq!(get(fd), Kind::Unknown);
+            assert!(!recorded(fd));
         }
         forget_range(TABLE_FDS, usize::MAX);
     }

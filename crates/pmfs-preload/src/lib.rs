@@ -170,7 +170,7 @@ pub(crate) fn set_errno(e: c_int) {
 /// What `fd` is, classifying it if the table does not know.
 fn kind(fd: c_int) -> Kind {
     match fdtable::get(fd) {
-        Kind::Unknown if fd >= 0 => learn(fd),
+        Kind::Unknown if fdtable::recorded(fd) => learn(fd),
         k => k,
     }
 }
