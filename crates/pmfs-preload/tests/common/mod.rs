@@ -146,6 +146,21 @@ impl Mounted {
         assert!(out.status.success(), "fsck: {out:?}");
     }
 
+    /// Kills the daemon with SIGKILL and detaches the dead mount lazily (open descriptors on
+    /// it then fail).
+    pub fn kill_daemon(mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        let out = Command::new("fusermount3")
+            .arg("-uz")
+            .arg(&self.mnt)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "fusermount3 -uz: {out:?}");
+    }
+
     fn unmount(&mut self) {
         let Some(mut daemon) = self.daemon.take() else {
             return;
