@@ -18,12 +18,12 @@
 //!   `dup`/`dup2`/`dup3`, `fcntl`/`fcntl64` (`F_DUPFD`, `F_DUPFD_CLOEXEC` followed; every other
 //!   command forwarded), `fclose`, `freopen(64)`. Each forwards to the next definition
 //!   (`dlsym(RTLD_NEXT)`, resolved lazily; raw system calls while that is not possible, see
-//!   [`real`](crate::real)), so programs behave exactly as without the library.
+//!   module `real`), so programs behave exactly as without the library.
 //! - **Recognising pmfs files.** After every open (and lazily for descriptors it did not see
 //!   opened: inherited ones, stdin redirected from a file, …) a descriptor is classified with
 //!   one `statx` (`AT_STATX_DONT_SYNC`: no FUSE round trip): a regular file whose device is
-//!   that of a `fuse.pmfs` mount in `/proc/self/mountinfo` is a pmfs file ([`mounts`]).
-//! - **A descriptor table** ([`fdtable`]): lock-free, `dup` copies, every close path resets;
+//!   that of a `fuse.pmfs` mount in `/proc/self/mountinfo` is a pmfs file (module `mounts`).
+//! - **A descriptor table** (module `fdtable`): lock-free, `dup` copies, every close path resets;
 //!   safe across `fork` (the child keeps the table that matches its descriptors; a
 //!   `pthread_atfork` handler resets its counters and scan flag) and `exec` (rebuilt in the
 //!   new image). A `vfork` child (shared memory) never writes the table: changes are made only
@@ -51,6 +51,12 @@
 //!   `AT_EMPTY_PATH`, `posix_fallocate`, `copy_file_range`, `sendfile`, `splice`, and raw
 //!   `syscall(SYS_close, …)`. A recorded descriptor closed by a raw system call and reused
 //!   would keep a stale entry.
+//! - Children made without glibc's `fork` (`_Fork`, raw `clone`, `vfork`) run no
+//!   `pthread_atfork` handler, so they never write the table and their counters start from
+//!   the parent's; a process that leaves with `_exit` (fio's job processes, most fork
+//!   children) reports nothing.
+//! - mountinfo is read again only for files on anonymous devices not seen before; after 64
+//!   such non-pmfs devices, pmfs mounts made later are not recognised (kernel path).
 
 pub(crate) mod fdtable;
 pub mod interpose;
