@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
+use data_common::lin::{Rec, check_final, check_read, tag, tags_of};
 use data_common::rng::Rng;
 use data_common::{BS, Config, KINDS, RW, create, sim_options};
 use pmfs::{MappingKind, OpenNode, Volume};
@@ -29,22 +30,6 @@ use pmfs_core::pm::{HeapRegion, Media};
 const BLOCKS: u64 = 16;
 /// Writes per writer thread.
 const WRITES: u64 = 250;
-
-/// One write: blocks `[first, first + len)` and when it started and returned (`u64::MAX`
-/// while running).
-#[derive(Clone, Copy, Debug)]
-struct Rec {
-    first: u64,
-    len: u64,
-    start: u64,
-    end: u64,
-}
-
-impl Rec {
-    fn covers(&self, b: u64) -> bool {
-        b >= self.first && b < self.first + self.len
-    }
-}
 
 /// The shared record of writes and a logical clock.
 #[derive(Default)]
@@ -61,78 +46,6 @@ impl History {
     fn snapshot(&self) -> HashMap<u64, Rec> {
         self.writes.lock().unwrap().clone()
     }
-}
-
-fn tag(writer: u64, seq: u64) -> u64 {
-    (writer << 32) | seq
-}
-
-/// The tag of each block of `buf` (read at block `first`); fails on a torn block.
-fn tags_of(buf: &[u8], first: u64) -> Result<Vec<u64>, String> {
-    buf.chunks(BS as usize)
-        .enumerate()
-        .map(|(i, blk)| {
-            let t = u64::from_le_bytes(blk[..8].try_into().unwrap());
-            if blk
-                .chunks(8)
-                .any(|w| u64::from_le_bytes(w.try_into().unwrap()) != t)
-            {
-                return Err(format!("block {} is torn", first + i as u64));
-            }
-            Ok(t)
-        })
-        .collect()
-}
-
-/// Checks a read of blocks `[first, first + tags.len())` that ran from `rstart` to `rend`,
-/// against `writes` (taken after the read returned).
-fn check_read(
-    tags: &[u64],
-    first: u64,
-    rstart: u64,
-    rend: u64,
-    writes: &HashMap<u64, Rec>,
-) -> Result<(), String> {
-    for (i, &t) in tags.iter().enumerate() {
-        let b = first + i as u64;
-        let w = writes
-            .get(&t)
-            .ok_or_else(|| format!("block {b} holds {t:#x}, which no write wrote"))?;
-        if !w.covers(b) {
-            return Err(format!(
-                "block {b} holds {t:#x}, a write of other blocks {w:?}"
-            ));
-        }
-        if w.start > rend {
-            return Err(format!(
-                "block {b} holds {t:#x}, which started after the read"
-            ));
-        }
-        // A write of this block that returned before the read started and started after
-        // the observed one returned makes the observed value stale.
-        if let Some((ft, f)) = writes
-            .iter()
-            .find(|(_, f)| f.covers(b) && f.end < rstart && f.start > w.end)
-        {
-            return Err(format!(
-                "block {b} holds {t:#x} {w:?}, undone by {ft:#x} {f:?} before the read"
-            ));
-        }
-        // Atomicity across the blocks of one write.
-        for (j, &u) in tags.iter().enumerate() {
-            let c = first + j as u64;
-            if u == t || !w.covers(c) {
-                continue;
-            }
-            let v = &writes[&u];
-            if v.covers(b) || v.end < w.start {
-                return Err(format!(
-                    "write {t:#x} {w:?} is seen in block {b} but block {c} holds {u:#x} {v:?}"
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 fn run(kind: MappingKind, writers: u64, seed: u64) {
@@ -228,17 +141,7 @@ fn run(kind: MappingKind, writers: u64, seed: u64) {
     node.read_at(&mut buf, 0).unwrap();
     let tags = tags_of(&buf, 0).unwrap_or_else(|e| panic!("{kind:?}: final: {e}"));
     let writes = hist.snapshot();
-    let t = hist.tick();
-    check_read(&tags, 0, t, t, &writes).unwrap_or_else(|e| panic!("{kind:?}: final: {e}"));
-    for (b, tg) in tags.iter().enumerate() {
-        let w = writes[tg];
-        if let Some((ft, f)) = writes
-            .iter()
-            .find(|(_, f)| f.covers(b as u64) && f.start > w.end)
-        {
-            panic!("{kind:?}: final block {b} holds {tg:#x} {w:?}, but {ft:#x} {f:?} followed");
-        }
-    }
+    check_final(&tags, &writes, hist.tick()).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
     drop(node);
     vol.close().unwrap();
 }

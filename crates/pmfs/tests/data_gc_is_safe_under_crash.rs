@@ -28,6 +28,9 @@ const SLOTS: usize = 504;
 /// Writes the crash sweep covers.
 const WINDOW: usize = 24;
 
+/// One explored write.
+type WriteStep = dyn Fn(&Volume, &mut OpenNode) -> pmfs::Result<()>;
+
 /// The `i`th small write: offset and bytes, inside one block.
 fn small_write(i: usize) -> (u64, Vec<u8>) {
     let mut rng = Rng::new(0xD1CE ^ i as u64);
@@ -99,12 +102,11 @@ fn log_compaction_is_safe_under_crash_and_bounded() {
             model.write(&buf, off);
             expected.push(model.0.clone());
         }
-        let writes: Vec<Box<dyn Fn(&Volume, &mut OpenNode) -> pmfs::Result<()>>> = (start
-            ..start + WINDOW)
+        let writes: Vec<Box<WriteStep>> = (start..start + WINDOW)
             .map(|i| {
                 let (off, buf) = small_write(i);
                 Box::new(move |_: &Volume, f: &mut OpenNode| f.write_at(&buf, off).map(drop))
-                    as Box<dyn Fn(&Volume, &mut OpenNode) -> pmfs::Result<()>>
+                    as Box<WriteStep>
             })
             .collect();
         let steps: Vec<Step<'_, OpenNode>> = writes.iter().map(|w| &**w as Step<'_, _>).collect();

@@ -129,7 +129,7 @@ impl FileModel {
     /// a hole (its bytes past the old end must read as zeros).
     fn grow_over(&mut self, new_size: u64) {
         let size = self.size();
-        if new_size > size && size % BS != 0 && self.block(size / BS) == Blk::Hole {
+        if new_size > size && !size.is_multiple_of(BS) && self.block(size / BS) == Blk::Hole {
             self.set(size / BS, size / BS + 1, Blk::Either);
         }
     }

@@ -5,6 +5,7 @@
 //! between the last returned operation and the one in progress.
 #![allow(dead_code)]
 
+pub mod lin;
 pub mod model;
 pub mod rng;
 
