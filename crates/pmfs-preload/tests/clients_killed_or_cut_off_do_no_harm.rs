@@ -6,6 +6,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -33,7 +34,8 @@ fn killed_writers_leave_a_clean_volume_and_the_others_finish() {
                 .env("LD_PRELOAD", library())
                 .env("PMFS_PRELOAD_STATS", &stats)
                 .stdin(Stdio::null())
-                .stderr(Stdio::null());
+                .stderr(Stdio::null())
+                .process_group(0);
             victims.push(c.spawn().unwrap());
         }
         let survivor = sh_ok(
@@ -47,11 +49,10 @@ fn killed_writers_leave_a_clean_volume_and_the_others_finish() {
         // Different points of their loops in each round.
         std::thread::sleep(Duration::from_millis(100 + 150 * round));
         for mut v in victims {
-            // The shell and whatever child it is running at the moment.
-            let _ = Command::new("pkill")
-                .args(["-KILL", "-P", &v.id().to_string()])
-                .status();
-            v.kill().unwrap();
+            // The shell and whatever it runs at the moment: their own process group.
+            let pgid = libc::pid_t::try_from(v.id()).unwrap();
+            // SAFETY: kill takes plain integers; the group is the victim's own.
+            assert_eq!(unsafe { libc::kill(-pgid, libc::SIGKILL) }, 0);
             v.wait().unwrap();
         }
     }
