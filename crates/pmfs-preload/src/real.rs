@@ -308,3 +308,42 @@ pub(crate) unsafe fn closefrom(low: c_int) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_defined_name_resolves_once_and_is_cached() {
+        let slot = AtomicUsize::new(UNRESOLVED);
+        let p = resolve(&slot, c"getpid").expect("libc defines getpid");
+        assert_eq!(slot.load(Ordering::Relaxed), p);
+        assert_eq!(resolve(&slot, c"getpid"), Some(p));
+    }
+
+    #[test]
+    fn a_missing_name_or_a_lookup_under_way_falls_back() {
+        let slot = AtomicUsize::new(UNRESOLVED);
+        crate::set_errno(libc::EXDEV);
+        assert_eq!(resolve(&slot, c"pmfs_preload_no_such_symbol"), None);
+        assert_eq!(slot.load(Ordering::Relaxed), MISSING);
+        assert_eq!(crate::errno(), libc::EXDEV, "the lookup kept errno");
+        let busy = AtomicUsize::new(RESOLVING);
+        assert_eq!(resolve(&busy, c"getpid"), None);
+    }
+
+    #[test]
+    fn the_dup2_fallback_checks_the_descriptor_when_both_are_equal() {
+        // SAFETY: plain integers; only descriptors this test made are closed.
+        unsafe {
+            let r = dup2_syscall(1_000_000, 1_000_000);
+            assert_eq!((r, crate::errno()), (-1, libc::EBADF));
+            let fd = libc::syscall(libc::SYS_dup, 2) as c_int;
+            assert!(fd >= 0);
+            assert_eq!(dup2_syscall(fd, fd), c_long::from(fd));
+            assert_eq!(dup2_syscall(fd, 900), 900);
+            assert_eq!(libc::syscall(SYS_close, 900), 0);
+            assert_eq!(libc::syscall(SYS_close, fd), 0);
+        }
+    }
+}
