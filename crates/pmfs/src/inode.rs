@@ -38,6 +38,13 @@ pub(crate) mod field {
     pub const PARENT: u64 = 80;
     pub const RDEV: u64 = 88;
     pub const XATTR: u64 = 96;
+    /// Regular files: the head word of the file's log (0: no log yet).
+    pub const LOG: u64 = 104;
+    /// Regular files: the log's digest cursor (LSN of the first entry not applied, holder).
+    pub const DIGEST: u64 = 112;
+    /// Regular files: above every mapped logical block (raised before a block at or past it
+    /// is mapped, lowered after a truncation unmapped the blocks past the new end).
+    pub const MAPPED_END: u64 = 120;
 }
 
 /// POSIX file-type bits of `mode`.
@@ -64,7 +71,9 @@ pub(crate) const S_IFBLK: u32 = 0o060000;
 /// | 80     | parent directory handle (directories)           |
 /// | 88     | device number (character and block devices)     |
 /// | 96     | extended attributes: current block, length, crc |
-/// | 104..128| reserved, zero                                 |
+/// | 104    | regular files: log head word (0: none)          |
+/// | 112    | regular files: log digest cursor                |
+/// | 120    | regular files: end of the mapped logical blocks |
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct InodeRaw {
     pub state: u64,

@@ -26,13 +26,16 @@ pub(crate) trait Mapper: Send + Sync {
     fn open_file(&self, id: FileId) -> Result<MapFile>;
     fn lookup(&self, f: &MapFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
     fn insert(&self, f: &MapFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
+    fn insert_at(&self, f: &MapFile, run: Run) -> Result<()>;
     fn remove(&self, f: &MapFile, lblk: u64, len: u64) -> Result<u64>;
     fn remove_file(&self, f: &MapFile) -> Result<()>;
     fn owned_blocks(&self, f: &MapFile, visit: &mut dyn FnMut(Extent)) -> Result<()>;
     fn recover(&self) -> Result<()>;
 }
 
-fn handle<T: 'static>(f: &MapFile) -> Result<&T> {
+/// The concrete per-file handle inside `f` (for structure-specific calls such as HashFS
+/// staging).
+pub(crate) fn handle<T: 'static>(f: &MapFile) -> Result<&T> {
     f.0.downcast_ref::<T>().ok_or(Error::InvalidArgument(
         "file handle of another mapping structure",
     ))
@@ -57,6 +60,10 @@ where
 
     fn insert(&self, f: &MapFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
         Ok(FileMapping::insert(self, handle(f)?, lblk, len, out)?)
+    }
+
+    fn insert_at(&self, f: &MapFile, run: Run) -> Result<()> {
+        Ok(FileMapping::insert_at(self, handle(f)?, run)?)
     }
 
     fn remove(&self, f: &MapFile, lblk: u64, len: u64) -> Result<u64> {

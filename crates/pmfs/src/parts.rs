@@ -24,11 +24,22 @@ pub(crate) type Pm = Arc<dyn Media>;
 pub(crate) type FreeCount = Box<dyn Fn() -> Result<u64> + Send + Sync>;
 
 /// The mapping structure, the allocator (absent for HashFS, which allocates by claiming
-/// slots) and a free-block counter.
+/// slots), the source of copy-on-write blocks and a free-block counter.
 pub(crate) struct Parts {
     pub map: Arc<dyn Mapper>,
     pub alloc: Option<Arc<dyn BlockAllocator>>,
+    pub stage: Stager,
     pub free: FreeCount,
+}
+
+/// Where the data path gets the fresh blocks of a copy-on-write update and the blocks of a
+/// file's log.
+#[derive(Clone)]
+pub(crate) enum Stager {
+    /// Extent, radix and cuckoo: the volume's allocator (log blocks too).
+    Alloc(Arc<dyn BlockAllocator>),
+    /// HashFS: new versions staged in the global table, log blocks claimed there by CAS.
+    Hash(Arc<HashFs<Pm>>),
 }
 
 /// Blocks of the allocator region for a data region of `data_blocks`.
@@ -86,6 +97,7 @@ fn with_alloc(map: Arc<dyn Mapper>, alloc: DynAlloc) -> Parts {
     let counter = alloc.clone();
     Parts {
         map,
+        stage: Stager::Alloc(alloc.clone()),
         alloc: Some(alloc),
         free: Box::new(move || Ok(counter.free_blocks())),
     }
@@ -102,7 +114,8 @@ pub(crate) fn build(media: &Pm, g: &Geometry, fresh: bool) -> Result<Parts> {
             });
             let counter = t.clone();
             Ok(Parts {
-                map: t,
+                map: t.clone(),
+                stage: Stager::Hash(t),
                 alloc: None,
                 free: Box::new(move || Ok(counter.free_blocks()?)),
             })

@@ -1,8 +1,8 @@
 //! Open files and the options to open them with (like `std::fs::File` / `OpenOptions`).
 
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use super::Volume;
 use super::types::{FileTimes, Metadata, Permissions, from_system_time};
@@ -126,7 +126,6 @@ impl OpenOptions {
             write,
             append: self.append,
             pos: AtomicU64::new(0),
-            append_lock: Mutex::new(()),
         })
     }
 }
@@ -144,7 +143,6 @@ pub struct File {
     write: bool,
     append: bool,
     pos: AtomicU64,
-    append_lock: Mutex<()>,
 }
 
 impl File {
@@ -185,9 +183,7 @@ impl File {
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<usize> {
         self.need_write()?;
         if self.append {
-            let _g = self.append_lock.lock().unwrap_or_else(|e| e.into_inner());
-            let end = self.fs.size_of(&self.node)?;
-            return self.fs.write_at(&self.node, buf, end);
+            return self.fs.append(&self.node, buf).map(|_| buf.len());
         }
         self.fs.write_at(&self.node, buf, offset)
     }
@@ -248,7 +244,6 @@ impl File {
             write: self.write,
             append: self.append,
             pos: AtomicU64::new(self.pos.load(Ordering::Relaxed)),
-            append_lock: Mutex::new(()),
         })
     }
 }
@@ -272,19 +267,15 @@ impl Read for &File {
 
 impl Write for &File {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let pos = if self.append {
-            self.fs.size_of(&self.node)?
-        } else {
-            self.pos.load(Ordering::Relaxed)
-        };
-        let n = File::write_at(self, buf, pos)?;
         let end = if self.append {
-            self.fs.size_of(&self.node)?
+            self.need_write()?;
+            self.fs.append(&self.node, buf)? + buf.len() as u64
         } else {
-            pos + n as u64
+            let pos = self.pos.load(Ordering::Relaxed);
+            pos + File::write_at(self, buf, pos)? as u64
         };
         self.pos.store(end, Ordering::Relaxed);
-        Ok(n)
+        Ok(buf.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {

@@ -23,7 +23,7 @@ use crate::dir::Dir;
 use crate::error::{Error, Result};
 use crate::fs::data::Node;
 use crate::fs::path::check_name;
-use crate::fs::{Fs, MAX_FILE_SIZE, ns};
+use crate::fs::{Fs, ns};
 use crate::inode::{Handle, InodeRaw, Kind, field};
 
 /// Offset of the word holding gid, record version and flags in an inode record.
@@ -726,12 +726,7 @@ impl OpenNode {
 
     /// The mapped runs of logical blocks `[from, from + len)`, in order.
     fn runs(&self, from: u64, len: u64) -> Result<Vec<Run>> {
-        let mut runs = Vec::new();
-        self.fs
-            .map
-            .lookup(self.fs.node_map(&self.node)?, from, len, &mut runs)?;
-        runs.sort_unstable_by_key(|r| r.lblk);
-        Ok(runs)
+        self.fs.data_runs(&self.node, from, len)
     }
 
     /// The first offset at or after `offset` that holds data or starts a hole (end of file
@@ -778,63 +773,15 @@ impl OpenNode {
         })
     }
 
-    /// Makes sure every block of `[offset, offset + len)` is allocated (holes are filled
-    /// with zeros) and, unless `keep_size`, that the file is at least `offset + len` long
-    /// (`fallocate` modes 0 and `FALLOC_FL_KEEP_SIZE`). Blocks past end of file cannot be
-    /// allocated in this volume: `keep_size` with a range past the end fails with
-    /// `Unsupported`.
+    /// Makes sure every block of `[offset, offset + len)` is allocated (holes get zeroed
+    /// blocks) and, unless `keep_size`, that the file is at least `offset + len` long
+    /// (`fallocate` modes 0 and `FALLOC_FL_KEEP_SIZE`; with KEEP_SIZE, blocks past end of
+    /// file are allocated too). One atomic update.
     pub fn allocate(&self, offset: u64, len: u64, keep_size: bool) -> Result<()> {
         if !self.mode.write {
             return Err(Error::BadHandle("file not opened for writing"));
         }
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= MAX_FILE_SIZE)
-            .ok_or(Error::FileTooLarge)?;
-        let size = self.size()?;
-        if keep_size && end > size {
-            return Err(Error::Unsupported("preallocation past end of file"));
-        }
-        let first = offset / BS;
-        let last = end.div_ceil(BS);
-        // Fill the holes below end of file, then extend.
-        let mut holes = Vec::new();
-        let mut blk = first;
-        let eof_blk = size.div_ceil(BS).min(last);
-        while blk < eof_blk {
-            let n = SEEK_CHUNK.min(eof_blk - blk);
-            let mut cursor = blk;
-            for r in self.runs(blk, n)? {
-                if r.lblk > cursor {
-                    holes.push((cursor, r.lblk - cursor));
-                }
-                cursor = cursor.max(r.lblk + r.len);
-            }
-            if cursor < blk + n {
-                holes.push((cursor, blk + n - cursor));
-            }
-            blk += n;
-        }
-        let zeros = vec![0u8; (256 * BS) as usize];
-        for (s, l) in holes {
-            let mut at = s * BS;
-            let stop = ((s + l) * BS).min(size);
-            while at < stop {
-                let n = (stop - at).min(zeros.len() as u64);
-                // The range is a hole: writing zeros maps it without changing what it reads.
-                self.fs.write_at(&self.node, &zeros[..n as usize], at)?;
-                at += n;
-            }
-        }
-        if end > size && !keep_size {
-            let mut at = size;
-            while at < end {
-                let n = (end - at).min(zeros.len() as u64);
-                self.fs.write_at(&self.node, &zeros[..n as usize], at)?;
-                at += n;
-            }
-        }
-        Ok(())
+        self.fs.allocate(&self.node, offset, len, keep_size)
     }
 
     /// Deallocates `[offset, offset + len)` (clamped to the file): the range reads as zeros
@@ -843,48 +790,7 @@ impl OpenNode {
         if !self.mode.write {
             return Err(Error::BadHandle("file not opened for writing"));
         }
-        let size = self.size()?;
-        let end = offset.saturating_add(len).min(size);
-        if offset >= end {
-            return Ok(());
-        }
-        let whole_from = offset.div_ceil(BS);
-        let whole_to = end / BS;
-        // Partial blocks at the edges are zeroed in place.
-        let zero = |from: u64, to: u64| -> Result<()> {
-            if from < to {
-                let buf = vec![0u8; (to - from) as usize];
-                self.fs.write_at(&self.node, &buf, from)?;
-            }
-            Ok(())
-        };
-        if whole_from > whole_to {
-            return zero(offset, end);
-        }
-        zero(offset, whole_from * BS)?;
-        zero(whole_to * BS, end)?;
-        if whole_to > whole_from {
-            let _il = self
-                .fs
-                .ilock(self.node.h.ino)
-                .write()
-                .unwrap_or_else(|e| e.into_inner());
-            self.fs.map.remove(
-                self.fs.node_map(&self.node)?,
-                whole_from,
-                whole_to - whole_from,
-            )?;
-            let m = self.fs.m();
-            let now = self.fs.now() as u64;
-            self.fs
-                .inodes
-                .store(m, self.node.h.ino, field::MTIME, now)?;
-            self.fs
-                .inodes
-                .store(m, self.node.h.ino, field::CTIME, now)?;
-            m.fence();
-        }
-        Ok(())
+        self.fs.punch_hole(&self.node, offset, len)
     }
 }
 

@@ -1,36 +1,106 @@
-//! Open files and the simple data path of this part.
+//! Open files and the copy-on-write data path (MadFS §4.1–4.6) on each file's log.
 //!
-//! Data is written in place with non-temporal stores; new blocks are mapped through the
-//! volume's mapping structure first. A write is durable when it returns, but it is not
-//! crash-atomic: a crash in the middle may leave some of its blocks written (the crash-atomic
-//! OCC data path replaces this). What *is* guaranteed:
+//! # Truth
 //!
-//! - no block is ever mapped beyond end of file after recovery: a write that maps blocks
-//!   there registers a journal cleanup that trims them if the size update does not happen;
-//! - bytes past end of file inside the last block are zeroed before the file grows over them,
-//!   so a hole or an extension always reads as zeros;
-//! - truncation is journaled (size and times roll back together), then the blocks past the
-//!   new end are unmapped; a crash in between is finished by the same trim cleanup.
+//! A regular file's blocks and size are the volume's mapping structure plus the inode's `SIZE`
+//! word (the *digested* state) plus the entries of the file's log ([`pmfs_core::log`], head
+//! word `LOG` in the inode) that are not digested yet: the digest cursor word `DIGEST` holds the
+//! LSN of the first entry not applied to the mapping. `MAPPED_END` bounds the mapped logical
+//! blocks (fallocate with KEEP_SIZE maps blocks past end of file), so a truncation knows what
+//! to unmap. A file gets its log on its first data update.
+//!
+//! Each process keeps, per open inode, one log handle and an [`Overlay`]: the DRAM fold of the
+//! undigested entries, caught up from the log before every operation.
+//!
+//! # Updates
+//!
+//! Every data update is one log entry, committed by one CAS ([`Log::prepare`] and
+//! [`try_commit`](pmfs_core::log::Prepared::try_commit)):
+//!
+//! - a write stages fresh blocks for every block it touches (the volume allocator with a
+//!   `Growing` hint whose goal follows the previous logical block, or HashFS staging), copies
+//!   the unaligned head and tail old bytes (zeros for holes and at/after the old size) and the
+//!   new bytes with non-temporal stores, fences, and commits `Write { runs, extend_to }` at the
+//!   tail it started from. Growing past an unaligned end of file also copies the old last block
+//!   with its bytes past the old size zeroed (a truncation leaves stale bytes there). If other
+//!   entries were committed meanwhile (another process), the writer folds them, re-copies only
+//!   the partial blocks whose old contents they changed, and retries; a truncation among them,
+//!   or a moved end of file for an append, makes it start over;
+//! - a shrinking `set_len` is a `Truncate`; a growing one a `Write` without new data blocks
+//!   but with `extend_to` (and the zeroed copy of the old last block);
+//! - `allocate` maps fresh zeroed blocks over the holes of the range (past end of file too
+//!   with KEEP_SIZE); `punch_hole` copies the partial edge blocks with the range zeroed, then
+//!   commits a `Punch` of the whole blocks.
+//!
+//! After its commit the writer *digests*: [`Log::digest`] applies every undigested entry to
+//! the mapping in log order, one holder at a time across processes (the cursor word, holder =
+//! process id, a dead holder is taken over). Applying is idempotent: a write's run that the
+//! mapping already maps exactly is skipped, else the range is removed (freeing the replaced
+//! blocks) and the run inserted with `insert_at`; a truncation stores the size, unmaps
+//! `[ceil(size / 4096), MAPPED_END)` and lowers `MAPPED_END`; a punch unmaps. Once the log has
+//! grown by a block of applied entries, [`Log::compact_applied`] drops them.
+//!
+//! Reads are optimistic: they take the log's tail, catch the overlay up, read the blocks the
+//! overlay names or else the mapping's, and retry if the tail moved meanwhile. Inside one
+//! process, writers of an inode are also serialised by its lock and readers share it, so a
+//! retry only happens when another process writes.
+//!
+//! A write is durable and atomic when it returns: after a crash each update is wholly present
+//! or absent, and mount recovery digests every log (see [`super`]).
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use pmfs_core::layout::BLOCK_SIZE;
-use pmfs_core::traits::Run;
+use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
+use pmfs_core::log::{Commit, Digest, ENTRIES_PER_BLOCK, Entry, Log};
+use pmfs_core::traits::{AllocHint, AllocKind, BlockAllocator, Extent, Run};
+use pmfs_mapping::hashfs::HashFsFile;
 
 use super::Fs;
 use super::path::{Follow, Target};
 use crate::error::{Error, Result};
 use crate::fs::MAX_FILE_SIZE;
 use crate::inode::{Handle, Kind, field};
-use crate::journal::{Cleanup, run_armed};
-use crate::mapping::MapFile;
+use crate::mapping::{MapFile, handle};
+use crate::overlay::{Overlay, Src, touches};
+use crate::parts::{Pm, Stager};
+
+/// A file's log as this engine opens it.
+pub(crate) type FileLog = Log<Pm, dyn BlockAllocator>;
+
+/// The per-process state of an open inode's log: the handle and the overlay of undigested
+/// entries. Shared by every open node of the inode; closed with the last one.
+pub(crate) struct Shared {
+    pub log: FileLog,
+    ov: Mutex<Overlay>,
+    /// The applied LSN at the last log compaction.
+    gc_at: AtomicU64,
+}
+
+impl Shared {
+    /// The state of `log` with an empty overlay starting at LSN `digested`.
+    pub fn new(log: FileLog, digested: u64) -> Shared {
+        Shared {
+            log,
+            ov: Mutex::new(Overlay::new(digested)),
+            gc_at: AtomicU64::new(digested),
+        }
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("log", &self.log).finish()
+    }
+}
 
 /// An open inode (shared by the handles of one `File`). Its mapping handle is opened on the
-/// first data access, so opening and closing without I/O (create + close) costs nothing there.
+/// first data access, and its log handle on the first access to a file that has a log.
 #[derive(Debug)]
 pub(crate) struct Node {
     pub h: Handle,
-    map: OnceLock<MapFile>,
+    map: std::sync::OnceLock<MapFile>,
+    log: Mutex<Option<Arc<Shared>>>,
 }
 
 impl Node {
@@ -38,7 +108,8 @@ impl Node {
     pub fn new(h: Handle) -> Node {
         Node {
             h,
-            map: OnceLock::new(),
+            map: std::sync::OnceLock::new(),
+            log: Mutex::new(None),
         }
     }
 
@@ -46,7 +117,8 @@ impl Node {
     pub fn with_map(h: Handle, map: MapFile) -> Node {
         Node {
             h,
-            map: OnceLock::from(map),
+            map: std::sync::OnceLock::from(map),
+            log: Mutex::new(None),
         }
     }
 }
@@ -62,6 +134,44 @@ pub(crate) struct OpenReq {
 }
 
 const BS: u64 = BLOCK_SIZE;
+
+/// One range of a copy-on-write update: logical blocks `[lblk, lblk + len)` get fresh blocks;
+/// the bytes `[from, to)` (file offsets inside the range) become `data` (zeros for `None`);
+/// the other bytes of the range keep their old contents (zeros at and after the old size).
+#[derive(Clone, Copy, Debug)]
+struct Seg<'b> {
+    lblk: u64,
+    len: u64,
+    from: u64,
+    to: u64,
+    data: Option<&'b [u8]>,
+}
+
+/// A block of a plan whose old contents must be copied: the bytes outside `[new_from,
+/// new_to)` of logical block `lblk`, into physical block `pblk`.
+#[derive(Clone, Copy, Debug)]
+struct Partial {
+    lblk: u64,
+    pblk: u64,
+    new_from: u64,
+    new_to: u64,
+}
+
+/// Plans a copy-on-write update from the overlay, the mapping handle and the current size:
+/// the segments and the size to extend to, or `None` for nothing to do.
+type Plan<'p, 'b> =
+    dyn FnMut(&Fs, Option<&Overlay>, &MapFile, u64) -> Result<Option<(Vec<Seg<'b>>, u64)>> + 'p;
+
+/// Why a commit attempt gave up and the update must be planned again.
+enum Attempt {
+    Committed,
+    Replan,
+}
+
+/// Whether process `pid` still runs (the digest cursor's liveness test).
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
 
 impl Fs {
     /// Opens (and maybe creates) the file at `path`. The returned node is counted as open
@@ -137,14 +247,38 @@ impl Fs {
     }
 
     /// Drops one open handle; frees the inode when it was the last handle of an unlinked
-    /// file.
+    /// file. The last handle of an inode digests its log and closes the log handle.
     pub fn release_node(&self, n: &Node) -> Result<()> {
         let _il = self
             .ilock(n.h.ino)
             .write()
             .unwrap_or_else(|e| e.into_inner());
         let (left, orphan) = self.release_open(n.h.ino);
-        if left > 0 || !orphan || self.read_only {
+        let mine = n.log.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if left > 0 {
+            return Ok(());
+        }
+        let shared = self
+            .logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&n.h.ino);
+        drop(mine);
+        if let Some(s) = shared {
+            let digested = if self.read_only {
+                Ok(())
+            } else {
+                self.node_map(n).and_then(|f| self.digest(n.h.ino, &s, f))
+            };
+            // Every other node of the inode gave its reference back at its release.
+            let closed = match Arc::try_unwrap(s) {
+                Ok(s) => s.log.close().map_err(Error::from),
+                Err(_) => Ok(()),
+            };
+            digested?;
+            closed?;
+        }
+        if !orphan || self.read_only {
             return Ok(());
         }
         let rec = self.inodes.read(self.m(), n.h.ino)?;
@@ -163,32 +297,166 @@ impl Fs {
         Ok(n.map.get_or_init(|| opened))
     }
 
+    /// Where the log blocks of inode `ino` come from.
+    pub fn log_alloc(&self, ino: u32) -> Arc<dyn BlockAllocator> {
+        match &self.stage {
+            Stager::Alloc(a) => a.clone(),
+            Stager::Hash(t) => Arc::new(t.log_blocks(u64::from(ino))),
+        }
+    }
+
+    /// The log state of `n`'s inode, opened on first use; `None` if the file has no log and
+    /// `create` is false. A log is created by CAS on the head word: a loser opens the winner's.
+    fn shared(&self, n: &Node, create: bool) -> Result<Option<Arc<Shared>>> {
+        // A read-only volume was closed cleanly: every log is digested, and opening one
+        // would write its pin count.
+        if self.read_only {
+            return Ok(None);
+        }
+        let mut mine = n.log.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = &*mine {
+            return Ok(Some(s.clone()));
+        }
+        let ino = n.h.ino;
+        let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = logs.get(&ino) {
+            *mine = Some(s.clone());
+            return Ok(Some(s.clone()));
+        }
+        let root = self.inodes.field(ino, field::LOG);
+        let media = self.media().clone();
+        let alloc = self.log_alloc(ino);
+        let log = if self.inodes.load(self.m(), ino, field::LOG)? == 0 {
+            if !create {
+                return Ok(None);
+            }
+            match Log::create(media.clone(), root, alloc.clone()) {
+                Ok(l) => l,
+                Err(pmfs_core::Error::InvalidArgument(_)) => Log::open(media, root, alloc)?,
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            Log::open(media, root, alloc)?
+        };
+        let d = log.digested(self.inodes.field(ino, field::DIGEST))?;
+        let s = Arc::new(Shared::new(log, d));
+        logs.insert(ino, s.clone());
+        *mine = Some(s.clone());
+        Ok(Some(s))
+    }
+
+    /// Folds the entries committed since the overlay's last catch-up; drops what is digested.
+    /// Calls `seen` with each entry folded.
+    fn catch_up(
+        &self,
+        ino: u32,
+        s: &Shared,
+        ov: &mut Overlay,
+        seen: &mut dyn FnMut(&Entry),
+    ) -> Result<()> {
+        for item in s.log.iter_from_lsn(ov.next_lsn())? {
+            let (pos, e) = item?;
+            seen(&e);
+            ov.apply(pos.lsn(), &e);
+        }
+        ov.prune(s.log.digested(self.inodes.field(ino, field::DIGEST))?);
+        Ok(())
+    }
+
+    /// The digested size word.
+    fn digested_size(&self, ino: u32) -> Result<u64> {
+        self.inodes.load(self.m(), ino, field::SIZE)
+    }
+
     /// The file's size.
     pub fn size_of(&self, n: &Node) -> Result<u64> {
-        self.inodes.load(self.m(), n.h.ino, field::SIZE)
+        let Some(s) = self.shared(n, false)? else {
+            return self.digested_size(n.h.ino);
+        };
+        loop {
+            let t0 = s.log.tail()?.lsn();
+            let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
+            self.catch_up(n.h.ino, &s, &mut ov, &mut |_| {})?;
+            let size = ov.size(self.digested_size(n.h.ino)?);
+            if s.log.tail()?.lsn() == t0 {
+                return Ok(size);
+            }
+        }
     }
 
-    fn zero(&self, off: pmfs_core::layout::PmOff, len: u64) -> Result<()> {
-        if len > 0 {
-            self.m().fill_nt(off, len, 0)?;
+    /// Where logical block `lblk` lives now: `None` for a hole.
+    fn block_at(&self, ov: Option<&Overlay>, f: &MapFile, lblk: u64) -> Result<Option<u64>> {
+        if let Some(ov) = ov {
+            let mut p = Vec::with_capacity(1);
+            ov.lookup(lblk, 1, &mut p);
+            match p.first().map(|p| p.src) {
+                Some(Src::Mapped(b)) => return Ok(Some(b)),
+                Some(Src::Hole) => return Ok(None),
+                _ => {}
+            }
         }
-        Ok(())
-    }
-
-    /// Zeroes the bytes past end of file in the last block up to `upto` (exclusive, clamped
-    /// to the block end), if that block is mapped.
-    fn zero_past_eof(&self, n: &Node, size: u64, upto: u64) -> Result<()> {
-        if size.is_multiple_of(BS) || upto <= size {
-            return Ok(());
-        }
-        let blk = size / BS;
-        let end = upto.min((blk + 1) * BS);
         let mut runs = Vec::with_capacity(1);
-        self.map.lookup(self.node_map(n)?, blk, 1, &mut runs)?;
-        if let Some(r) = runs.first() {
-            self.zero(r.pblk.offset() + size % BS, end - size)?;
+        self.map.lookup(f, lblk, 1, &mut runs)?;
+        Ok(runs.first().map(|r| r.pblk.0 + (lblk - r.lblk)))
+    }
+
+    /// The mapped runs of `[lblk, lblk + len)` through the overlay and the mapping, in
+    /// logical order.
+    fn runs_in(
+        &self,
+        ov: Option<&Overlay>,
+        f: &MapFile,
+        lblk: u64,
+        len: u64,
+        out: &mut Vec<Run>,
+    ) -> Result<()> {
+        let mut pieces = Vec::new();
+        match ov {
+            Some(ov) => ov.lookup(lblk, len, &mut pieces),
+            None => pieces.push(crate::overlay::Piece {
+                lblk,
+                len,
+                src: Src::Base,
+            }),
+        }
+        for p in pieces {
+            match p.src {
+                Src::Mapped(b) => out.push(Run {
+                    lblk: p.lblk,
+                    pblk: BlockNo(b),
+                    len: p.len,
+                }),
+                Src::Hole => {}
+                Src::Base => {
+                    let from = out.len();
+                    self.map.lookup(f, p.lblk, p.len, out)?;
+                    out[from..].sort_unstable_by_key(|r| r.lblk);
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The mapped runs of `n`'s logical blocks `[lblk, lblk + len)`, in order.
+    pub fn data_runs(&self, n: &Node, lblk: u64, len: u64) -> Result<Vec<Run>> {
+        let f = self.node_map(n)?;
+        let mut out = Vec::new();
+        let Some(s) = self.shared(n, false)? else {
+            self.runs_in(None, f, lblk, len, &mut out)?;
+            return Ok(out);
+        };
+        loop {
+            out.clear();
+            let t0 = s.log.tail()?.lsn();
+            {
+                let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
+                self.catch_up(n.h.ino, &s, &mut ov, &mut |_| {})?;
+                self.runs_in(Some(&ov), f, lblk, len, &mut out)?;
+            }
+            if s.log.tail()?.lsn() == t0 {
+                return Ok(out);
+            }
+        }
     }
 
     /// Reads at `off`; returns the bytes read (0 at or past end of file).
@@ -197,128 +465,483 @@ impl Fs {
             .ilock(n.h.ino)
             .read()
             .unwrap_or_else(|e| e.into_inner());
-        let size = self.size_of(n)?;
-        if off >= size || buf.is_empty() {
-            return Ok(0);
-        }
-        let len = (buf.len() as u64).min(size - off);
-        let end = off + len;
-        let first = off / BS;
-        let last = (end - 1) / BS;
+        let f = self.node_map(n)?;
+        let s = self.shared(n, false)?;
         let mut runs = Vec::new();
-        self.map
-            .lookup(self.node_map(n)?, first, last - first + 1, &mut runs)?;
-        let out = &mut buf[..len as usize];
-        out.fill(0);
-        for r in &runs {
-            let rs = r.lblk * BS;
-            let re = (r.lblk + r.len) * BS;
-            let s = rs.max(off);
-            let e = re.min(end);
-            if s < e {
-                let phys = r.pblk.offset() + (s - rs);
-                self.m()
-                    .read(phys, &mut out[(s - off) as usize..(e - off) as usize])?;
+        loop {
+            let t0 = match &s {
+                Some(s) => Some(s.log.tail()?.lsn()),
+                None => None,
+            };
+            runs.clear();
+            let size = {
+                let mut guard = match &s {
+                    Some(s) => {
+                        let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
+                        self.catch_up(n.h.ino, s, &mut ov, &mut |_| {})?;
+                        Some(ov)
+                    }
+                    None => None,
+                };
+                let ov = guard.as_deref_mut().map(|o| &*o);
+                let size = match ov {
+                    Some(o) => o.size(self.digested_size(n.h.ino)?),
+                    None => self.digested_size(n.h.ino)?,
+                };
+                if off < size && !buf.is_empty() {
+                    let end = off + (buf.len() as u64).min(size - off);
+                    let first = off / BS;
+                    let last = (end - 1) / BS;
+                    self.runs_in(ov, f, first, last - first + 1, &mut runs)?;
+                }
+                size
+            };
+            if off >= size || buf.is_empty() {
+                return Ok(0);
+            }
+            let len = (buf.len() as u64).min(size - off);
+            let end = off + len;
+            let out = &mut buf[..len as usize];
+            out.fill(0);
+            for r in &runs {
+                let rs = r.lblk * BS;
+                let re = (r.lblk + r.len) * BS;
+                let a = rs.max(off);
+                let e = re.min(end);
+                if a < e {
+                    let phys = r.pblk.offset() + (a - rs);
+                    self.m()
+                        .read(phys, &mut out[(a - off) as usize..(e - off) as usize])?;
+                }
+            }
+            match (&s, t0) {
+                (Some(s), Some(t0)) if s.log.tail()?.lsn() != t0 => continue,
+                _ => return Ok(len as usize),
             }
         }
-        Ok(len as usize)
+    }
+
+    /// Stages fresh blocks for `[lblk, lblk + len)`, appending runs to `out`.
+    fn stage(
+        &self,
+        f: &MapFile,
+        lblk: u64,
+        len: u64,
+        goal: Option<u64>,
+        out: &mut Vec<Run>,
+    ) -> Result<()> {
+        match &self.stage {
+            Stager::Alloc(a) => {
+                let first = out.len();
+                let mut at = lblk;
+                let mut goal = goal.map(BlockNo);
+                while at < lblk + len {
+                    let hint = AllocHint {
+                        kind: AllocKind::Growing,
+                        goal,
+                    };
+                    match a.alloc(lblk + len - at, hint) {
+                        Ok(e) => {
+                            out.push(Run {
+                                lblk: at,
+                                pblk: e.start,
+                                len: e.len,
+                            });
+                            goal = Some(e.start + e.len);
+                            at += e.len;
+                        }
+                        Err(e) => {
+                            let got: Vec<Run> = out.drain(first..).collect();
+                            self.unstage(&got)?;
+                            return Err(e.into());
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Stager::Hash(t) => Ok(t.stage(handle::<HashFsFile>(f)?, lblk, len, out)?),
+        }
+    }
+
+    /// Gives staged blocks back.
+    fn unstage(&self, runs: &[Run]) -> Result<()> {
+        match &self.stage {
+            Stager::Alloc(a) => {
+                for r in runs {
+                    a.free(Extent::new(r.pblk, r.len))?;
+                }
+                Ok(())
+            }
+            Stager::Hash(t) => Ok(t.unstage(runs)?),
+        }
+    }
+
+    /// Copies the old contents of a partial block outside its new bytes: from where the
+    /// block lives now (zeros for a hole), zeros at and after `size`.
+    fn copy_old(
+        &self,
+        ov: Option<&Overlay>,
+        f: &MapFile,
+        p: &Partial,
+        size: u64,
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
+        let m = self.m();
+        let bs = p.lblk * BS;
+        let src = self.block_at(ov, f, p.lblk)?;
+        for (a, b) in [(bs, p.new_from), (p.new_to, bs + BS)] {
+            if a >= b {
+                continue;
+            }
+            let keep = b.min(size.max(a));
+            let dst = PmOff(p.pblk * BS);
+            if let Some(sp) = src
+                && keep > a
+            {
+                scratch.resize((keep - a) as usize, 0);
+                m.read(PmOff(sp * BS) + (a - bs), scratch)?;
+                m.write_nt(dst + (a - bs), scratch)?;
+            } else if keep > a {
+                m.fill_nt(dst + (a - bs), keep - a, 0)?;
+            }
+            if b > keep {
+                m.fill_nt(dst + (keep - bs), b - keep, 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits one copy-on-write update of `n` (see the module documentation): `plan` gives
+    /// the segments and the size to extend to from the current size (`None`: nothing to do).
+    /// `append` re-plans when the size moved under a commit attempt.
+    fn cow_update<'b>(
+        &self,
+        n: &Node,
+        append: bool,
+        plan: &mut Plan<'_, 'b>,
+    ) -> Result<Option<u64>> {
+        let s = self.shared(n, true)?.ok_or(Error::Corrupt {
+            what: "file log",
+            at: self.inodes.field(n.h.ino, field::LOG),
+        })?;
+        let f = self.node_map(n)?;
+        let mut scratch = Vec::new();
+        loop {
+            let since = s.log.tail()?;
+            let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
+            self.catch_up(n.h.ino, &s, &mut ov, &mut |_| {})?;
+            let size = ov.size(self.digested_size(n.h.ino)?);
+            let Some((segs, extend_to)) = plan(self, Some(&ov), f, size)? else {
+                return Ok(None);
+            };
+            let mut runs: Vec<Run> = Vec::new();
+            let mut partials: Vec<Partial> = Vec::new();
+            let staged = (|| -> Result<()> {
+                for sg in &segs {
+                    let goal = match sg.lblk.checked_sub(1) {
+                        Some(prev) => self.block_at(Some(&ov), f, prev)?.map(|p| p + 1),
+                        None => None,
+                    };
+                    let first = runs.len();
+                    self.stage(f, sg.lblk, sg.len, goal, &mut runs)?;
+                    for r in &runs[first..] {
+                        for k in 0..r.len {
+                            let b = r.lblk + k;
+                            let (bs, be) = (b * BS, b * BS + BS);
+                            let nf = sg.from.max(bs).min(be);
+                            let nt = sg.to.min(be).max(nf);
+                            if nf > bs || nt < be {
+                                partials.push(Partial {
+                                    lblk: b,
+                                    pblk: r.pblk.0 + k,
+                                    new_from: nf,
+                                    new_to: nt,
+                                });
+                            }
+                        }
+                        // The new bytes of this run.
+                        let (rs, re) = (r.lblk * BS, (r.lblk + r.len) * BS);
+                        let (a, b) = (sg.from.max(rs), sg.to.min(re));
+                        if a < b {
+                            let dst = r.pblk.offset() + (a - rs);
+                            match sg.data {
+                                Some(d) => self.m().write_nt(
+                                    dst,
+                                    &d[(a - sg.from) as usize..(b - sg.from) as usize],
+                                )?,
+                                None => self.m().fill_nt(dst, b - a, 0)?,
+                            }
+                        }
+                    }
+                }
+                for p in &partials {
+                    self.copy_old(Some(&ov), f, p, size, &mut scratch)?;
+                }
+                Ok(())
+            })();
+            drop(ov);
+            if let Err(e) = staged {
+                self.unstage(&runs)?;
+                return Err(e);
+            }
+            self.m().fence();
+            let entry = Entry::Write {
+                runs: runs.clone(),
+                extend_to,
+            };
+            match self.commit_cow(
+                n,
+                &s,
+                f,
+                since,
+                &entry,
+                &partials,
+                size,
+                append,
+                &mut scratch,
+            ) {
+                Ok(Attempt::Committed) => {}
+                Ok(Attempt::Replan) => {
+                    self.unstage(&runs)?;
+                    continue;
+                }
+                Err(e) => {
+                    // Nothing was committed: the staged blocks are nobody's.
+                    self.unstage(&runs)?;
+                    return Err(e);
+                }
+            }
+            self.after_commit(n, &s, f)?;
+            return Ok(Some(size));
+        }
+    }
+
+    /// The commit loop of [`cow_update`](Fs::cow_update).
+    #[allow(clippy::too_many_arguments)]
+    fn commit_cow(
+        &self,
+        n: &Node,
+        s: &Shared,
+        f: &MapFile,
+        mut since: pmfs_core::log::Position,
+        entry: &Entry,
+        partials: &[Partial],
+        planned_size: u64,
+        append: bool,
+        scratch: &mut Vec<u8>,
+    ) -> Result<Attempt> {
+        let mut prepared = s.log.prepare(entry)?;
+        loop {
+            match prepared.try_commit(since)? {
+                Commit::Done(_) => return Ok(Attempt::Committed),
+                Commit::Moved { prepared: p, tail } => {
+                    let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut truncated = false;
+                    let mut dirty = vec![false; partials.len()];
+                    self.catch_up(n.h.ino, s, &mut ov, &mut |e| {
+                        truncated |= matches!(e, Entry::Truncate { .. });
+                        for (d, p) in dirty.iter_mut().zip(partials) {
+                            *d |= touches(e, p.lblk);
+                        }
+                    })?;
+                    let size = ov.size(self.digested_size(n.h.ino)?);
+                    if truncated || (append && size != planned_size) {
+                        return Ok(Attempt::Replan);
+                    }
+                    for (p, d) in partials.iter().zip(dirty) {
+                        if d {
+                            self.copy_old(Some(&ov), f, p, size, scratch)?;
+                        }
+                    }
+                    drop(ov);
+                    self.m().fence();
+                    prepared = p;
+                    since = tail;
+                }
+            }
+        }
+    }
+
+    /// After a commit: fold it, stamp the times, digest, maybe compact the log.
+    fn after_commit(&self, n: &Node, s: &Shared, f: &MapFile) -> Result<()> {
+        {
+            let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
+            self.catch_up(n.h.ino, s, &mut ov, &mut |_| {})?;
+        }
+        self.touch_times(n.h.ino)?;
+        self.digest(n.h.ino, s, f)
+    }
+
+    /// Stores mtime and ctime (never backwards).
+    fn touch_times(&self, ino: u32) -> Result<()> {
+        let m = self.m();
+        let now = self.now() as u64;
+        for fl in [field::MTIME, field::CTIME] {
+            if self.inodes.load(m, ino, fl)? < now {
+                self.inodes.store(m, ino, fl, now)?;
+            }
+        }
+        m.fence();
+        Ok(())
+    }
+
+    /// Applies the undigested entries of `s`'s log to the mapping (unless another live process
+    /// is doing it) and compacts the log once a block of applied entries has accumulated.
+    pub fn digest(&self, ino: u32, s: &Shared, f: &MapFile) -> Result<()> {
+        let cursor = self.inodes.field(ino, field::DIGEST);
+        let me = self.holder;
+        let mut failed = None;
+        let r = s
+            .log
+            .digest(cursor, me, &|pid| pid != me && alive(pid), &mut |_, e| {
+                self.apply(ino, f, e).map_err(|err| {
+                    failed = Some(err);
+                    pmfs_core::Error::InvalidArgument("applying a log entry failed")
+                })
+            });
+        if let Some(err) = failed {
+            return Err(err);
+        }
+        let r = r?;
+        if let Digest::Done { applied } = r {
+            s.ov.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .prune(applied);
+            if applied >= s.gc_at.load(Ordering::Relaxed) + ENTRIES_PER_BLOCK {
+                s.gc_at.store(applied, Ordering::Relaxed);
+                s.log.compact_applied(cursor)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the mapping maps `r` exactly.
+    fn maps_exactly(&self, f: &MapFile, r: &Run) -> Result<bool> {
+        let mut got = Vec::new();
+        self.map.lookup(f, r.lblk, r.len, &mut got)?;
+        got.sort_unstable_by_key(|g| g.lblk);
+        let mut at = r.lblk;
+        for g in &got {
+            if g.lblk != at || g.pblk.0 != r.pblk.0 + (g.lblk - r.lblk) {
+                return Ok(false);
+            }
+            at += g.len;
+        }
+        Ok(at == r.lblk + r.len)
+    }
+
+    /// Applies one entry to the mapping and the size word, idempotently (see the module
+    /// documentation). Durable when it returns.
+    pub fn apply(&self, ino: u32, f: &MapFile, e: &Entry) -> Result<()> {
+        let m = self.m();
+        match e {
+            Entry::Write { runs, extend_to } => {
+                let hi = runs.iter().map(|r| r.lblk + r.len).max().unwrap_or(0);
+                if hi > self.inodes.load(m, ino, field::MAPPED_END)? {
+                    self.inodes.store(m, ino, field::MAPPED_END, hi)?;
+                    m.fence();
+                }
+                for r in runs {
+                    if !self.maps_exactly(f, r)? {
+                        self.map.remove(f, r.lblk, r.len)?;
+                        self.map.insert_at(f, *r)?;
+                    }
+                }
+                if *extend_to > self.inodes.load(m, ino, field::SIZE)? {
+                    self.inodes.store(m, ino, field::SIZE, *extend_to)?;
+                }
+            }
+            Entry::Truncate { size } => {
+                let old = self.inodes.load(m, ino, field::SIZE)?;
+                self.inodes.store(m, ino, field::SIZE, *size)?;
+                m.fence();
+                let from = size.div_ceil(BS);
+                let upto = self
+                    .inodes
+                    .load(m, ino, field::MAPPED_END)?
+                    .max(old.div_ceil(BS))
+                    .min(MAX_FILE_SIZE / BS);
+                if upto > from {
+                    self.map.remove(f, from, upto - from)?;
+                }
+                self.inodes.store(m, ino, field::MAPPED_END, from)?;
+            }
+            Entry::Punch { lblk, len } => {
+                self.map.remove(f, *lblk, *len)?;
+            }
+        }
+        m.fence();
+        Ok(())
     }
 
     /// Writes `buf` at `off` (see the module documentation).
     pub fn write_at(&self, n: &Node, buf: &[u8], off: u64) -> Result<usize> {
+        self.write_inner(n, buf, Some(off)).map(|_| buf.len())
+    }
+
+    /// Appends `buf` at end of file as one atomic update; returns the offset it landed at.
+    pub fn append(&self, n: &Node, buf: &[u8]) -> Result<u64> {
+        self.write_inner(n, buf, None)
+    }
+
+    fn write_inner(&self, n: &Node, buf: &[u8], at: Option<u64>) -> Result<u64> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        let end = off
-            .checked_add(buf.len() as u64)
-            .filter(|&e| e <= MAX_FILE_SIZE)
-            .ok_or(Error::FileTooLarge)?;
-        let m = self.m();
         let _il = self
             .ilock(n.h.ino)
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        let size = self.size_of(n)?;
-        let eof_blocks = size.div_ceil(BS);
-        let first = off / BS;
-        let last = (end - 1) / BS;
-        if off > size {
-            self.zero_past_eof(n, size, off)?;
+        if buf.is_empty() {
+            return match at {
+                Some(o) => Ok(o),
+                None => self.size_of(n),
+            };
         }
-        let mut runs = Vec::new();
-        self.map
-            .lookup(self.node_map(n)?, first, last - first + 1, &mut runs)?;
-        let mut holes = Vec::new();
-        let mut cursor = first;
-        for r in &runs {
-            if r.lblk > cursor {
-                holes.push((cursor, r.lblk - cursor));
-            }
-            cursor = r.lblk + r.len;
+        let len = buf.len() as u64;
+        let mut landed = 0;
+        self.cow_update(n, at.is_none(), &mut |fs, ov, f, size| {
+            let off = at.unwrap_or(size);
+            let end = off
+                .checked_add(len)
+                .filter(|&e| e <= MAX_FILE_SIZE)
+                .ok_or(Error::FileTooLarge)?;
+            landed = off;
+            let first = off / BS;
+            let last = (end - 1) / BS;
+            let mut segs = vec![Seg {
+                lblk: first,
+                len: last - first + 1,
+                from: off,
+                to: end,
+                data: Some(buf),
+            }];
+            segs.extend(fs.eof_seg(ov, f, size, first)?);
+            Ok(Some((segs, if end > size { end } else { 0 })))
+        })?;
+        Ok(landed)
+    }
+
+    /// The copy of the old last block when the file grows past an unaligned end of file and
+    /// the update does not cover that block itself (`cover_from`: its first logical block).
+    fn eof_seg(
+        &self,
+        ov: Option<&Overlay>,
+        f: &MapFile,
+        size: u64,
+        cover_from: u64,
+    ) -> Result<Option<Seg<'static>>> {
+        let eb = size / BS;
+        if size.is_multiple_of(BS) || eb >= cover_from || self.block_at(ov, f, eb)?.is_none() {
+            return Ok(None);
         }
-        if cursor <= last {
-            holes.push((cursor, last + 1 - cursor));
-        }
-        let mut tx = None;
-        if holes.iter().any(|&(s, l)| s + l > eof_blocks) {
-            let mut t = self.journal.begin();
-            t.cleanup(Cleanup::Trim {
-                inode: n.h,
-                upto: last + 1,
-            });
-            t.arm(m)?;
-            tx = Some(t);
-        }
-        let mut fresh: Vec<Run> = Vec::new();
-        for &(s, l) in &holes {
-            if let Err(e) = self.map.insert(self.node_map(n)?, s, l, &mut fresh) {
-                for r in &fresh {
-                    self.map.remove(self.node_map(n)?, r.lblk, r.len)?;
-                }
-                if let Some(t) = tx {
-                    t.finish(m)?;
-                }
-                return Err(e);
-            }
-        }
-        // Parts of fresh blocks that the write does not cover must read as zeros.
-        for r in &fresh {
-            let rs = r.lblk * BS;
-            let re = (r.lblk + r.len) * BS;
-            if rs < off {
-                self.zero(r.pblk.offset(), (off - rs).min(re - rs))?;
-            }
-            if re > end {
-                let from = end.max(rs);
-                self.zero(r.pblk.offset() + (from - rs), re - from)?;
-            }
-        }
-        runs.extend(fresh);
-        for r in &runs {
-            let rs = r.lblk * BS;
-            let re = (r.lblk + r.len) * BS;
-            let s = rs.max(off);
-            let e = re.min(end);
-            if s < e {
-                let phys = r.pblk.offset() + (s - rs);
-                m.write_nt(phys, &buf[(s - off) as usize..(e - off) as usize])?;
-            }
-        }
-        m.fence();
-        let now = self.now() as u64;
-        if end > size {
-            self.inodes.store(m, n.h.ino, field::SIZE, end)?;
-        }
-        self.inodes.store(m, n.h.ino, field::MTIME, now)?;
-        self.inodes.store(m, n.h.ino, field::CTIME, now)?;
-        m.fence();
-        if let Some(t) = tx {
-            t.finish(m)?;
-        }
-        Ok(buf.len())
+        Ok(Some(Seg {
+            lblk: eb,
+            len: 1,
+            from: size,
+            to: size,
+            data: None,
+        }))
     }
 
     /// Truncates or extends the file to `len` bytes.
@@ -329,43 +952,143 @@ impl Fs {
         if len > MAX_FILE_SIZE {
             return Err(Error::FileTooLarge);
         }
-        let m = self.m();
         let _il = self
             .ilock(n.h.ino)
             .write()
             .unwrap_or_else(|e| e.into_inner());
         let size = self.size_of(n)?;
-        let now = self.now() as u64;
-        if len >= size {
-            self.zero_past_eof(n, size, len)?;
-            m.fence();
-            self.inodes.store(m, n.h.ino, field::SIZE, len)?;
-            self.inodes.store(m, n.h.ino, field::MTIME, now)?;
-            self.inodes.store(m, n.h.ino, field::CTIME, now)?;
-            m.fence();
+        if len == size {
+            return self.touch_times(n.h.ino);
+        }
+        if len < size {
+            let s = self.shared(n, true)?.ok_or(Error::Corrupt {
+                what: "file log",
+                at: self.inodes.field(n.h.ino, field::LOG),
+            })?;
+            s.log.prepare(&Entry::Truncate { size: len })?.commit()?;
+            return self.after_commit(n, &s, self.node_map(n)?);
+        }
+        self.cow_update(n, false, &mut |fs, ov, f, size| {
+            if len <= size {
+                return Ok(None);
+            }
+            let segs: Vec<Seg<'_>> = fs.eof_seg(ov, f, size, u64::MAX)?.into_iter().collect();
+            Ok(Some((segs, len)))
+        })?;
+        Ok(())
+    }
+
+    /// Maps zeroed blocks over every hole of `[offset, offset + len)` and, unless `keep_size`,
+    /// makes the file at least `offset + len` long: one atomic update.
+    pub fn allocate(&self, n: &Node, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or(Error::FileTooLarge)?;
+        if len == 0 {
             return Ok(());
         }
-        // Shrink: size and times under the journal, then unmap past the new end; the trim
-        // cleanup finishes the unmapping after a crash.
-        let old_blocks = size.div_ceil(BS);
-        let new_blocks = len.div_ceil(BS);
-        let mut tx = self.journal.begin();
-        for f in [field::SIZE, field::MTIME, field::CTIME] {
-            tx.protect(self.inodes.field(n.h.ino, f));
-        }
-        tx.cleanup(Cleanup::Trim {
-            inode: n.h,
-            upto: old_blocks,
-        });
-        run_armed(&mut tx, m, |_| {
-            self.inodes.store(m, n.h.ino, field::SIZE, len)?;
-            self.inodes.store(m, n.h.ino, field::MTIME, now)?;
-            self.inodes.store(m, n.h.ino, field::CTIME, now)
+        let _il = self
+            .ilock(n.h.ino)
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let first = offset / BS;
+        let last = end.div_ceil(BS);
+        self.cow_update(n, false, &mut |fs, ov, f, size| {
+            let mut runs = Vec::new();
+            fs.runs_in(ov, f, first, last - first, &mut runs)?;
+            let mut segs = Vec::new();
+            let mut cursor = first;
+            for r in runs.iter().chain([&Run {
+                lblk: last,
+                pblk: BlockNo(0),
+                len: 0,
+            }]) {
+                if r.lblk > cursor {
+                    segs.push(Seg {
+                        lblk: cursor,
+                        len: r.lblk - cursor,
+                        from: cursor * BS,
+                        to: r.lblk * BS,
+                        data: None,
+                    });
+                }
+                cursor = cursor.max(r.lblk + r.len);
+            }
+            let grow = !keep_size && end > size;
+            if grow {
+                segs.extend(fs.eof_seg(ov, f, size, u64::MAX)?.filter(|e| {
+                    !segs
+                        .iter()
+                        .any(|s| (s.lblk..s.lblk + s.len).contains(&e.lblk))
+                }));
+            }
+            if segs.is_empty() && !grow {
+                return Ok(None);
+            }
+            Ok(Some((segs, if grow { end } else { 0 })))
         })?;
-        if old_blocks > new_blocks {
-            self.map
-                .remove(self.node_map(n)?, new_blocks, old_blocks - new_blocks)?;
+        Ok(())
+    }
+
+    /// Deallocates `[offset, offset + len)` clamped to the file: the range reads as zeros,
+    /// the size does not change. The partial edge blocks are copied with the range zeroed
+    /// (one update), then the whole blocks are punched (a second one).
+    pub fn punch_hole(&self, n: &Node, offset: u64, len: u64) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
         }
-        tx.finish(m)
+        let _il = self
+            .ilock(n.h.ino)
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let size = self.size_of(n)?;
+        let end = offset.saturating_add(len).min(size);
+        if offset >= end {
+            return Ok(());
+        }
+        let whole_from = offset.div_ceil(BS);
+        let whole_to = end / BS;
+        self.cow_update(n, false, &mut |fs, ov, f, _| {
+            let mut segs = Vec::new();
+            let mut edge = |b: u64| -> Result<()> {
+                let (bs, be) = (b * BS, b * BS + BS);
+                let (a, z) = (offset.max(bs), end.min(be));
+                if a < z && (a > bs || z < be) && fs.block_at(ov, f, b)?.is_some() {
+                    segs.push(Seg {
+                        lblk: b,
+                        len: 1,
+                        from: a,
+                        to: z,
+                        data: None,
+                    });
+                }
+                Ok(())
+            };
+            edge(offset / BS)?;
+            if (end - 1) / BS != offset / BS {
+                edge((end - 1) / BS)?;
+            }
+            Ok((!segs.is_empty()).then_some((segs, 0)))
+        })?;
+        if whole_to > whole_from {
+            let s = self.shared(n, true)?.ok_or(Error::Corrupt {
+                what: "file log",
+                at: self.inodes.field(n.h.ino, field::LOG),
+            })?;
+            s.log
+                .prepare(&Entry::Punch {
+                    lblk: whole_from,
+                    len: whole_to - whole_from,
+                })?
+                .commit()?;
+            self.after_commit(n, &s, self.node_map(n)?)?;
+        } else {
+            self.touch_times(n.h.ino)?;
+        }
+        Ok(())
     }
 }

@@ -39,7 +39,7 @@ use crate::hash::FastMap;
 use crate::inode::{Handle, InodeRaw, InodeTable, Kind, LIVE, field};
 use crate::journal::{Cleanup, Journal};
 use crate::mapping::{MapFile, Mapper};
-use crate::parts::{self, FreeCount, Pm};
+use crate::parts::{self, FreeCount, Pm, Stager};
 
 /// Largest file size: 2^32 blocks (the logical-block limit of the global tables) less the
 /// logical blocks that hold extended attributes.
@@ -75,6 +75,12 @@ pub(crate) struct Fs {
     pub geo: Geometry,
     pub map: Arc<dyn Mapper>,
     pub alloc: Option<Arc<dyn BlockAllocator>>,
+    /// Where copy-on-write blocks and log blocks come from.
+    pub stage: Stager,
+    /// The log state of every inode open in this process that has a log.
+    pub(crate) logs: Mutex<FastMap<u32, Arc<data::Shared>>>,
+    /// This process's id as a digest holder.
+    pub holder: u32,
     free_count: FreeCount,
     pub inodes: InodeTable,
     pub journal: Journal,
@@ -208,6 +214,9 @@ impl Fs {
             geo,
             map: parts.map,
             alloc: parts.alloc,
+            stage: parts.stage,
+            logs: Mutex::new(FastMap::default()),
+            holder: std::process::id(),
             free_count: parts.free,
             inodes,
             dirs: RwLock::new(FastMap::default()),
@@ -324,11 +333,31 @@ impl Fs {
         );
         fs.journal = journal;
 
+        // File logs: repair what a crash left (a tail beyond a hole, pins, a dead digest
+        // holder) before anything reads them.
+        let logged: Vec<u32> = if read_only {
+            Vec::new()
+        } else {
+            let mut v = Vec::new();
+            for l in live.iter().filter(|l| l.kind == Kind::File) {
+                let root = fs.inodes.field(l.h.ino, field::LOG);
+                if m.load_u64(root)? != 0 {
+                    pmfs_core::log::recover(m, root)?;
+                    pmfs_core::log::reset_holder(m, fs.inodes.field(l.h.ino, field::DIGEST))?;
+                    v.push(l.h.ino);
+                }
+            }
+            v
+        };
+
         // The allocator: rebuild unless it is persistent and was closed cleanly.
         if let Some(alloc) = &fs.alloc
             && (!clean || !parts::alloc_is_persistent(geo.allocator))
         {
             let mut used: Vec<Extent> = Vec::new();
+            for &ino in &logged {
+                fs.log_used(ino, &mut used)?;
+            }
             let mut collect = |h: Handle| -> Result<()> {
                 let f = fs.map.open_file(fs.file_id(h.ino))?;
                 fs.map.owned_blocks(&f, &mut |e| used.push(e))
@@ -343,11 +372,31 @@ impl Fs {
                     collect(inode)?;
                 }
             }
-            alloc.rebuild(&mut used.into_iter())?;
+            // An entry whose digest was under way at the crash names blocks the mapping
+            // reports too: merge overlaps.
+            used.sort_unstable_by_key(|e| e.start);
+            let mut merged: Vec<Extent> = Vec::with_capacity(used.len());
+            for e in used {
+                match merged.last_mut() {
+                    Some(l) if e.start.0 <= l.start.0 + l.len => {
+                        l.len = l.len.max(e.start.0 + e.len - l.start.0);
+                    }
+                    _ => merged.push(e),
+                }
+            }
+            alloc.rebuild(&mut merged.into_iter())?;
         }
 
         let t0 = wall_ns();
         fs.clock.store(t0, Ordering::Relaxed);
+        for &ino in &logged {
+            fs.digest_at_mount(ino)?;
+        }
+        if !read_only && let Stager::Hash(t) = &fs.stage {
+            // Staged versions of writes that never committed (every committed one is
+            // digested now, which promoted its slots).
+            t.sweep_staged()?;
+        }
         if !clean {
             fs.recover(&live, &recovered.cleanups, &mut report)?;
         }
@@ -544,6 +593,10 @@ impl Fs {
     /// Frees the blocks of incarnation `h` and makes its record free. A no-op if `h` is not
     /// live. `thorough` releases everything the mapping holds for the inode (recovery, where
     /// blocks beyond the end of file may exist); otherwise only the blocks below end of file.
+    ///
+    /// A regular file's log is digested first; if another process still has the log open
+    /// (its pin count in the head word), nothing is freed: the inode stays an orphan, which
+    /// the next mount frees.
     pub fn free_inode(&self, h: Handle, map: Option<&MapFile>, thorough: bool) -> Result<()> {
         let m = self.m();
         let rec = self.inodes.read(m, h.ino)?;
@@ -558,9 +611,33 @@ impl Fs {
                 &owned
             }
         };
+        let root = self.inodes.field(h.ino, field::LOG);
+        let has_log = rec.kind() == Some(Kind::File) && m.load_u64(root)? != 0;
+        let mut log_blocks: Vec<Extent> = Vec::new();
+        if has_log {
+            let log = pmfs_core::log::Log::open(self.media.clone(), root, self.log_alloc(h.ino))?;
+            let shared = data::Shared::new(log, 0);
+            let digested = self.digest(h.ino, &shared, f);
+            shared.log.close()?;
+            digested?;
+            if m.load_u64(root)? >> 48 != 0 {
+                return Ok(());
+            }
+            if matches!(self.stage, Stager::Alloc(_)) {
+                pmfs_core::log::owned_blocks(m, root, &mut |b| log_blocks.push(Extent::new(b, 1)))?;
+            }
+            // The log words go first: a crash after this leaks the log blocks until the
+            // allocator is rebuilt (HashFS: remove_file below frees them), never a log whose
+            // blocks were reused.
+            for w in [field::LOG, field::DIGEST, field::MAPPED_END] {
+                self.inodes.store(m, h.ino, w, 0)?;
+            }
+            m.fence();
+        }
         let blocks = rec.size.div_ceil(BLOCK_SIZE);
         if self.map.kind() == MappingKind::HashFs
             && !thorough
+            && !has_log
             && blocks <= MAX_FILE_SIZE / BLOCK_SIZE
         {
             // The global table has no per-file structure to free: removing the file's
@@ -573,6 +650,11 @@ impl Fs {
         } else {
             self.map.remove_file(f)?;
         }
+        if let Some(a) = &self.alloc {
+            for e in log_blocks {
+                a.free(e)?;
+            }
+        }
         self.inodes
             .store(m, h.ino, field::STATE, u64::from(h.generation))?;
         m.fence();
@@ -581,6 +663,43 @@ impl Fs {
         }
         self.inodes.release(h.ino);
         Ok(())
+    }
+
+    /// Adds the blocks inode `ino`'s log holds to `used`: its own blocks and the data blocks
+    /// of the entries not digested yet (mount, before the allocator rebuild).
+    fn log_used(&self, ino: u32, used: &mut Vec<Extent>) -> Result<()> {
+        let m = self.m();
+        let root = self.inodes.field(ino, field::LOG);
+        pmfs_core::log::owned_blocks(m, root, &mut |b| used.push(Extent::new(b, 1)))?;
+        let log = pmfs_core::log::Log::open(self.media.clone(), root, self.log_alloc(ino))?;
+        let from = log.digested(self.inodes.field(ino, field::DIGEST))?;
+        let collected = (|| -> Result<()> {
+            for item in log.iter_from_lsn(from)? {
+                if let (_, pmfs_core::log::Entry::Write { runs, .. }) = item? {
+                    used.extend(runs.iter().map(|r| Extent::new(r.pblk, r.len)));
+                }
+            }
+            Ok(())
+        })();
+        log.close()?;
+        collected
+    }
+
+    /// Digests inode `ino`'s log and drops its applied blocks (mount).
+    fn digest_at_mount(&self, ino: u32) -> Result<()> {
+        let root = self.inodes.field(ino, field::LOG);
+        let f = self.map.open_file(self.file_id(ino))?;
+        let log = pmfs_core::log::Log::open(self.media.clone(), root, self.log_alloc(ino))?;
+        let shared = data::Shared::new(log, 0);
+        let done = self.digest(ino, &shared, &f).and_then(|()| {
+            shared
+                .log
+                .compact_applied(self.inodes.field(ino, field::DIGEST))
+                .map(drop)
+                .map_err(Error::from)
+        });
+        shared.log.close()?;
+        done
     }
 
     /// Free data blocks.
