@@ -79,9 +79,9 @@ pub fn replay<M: Media, A: BlockAllocator + ?Sized>(log: &Log<M, A>) -> Result<V
         .collect()
 }
 
-/// Recovers the log of a crash image the way a mount does, then replays it; also checks that
-/// the recovered log takes a new append right after what it replayed.
-pub fn recover_and_replay<M: Media>(media: M) -> Result<Vec<Entry>, String> {
+/// Recovers the log of a crash image the way a mount does (recover, rebuild the allocator
+/// of blocks 1.. from the log's owned blocks) and opens it.
+pub fn recover_open<M: Media>(media: M) -> Result<Log<M, SimpleAllocator>, String> {
     recover(&media, ROOT).map_err(err("recover"))?;
     let blocks = media.size() / BLOCK_SIZE;
     let alloc = Arc::new(SimpleAllocator::new(BlockNo(1), blocks - 1));
@@ -90,7 +90,13 @@ pub fn recover_and_replay<M: Media>(media: M) -> Result<Vec<Entry>, String> {
     alloc
         .rebuild(&mut used.into_iter())
         .map_err(err("allocator rebuild"))?;
-    let log = Log::open(media, ROOT, alloc).map_err(err("open"))?;
+    Log::open(media, ROOT, alloc).map_err(err("open"))
+}
+
+/// Recovers the log of a crash image the way a mount does, then replays it; also checks that
+/// the recovered log takes a new append right after what it replayed.
+pub fn recover_and_replay<M: Media>(media: M) -> Result<Vec<Entry>, String> {
+    let log = recover_open(media)?;
     let got = replay(&log)?;
     // Enough appends to walk over two cache lines of slots: leftovers of a crash beyond the
     // recovered tail would show up among them.
