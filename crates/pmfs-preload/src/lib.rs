@@ -183,15 +183,24 @@ fn kind(fd: c_int) -> Kind {
 
 /// Classifies `fd` and records the answer (errno kept as it was).
 fn learn(fd: c_int) -> Kind {
+    let k = classify_keeping_errno(fd);
+    if owns_table() {
+        record(fd, k);
+    }
+    k
+}
+
+fn record(fd: c_int, k: Kind) {
+    fdtable::set(fd, k);
+    if let Kind::Pmfs(_) = k {
+        PMFS_FDS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn classify_keeping_errno(fd: c_int) -> Kind {
     let saved = errno();
     let k = classify(fd);
     set_errno(saved);
-    if k != Kind::Unknown && owns_table() {
-        fdtable::set(fd, k);
-        if let Kind::Pmfs(_) = k {
-            PMFS_FDS.fetch_add(1, Ordering::Relaxed);
-        }
-    }
     k
 }
 
@@ -243,9 +252,8 @@ fn note_data_call(fd: c_int) {
 
 /// A descriptor was just opened (or replaced): forget what was known, classify it afresh.
 fn opened(fd: c_int) {
-    if fd >= 0 && active() && owns_table() {
-        fdtable::set(fd, Kind::Unknown);
-        learn(fd);
+    if fdtable::recorded(fd) && active() && owns_table() {
+        record(fd, classify_keeping_errno(fd));
     }
 }
 
