@@ -186,6 +186,18 @@ int main(int argc, char **argv) {
     show("exec child status", status);
     show("offset after exec child", lseek(fd, 0, SEEK_CUR));
 
+    /* A vfork child shares the parent's memory, the library's table included, but not its
+     * descriptors: what it closes stays open in the parent. */
+    pid = vfork();
+    if (pid == 0) {
+        close(fd);
+        _exit(0);
+    }
+    waitpid(pid, &status, 0);
+    show("vfork child status", status);
+    show("offset after vfork child", lseek(fd, 0, SEEK_CUR));
+    sum_at(fd, "read after vfork child", 100, 10);
+
     int t = open("threads", O_RDWR | O_CREAT | O_TRUNC, 0644);
     pthread_t th[4];
     struct job jobs[4];
