@@ -3,7 +3,9 @@
 //! through chains of moves, and cuts through the middle of ranged runs — leaves an image that,
 //! after `open` and `recover`, maps exactly what the table mapped before the operation or after
 //! it, and passes `verify` (no duplicate left by a half-done move, run fields consistent).
-//! Every operation that returned is durable.
+//! Every operation that returned is durable. The same holds for `insert_at` of blocks the
+//! caller took from the table's allocator, alone, as the remove-then-`insert_at` of a
+//! copy-on-write apply, and for runs longer than a ranged entry allows (split inside).
 //!
 //! The table starts 75% full so that inserts displace entries. The expected states come from
 //! a twin table on a heap region with the same salt and an allocator in the same state.
@@ -15,8 +17,11 @@ use std::sync::Arc;
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::{Explorer, SimRegion};
-use pmfs_core::traits::{Extent, FileId, FileMapping, SimpleAllocator};
+use pmfs_core::traits::{
+    AllocHint, BlockAllocator, Extent, FileId, FileMapping, Run, SimpleAllocator,
+};
 use pmfs_mapping::cuckoo::CuckooMapping;
+use pmfs_mapping::cuckoo::bucket::RUN_MAX;
 use pmfs_mapping::hashfs::LBLK_LIMIT;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -27,8 +32,14 @@ const INOS: [u64; 4] = [1, 2, 3, 4];
 const DATA: u64 = 100_000;
 const DATA_LEN: u64 = 5000;
 
+/// 64 buckets: 192 entries.
 fn meta() -> Extent {
     Extent::new(BlockNo(0), 4)
+}
+
+/// 384 buckets: 1152 entries, room for a run longer than [`RUN_MAX`].
+fn big_meta() -> Extent {
+    Extent::new(BlockNo(0), 9)
 }
 
 fn alloc() -> Arc<SimpleAllocator> {
@@ -40,6 +51,9 @@ type Table<M> = CuckooMapping<M, SimpleAllocator>;
 #[derive(Clone, Copy, Debug)]
 enum Op {
     Insert(usize, u64, u64),
+    /// One extent of up to `len` blocks from the table's allocator, then `insert_at` of it
+    /// (the extent goes back if that fails).
+    InsertAt(usize, u64, u64),
     Remove(usize, u64, u64),
     Truncate(usize, u64),
     RemoveFile(usize),
@@ -58,6 +72,27 @@ fn setup<M: Media>(t: &Table<M>) {
         t.insert(&f, l * 2, 1, &mut Vec::new())
             .expect("setup insert");
     }
+}
+
+/// Random operations on files 1..3 over logical blocks 0..40 where blocks are mapped with
+/// `insert_at`: alone (1..=10 blocks, over mapped blocks, then refused, or into holes) or as
+/// a copy-on-write overwrite (remove, then `insert_at` of the same range), mixed with inserts
+/// and truncates. Files 1 and 2 start with blocks 0..8 mapped.
+fn cow_workload(seed: u64, n: usize) -> Vec<Op> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut ops = vec![Op::Insert(0, 0, 8), Op::Insert(1, 0, 8)];
+    while ops.len() < n {
+        let f = rng.gen_range(0..3);
+        let lblk = rng.gen_range(0..40);
+        let len = rng.gen_range(1..=10);
+        match rng.gen_range(0..10) {
+            0..=3 => ops.push(Op::InsertAt(f, rng.gen_range(0..12), len)),
+            4..=7 => ops.extend([Op::Remove(f, lblk, len), Op::InsertAt(f, lblk, len)]),
+            8 => ops.push(Op::Insert(f, lblk, len)),
+            _ => ops.push(Op::Truncate(f, lblk)),
+        }
+    }
+    ops
 }
 
 /// Random operations on files 1..3 over logical blocks 0..40, inserts of 1..=10 blocks.
@@ -110,6 +145,17 @@ fn apply<M: Media>(t: &Table<M>, op: Op) -> String {
     };
     let r = match op {
         Op::Insert(f, l, n) => t.insert(&file(f), l, n, &mut Vec::new()).map(|()| 0),
+        Op::InsertAt(f, l, n) => t.allocator().alloc(n, AllocHint::default()).and_then(|e| {
+            let run = Run {
+                lblk: l,
+                pblk: e.start,
+                len: e.len,
+            };
+            t.insert_at(&file(f), run).map(|()| 0).or_else(|err| {
+                t.allocator().free(e)?;
+                Err(err)
+            })
+        }),
         Op::Remove(f, l, n) => t.remove(&file(f), l, n),
         Op::Truncate(f, l) => t.remove(&file(f), l, u64::MAX - l),
         Op::RemoveFile(f) => t.remove_file(&file(f)).map(|()| 0),
@@ -117,9 +163,9 @@ fn apply<M: Media>(t: &Table<M>, op: Op) -> String {
     format!("{r:?}")
 }
 
-fn recovered(image: &[u8]) -> Result<State, String> {
+fn recovered(image: &[u8], meta: Extent) -> Result<State, String> {
     let region = HeapRegion::from_image(image).map_err(|e| e.to_string())?;
-    let t = CuckooMapping::open(&region, meta(), alloc()).map_err(|e| format!("open: {e}"))?;
+    let t = CuckooMapping::open(&region, meta, alloc()).map_err(|e| format!("open: {e}"))?;
     t.recover().map_err(|e| format!("recover: {e}"))?;
     let entries = t.verify().map_err(|e| format!("verify: {e}"))?;
     let s = state(&t)?;
@@ -129,34 +175,41 @@ fn recovered(image: &[u8]) -> Result<State, String> {
     Ok(s)
 }
 
-fn check_ops(seed: u64, ops: &[Op], prefixes: bool) {
-    let region = SimRegion::new(meta().len * BLOCK_SIZE).expect("sim region");
+fn check_ops(seed: u64, ops: &[Op], prefixes: bool) -> Vec<String> {
+    check_ops_in(meta(), seed, ops, prefixes)
+}
+
+/// [`check_ops`] on a table whose meta area is `meta`. Returns the operations' results.
+fn check_ops_in(meta: Extent, seed: u64, ops: &[Op], prefixes: bool) -> Vec<String> {
+    let region = SimRegion::new(meta.len * BLOCK_SIZE).expect("sim region");
     let sim_alloc = alloc();
     let t =
-        CuckooMapping::format_with_salt(&region, meta(), sim_alloc.clone(), SALT).expect("format");
+        CuckooMapping::format_with_salt(&region, meta, sim_alloc.clone(), SALT).expect("format");
     setup(&t);
     drop(t);
     region.persist_all();
-    let twin_region = HeapRegion::new(meta().len * BLOCK_SIZE).expect("heap region");
-    let twin = CuckooMapping::format_with_salt(&twin_region, meta(), alloc(), SALT).expect("twin");
+    let twin_region = HeapRegion::new(meta.len * BLOCK_SIZE).expect("heap region");
+    let twin = CuckooMapping::format_with_salt(&twin_region, meta, alloc(), SALT).expect("twin");
     setup(&twin);
     let window = RefCell::new((State::new(), State::new()));
+    let mut results = Vec::new();
     let result = Explorer::new(seed).store_prefixes(prefixes).run(
         &region,
         |pm| {
-            let t = CuckooMapping::open(pm, meta(), sim_alloc).expect("open");
+            let t = CuckooMapping::open(pm, meta, sim_alloc).expect("open");
             for &op in ops {
                 let before = state(&twin).expect("twin state");
                 let want = apply(&twin, op);
                 *window.borrow_mut() = (before, state(&twin).expect("twin state"));
                 let got = apply(&t, op);
                 assert_eq!(got, want, "{op:?} differs from the twin");
+                results.push(got);
                 let after = window.borrow().1.clone();
                 *window.borrow_mut() = (after.clone(), after);
             }
         },
         |cp| {
-            let got = recovered(cp.image)?;
+            let got = recovered(cp.image, meta)?;
             let (before, after) = &*window.borrow();
             if got == *before || got == *after {
                 Ok(())
@@ -170,6 +223,20 @@ fn check_ops(seed: u64, ops: &[Op], prefixes: bool) {
     if let Err(f) = result {
         panic!("{f}");
     }
+    results
+}
+
+/// How many `insert_at`s of `ops` mapped their blocks and how many were refused as overlapping.
+fn insert_at_outcomes(ops: &[Op], results: &[String]) -> (usize, usize) {
+    let at: Vec<&String> = ops
+        .iter()
+        .zip(results)
+        .filter(|(op, _)| matches!(op, Op::InsertAt(..)))
+        .map(|(_, r)| r)
+        .collect();
+    let mapped = at.iter().filter(|r| r.as_str() == "Ok(0)").count();
+    let refused = at.iter().filter(|r| r.contains("InvalidArgument")).count();
+    (mapped, refused)
 }
 
 #[test]
@@ -182,4 +249,29 @@ fn cuckoo_operations_are_all_or_nothing_and_durable() {
 #[test]
 fn cuckoo_operations_are_all_or_nothing_with_store_prefixes() {
     check_ops(41, &workload(41, 14), true);
+}
+
+#[test]
+fn cuckoo_insert_at_and_copy_on_write_overwrites_are_all_or_nothing() {
+    for (seed, n, prefixes) in [(7, 16, false), (9, 10, true)] {
+        let ops = cow_workload(seed, n);
+        let results = check_ops(seed, &ops, prefixes);
+        let (mapped, refused) = insert_at_outcomes(&ops, &results);
+        assert!(
+            mapped >= 3 && refused >= 1,
+            "{mapped} mapped, {refused} refused"
+        );
+    }
+}
+
+#[test]
+fn cuckoo_insert_at_of_runs_longer_than_an_entry_allows_is_all_or_nothing() {
+    let ops = [
+        Op::InsertAt(0, 0, RUN_MAX + 40), // two ranged runs
+        Op::Remove(0, RUN_MAX - 10, 20),  // cuts across their boundary
+        Op::InsertAt(0, RUN_MAX - 10, 20),
+        Op::InsertAt(0, 3, 2), // over mapped blocks: refused
+    ];
+    let results = check_ops_in(big_meta(), 21, &ops, false);
+    assert_eq!(insert_at_outcomes(&ops, &results), (2, 1), "{results:?}");
 }

@@ -1160,13 +1160,18 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
         if run.len == 0 {
             return Ok(());
         }
+        // The same bounds as for blocks from the allocator (which may lie outside the
+        // table's region), and never the table's own blocks.
         let given = run.extent();
-        if !in_region(&self.media, given)
-            || given.end().0 > bucket::PBLK_LIMIT
+        if given
+            .start
+            .0
+            .checked_add(run.len)
+            .is_none_or(|e| e > bucket::PBLK_LIMIT)
             || (given.start < self.meta.end() && given.end() > self.meta.start)
         {
             return Err(Error::InvalidArgument(
-                "blocks outside the table's data area",
+                "blocks beyond the table's physical limit or inside its meta area",
             ));
         }
         let end = self.check_insert(file, run.lblk, run.len)?;
@@ -1393,6 +1398,99 @@ mod tests {
         assert_eq!(t.verify().unwrap(), 1500);
         assert_eq!(t.remove(&f, 100, 1000).unwrap(), 1000);
         assert_eq!(t.verify().unwrap(), 500);
+    }
+
+    #[test]
+    fn insert_at_splits_long_runs_and_refuses_mapped_or_foreign_blocks() {
+        let r = Arc::new(HeapRegion::new(2100 * BLOCK_SIZE).unwrap());
+        let alloc = Arc::new(SimpleAllocator::new(BlockNo(40), 2000));
+        let meta = Extent::new(BlockNo(1), Table::meta_blocks(2000));
+        let t = CuckooMapping::format_with_salt(r, meta, alloc.clone(), 1).unwrap();
+        let f = file(&t, 1);
+        let e = alloc.alloc(1500, AllocHint::default()).unwrap();
+        assert_eq!(e.len, 1500);
+        let run = Run {
+            lblk: 7,
+            pblk: e.start,
+            len: 1500,
+        };
+        t.insert_at(&f, run).unwrap();
+        assert_eq!(runs(&t, &f, 0, 2000), vec![run]);
+        for (l, size, rev) in [
+            (7, RUN_MAX, 0),
+            (7 + RUN_MAX, RUN_MAX, 0),
+            (6 + 1500, 1, 475),
+        ] {
+            let v = t.get(&f, l).unwrap().unwrap();
+            assert_eq!((v.size, v.rev), (size, rev), "lblk {l}");
+        }
+        assert_eq!(t.verify().unwrap(), 1500);
+        let free = alloc.free_blocks();
+        let spare = alloc.alloc(4, AllocHint::default()).unwrap();
+        let at = |lblk, pblk| Run { lblk, pblk, len: 4 };
+        for (bad, why) in [
+            (at(1505, spare.start), "the first two blocks are mapped"),
+            (at(4, spare.start), "the first is mapped"),
+            (at(3000, meta.start + 1), "meta blocks"),
+            (
+                at(3000, BlockNo(bucket::PBLK_LIMIT - 2)),
+                "past the physical limit",
+            ),
+        ] {
+            let r = t.insert_at(&f, bad);
+            assert!(matches!(r, Err(Error::InvalidArgument(_))), "{why}: {r:?}");
+        }
+        assert_eq!(t.verify().unwrap(), 1500);
+        assert_eq!(alloc.free_blocks(), free - 4, "refusals free nothing");
+        // Copy-on-write: the old blocks out, the caller's in.
+        assert_eq!(t.remove(&f, 1503, 4).unwrap(), 4);
+        t.insert_at(&f, at(1503, spare.start)).unwrap();
+        assert_eq!(runs(&t, &f, 1503, 10), vec![at(1503, spare.start)]);
+        assert_eq!(t.verify().unwrap(), 1500);
+    }
+
+    #[test]
+    fn insert_at_into_a_full_table_changes_nothing_and_keeps_the_callers_blocks() {
+        let t = table(400);
+        let files: Vec<_> = (1..=8).map(|i| file(&t, i)).collect();
+        let mut inserted = 0;
+        'fill: for round in 0..100 {
+            for f in &files {
+                let e = t.allocator().alloc(1, AllocHint::default()).unwrap();
+                let run = Run {
+                    lblk: round * 3,
+                    pblk: e.start,
+                    len: 1,
+                };
+                match t.insert_at(f, run) {
+                    Ok(()) => inserted += 1,
+                    Err(Error::NoSpace) => {
+                        t.allocator().free(e).unwrap();
+                        break 'fill;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        assert!(inserted > 175, "only {inserted} of 192 entries");
+        assert_eq!(t.verify().unwrap(), inserted);
+        let before: Vec<_> = files.iter().map(|f| blocks(&t, f)).collect();
+        let e = t.allocator().alloc(30, AllocHint::default()).unwrap();
+        let free = t.allocator().free_blocks();
+        let run = Run {
+            lblk: 900,
+            pblk: e.start,
+            len: e.len,
+        };
+        assert!(matches!(t.insert_at(&files[0], run), Err(Error::NoSpace)));
+        assert_eq!(
+            t.allocator().free_blocks(),
+            free,
+            "the caller's blocks stay"
+        );
+        let after: Vec<_> = files.iter().map(|f| blocks(&t, f)).collect();
+        assert_eq!(before, after);
+        assert_eq!(t.verify().unwrap(), inserted);
     }
 
     #[test]
