@@ -1,6 +1,7 @@
 //! Extent-tree behaviour beyond the shared suite: trees grow and shrink level by level,
 //! damaged nodes and root words are reported as `Error::Corrupt` (never a panic or an endless
-//! walk), and a call whose undo record does not fit fails without changing anything.
+//! walk), a call whose undo record does not fit fails without changing anything, and
+//! `insert_at` refuses foreign or mapped blocks and never frees the caller's blocks.
 
 use std::sync::Arc;
 
@@ -242,4 +243,55 @@ proptest! {
         let _ = f.tree.remove(&f.file, 0, u64::MAX);
         let _ = f.tree.remove_file(&f.file);
     }
+}
+
+#[test]
+fn insert_at_refuses_foreign_or_mapped_blocks_and_keeps_the_callers_blocks_without_nodes() {
+    let f = fixture(4, 16);
+    let run = |lblk, pblk: BlockNo| pmfs_core::traits::Run { lblk, pblk, len: 1 };
+    let own = f.alloc.alloc(1, AllocHint::default()).unwrap();
+    f.tree.insert_at(&f.file, run(10, own.start)).unwrap();
+    assert_eq!(all_runs(&f).unwrap(), vec![run(10, own.start)]);
+    let spare = f.alloc.alloc(1, AllocHint::default()).unwrap();
+    let blocks = f.region.size() / BLOCK_SIZE;
+    for (bad, why) in [
+        (run(10, spare.start), "mapped"),
+        (run(20, f.meta.start + 1), "a meta block"),
+        (run(20, BlockNo(blocks)), "past the region"),
+        (run(u64::MAX, spare.start), "past the logical space"),
+    ] {
+        let r = f.tree.insert_at(&f.file, bad);
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{why}: {r:?}");
+    }
+    assert_eq!(all_runs(&f).unwrap(), vec![run(10, own.start)]);
+
+    // Every free block in the caller's hands: a new file has no block for its first node.
+    let mut held = vec![spare];
+    while let Ok(e) = f.alloc.alloc(64, AllocHint::default()) {
+        held.push(e);
+    }
+    assert_eq!(f.alloc.free_blocks(), 0);
+    let other = f
+        .tree
+        .open_file(FileId {
+            ino: 2,
+            root: PmOff(8),
+        })
+        .unwrap();
+    let r = f.tree.insert_at(&other, run(0, spare.start));
+    assert!(matches!(r, Err(Error::NoSpace)), "{r:?}");
+    assert_eq!(
+        f.alloc.free_blocks(),
+        0,
+        "the caller's blocks were not freed"
+    );
+    assert_eq!(f.region.load_u64(PmOff(8)).unwrap(), 0);
+    // One block back to the allocator is enough for the node.
+    let last = held.pop().unwrap();
+    f.alloc.free(last).unwrap();
+    f.tree.insert_at(&other, run(0, spare.start)).unwrap();
+    let mut got = Vec::new();
+    f.tree.lookup(&other, 0, u64::MAX, &mut got).unwrap();
+    assert_eq!(got, vec![run(0, spare.start)]);
+    assert_eq!(all_runs(&f).unwrap(), vec![run(10, own.start)]);
 }
