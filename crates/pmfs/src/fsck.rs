@@ -568,11 +568,12 @@ impl Checker<'_> {
                     _ => 0,
                 };
                 let eof = info.size.div_ceil(BLOCK_SIZE).max(mapped_end);
-                // Up to the extended-attribute blocks, which lie past any end of file.
+                // Up to the largest file size: the log blocks (HashFS) and the
+                // extended-attribute blocks lie past it.
                 let span = data
                     .len
                     .max(1)
-                    .min(crate::xattr::XATTR_LBLK.saturating_sub(eof));
+                    .min((crate::fs::MAX_FILE_SIZE / BLOCK_SIZE).saturating_sub(eof));
                 let mut runs = Vec::new();
                 if span > 0 {
                     fs.map.lookup(&map, eof, span, &mut runs)?;

@@ -49,6 +49,7 @@ mod parts;
 mod xattr;
 
 pub use api::Volume;
+pub use api::client::Client;
 pub use api::file::{File, OpenOptions};
 pub use api::ino::{
     Attr, AttrChange, Ino, NodeEntry, NodeKind, OpenMode, OpenNode, Owner, SeekTarget, SetTime,

@@ -57,7 +57,7 @@ impl Ino {
         (self.0 >> 32) as u32
     }
 
-    fn handle(self) -> Handle {
+    pub(crate) fn handle(self) -> Handle {
         Handle::from_word(self.0)
     }
 
@@ -688,6 +688,27 @@ pub enum SeekTarget {
 const SEEK_CHUNK: u64 = 4096;
 
 impl OpenNode {
+    /// An open handle of `h`, which the caller already counted as open (a client's open).
+    pub(crate) fn build(fs: Arc<Fs>, h: Handle, mode: OpenMode) -> Result<OpenNode> {
+        let map = match fs.map.open_file(fs.file_id(h.ino)) {
+            Ok(map) => map,
+            Err(e) => {
+                fs.open_dec(h.ino);
+                return Err(e);
+            }
+        };
+        Ok(OpenNode {
+            fs,
+            node: Node::with_map(h, map),
+            mode,
+        })
+    }
+
+    /// The engine's node.
+    pub(crate) fn node(&self) -> &Node {
+        &self.node
+    }
+
     /// The open object.
     pub fn ino(&self) -> Ino {
         Ino::of(self.node.h)

@@ -5,6 +5,7 @@
 //! durable when it returns. Errors are [`Error`]s, which convert into `io::Error` with the
 //! matching errno.
 
+pub(crate) mod client;
 pub(crate) mod file;
 pub(crate) mod ino;
 pub(crate) mod types;

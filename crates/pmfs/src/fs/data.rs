@@ -345,6 +345,11 @@ impl Fs {
         Ok(Some(s))
     }
 
+    /// Opens (creating if needed) and so pins the log of `n`'s inode.
+    pub fn pin_log(&self, n: &Node) -> Result<()> {
+        self.shared(n, true).map(drop)
+    }
+
     /// Folds the entries committed since the overlay's last catch-up; drops what is digested.
     /// Calls `seen` with each entry folded.
     fn catch_up(

@@ -1,22 +1,31 @@
 //! The engine behind [`Volume`](crate::Volume): mkfs, mount with recovery, the caches of
 //! directories and open inodes, and the shared helpers of the namespace and data operations.
+//! The data path (per-file logs, copy-on-write, digest) is in [`data`].
 //!
 //! # Mount
 //!
 //! After a clean close (mount-state word `CLEAN`) mounting reads the superblock, scans the
 //! inode table to rebuild the inode free list and, for a volatile allocator, rebuilds the
-//! allocator from the blocks of the live inodes. Directories are loaded lazily on first use.
+//! allocator from the blocks of the live inodes and of their logs. Every regular file's log
+//! is repaired (`log::recover`: pins and a tail beyond a hole) and its digest holder reset,
+//! then digested (a clean close digested them all already, so this finds nothing unless a
+//! data-only client died). Directories are loaded lazily on first use.
 //!
 //! After a crash the mount also:
 //! 1. lets the mapping structure recover its own half-done operations;
 //! 2. rolls back every armed journal transaction;
-//! 3. rebuilds the allocator from the live inodes (plus inodes a journal cleanup will release);
-//! 4. loads every live directory in repair mode (undoes half-done inserts, redoes half-done
+//! 3. repairs every file log as above, then rebuilds the allocator from the live inodes'
+//!    mappings, their log blocks and the data blocks of their undigested log entries (plus
+//!    inodes a journal cleanup will release);
+//! 4. digests every log (applying its committed entries to the mapping in log order, which
+//!    frees the blocks they replace) and compacts it; on HashFS, drops the staged slots of
+//!    writes that never committed;
+//! 5. loads every live directory in repair mode (undoes half-done inserts, redoes half-done
 //!    removals, drops entries whose inode is dead);
-//! 5. runs the journal cleanups (trims beyond end of file, releases never-live inodes);
-//! 6. frees orphans: live inodes without links (open-but-unlinked files of the crashed run,
+//! 6. runs the journal cleanups (trims beyond end of file, releases never-live inodes);
+//! 7. frees orphans: live inodes without links (open-but-unlinked files of the crashed run,
 //!    and removals that zeroed the link count before the crash);
-//! 7. marks the journal idle and rebuilds the inode free list.
+//! 8. marks the journal idle and rebuilds the inode free list.
 
 pub(crate) mod data;
 pub(crate) mod ns;
@@ -42,8 +51,10 @@ use crate::mapping::{MapFile, Mapper};
 use crate::parts::{self, FreeCount, Pm, Stager};
 
 /// Largest file size: 2^32 blocks (the logical-block limit of the global tables) less the
-/// logical blocks that hold extended attributes.
-pub(crate) const MAX_FILE_SIZE: u64 = crate::xattr::XATTR_LBLK * BLOCK_SIZE;
+/// top of a file's logical space, where HashFS keeps the file's log blocks
+/// (`[LOG_LBLK_FIRST, LOG_LBLK_END)`) and every structure the extended-attribute blocks.
+pub(crate) const MAX_FILE_SIZE: u64 = pmfs_mapping::hashfs::LOG_LBLK_FIRST * BLOCK_SIZE;
+const _: () = assert!(pmfs_mapping::hashfs::LOG_LBLK_END <= crate::xattr::XATTR_LBLK);
 /// Most hard links an inode may have.
 pub(crate) const MAX_LINKS: u64 = 65_000;
 pub(crate) const LOCK_STRIPES: usize = 1024;
@@ -97,6 +108,8 @@ pub(crate) struct Fs {
     pub root: Handle,
     dir_mode: LoadMode,
     pub read_only: bool,
+    /// A data-only client of a pool another process owns ([`Fs::attach`]).
+    pub client: bool,
     closed: AtomicBool,
     pub report: MountReport,
 }
@@ -228,6 +241,7 @@ impl Fs {
             root,
             dir_mode,
             read_only,
+            client: false,
             closed: AtomicBool::new(false),
             report: MountReport::default(),
         }
@@ -421,7 +435,30 @@ impl Fs {
         Ok((fs, src, clean))
     }
 
-    /// Steps 4–7 of the crash path (see the module documentation).
+    /// Opens `media` as a data-only client of a HashFS pool that another process owns: no
+    /// recovery, no allocator, nothing written but file data and logs (see
+    /// [`Volume::attach`](crate::Volume::attach)).
+    pub fn attach(media: Pm) -> Result<Fs> {
+        let m = &*media;
+        let (geo, _) = format::read_superblock(m)?;
+        if geo.mapping != MappingKind::HashFs {
+            return Err(Error::Unsupported(
+                "attaching to a volume whose mapping structure is not HashFS",
+            ));
+        }
+        let parts = parts::build(&media, &geo, false)?;
+        let inodes = InodeTable::new(geo);
+        let root = Handle {
+            ino: ROOT_INO,
+            generation: inodes.load(m, ROOT_INO, field::STATE)? as u32,
+        };
+        let mut fs = Fs::assemble(media, geo, parts, inodes, root, LoadMode::Clean, false);
+        fs.client = true;
+        fs.clock.store(wall_ns(), Ordering::Relaxed);
+        Ok(fs)
+    }
+
+    /// Steps 5–8 of the crash path (see the module documentation).
     fn recover(
         &self,
         live: &[LiveInode],
@@ -734,7 +771,7 @@ impl Fs {
 
     /// Clean unmount: write back DRAM state and mark the volume clean. Idempotent.
     pub fn shutdown(&self) -> Result<()> {
-        if self.read_only || self.closed.swap(true, Ordering::AcqRel) {
+        if self.read_only || self.client || self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
         self.sync_metadata()?;

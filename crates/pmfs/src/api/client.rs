@@ -1,0 +1,180 @@
+//! Data-only clients of a pool another process owns ([`Volume::attach`]).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use pmfs_core::pm::PmRegion;
+
+use super::Volume;
+use super::ino::{Ino, OpenMode, OpenNode};
+use crate::error::{Error, Result};
+use crate::fs::Fs;
+use crate::inode::{Kind, field};
+
+/// A data-only client of a HashFS pool that another process owns (see [`Volume::attach`]).
+///
+/// It opens regular files by [`Ino`] and reads, writes, resizes, allocates, punches and seeks
+/// them through the same log protocol as the owner. It never changes the namespace.
+#[derive(Debug)]
+pub struct Client {
+    fs: Arc<Fs>,
+}
+
+impl Volume {
+    /// Attaches to the pool file `path` as a *data-only client*, next to the process that
+    /// owns the pool (for example the FUSE daemon, which holds the pool's owner lock: attach
+    /// neither takes nor needs that lock, and runs no recovery).
+    ///
+    /// Only HashFS volumes can be shared this way: the other mapping structures serialise
+    /// updates with DRAM locks and allocate from the owner's DRAM allocator, so attaching to
+    /// them fails with [`Error::Unsupported`].
+    ///
+    /// # Guarantees
+    ///
+    /// - Every data call is the same atomic, durable update as in the owner: copy-on-write
+    ///   blocks staged in the HashFS table by CAS, one log entry committed by CAS at the
+    ///   file's log tail (with conflict detection against every other process), then digested
+    ///   into the table under the log's PM cursor word. No DRAM lock is shared with the owner.
+    /// - Reads validate against the log tail: never torn, never older than a write that
+    ///   returned in any process.
+    /// - A client killed at any instruction blocks nobody and corrupts nothing: it leaves at
+    ///   worst staged slots (dropped at the owner's next mount), a digest cursor held by a dead
+    ///   process id (taken over by the next digest), and a pin on the log (which only delays
+    ///   the reclamation of compacted log blocks, and the freeing of an unlinked file, until
+    ///   the next mount).
+    ///
+    /// # Limits
+    ///
+    /// - The namespace is the owner's: a client opens files by number only, and the owner may
+    ///   unlink one meanwhile (the client's handle keeps it readable and writable; the owner
+    ///   frees it only once no process has its log open, else at its next mount).
+    /// - Sizes and times the owner reports come from the inode after the digest; the owner's
+    ///   directory caches know nothing of the client. Times are stamped by the writer.
+    /// - Process liveness for the digest cursor is judged by `/proc/<pid>`: owner and clients
+    ///   must share a PID namespace.
+    /// - The owner's mapping caches must not outlive a client's remapping: HashFS translation
+    ///   caches are per file handle and checked against the table on every hit.
+    pub fn attach(path: impl AsRef<Path>) -> Result<Client> {
+        let region = PmRegion::open(path)?;
+        Ok(Client {
+            fs: Arc::new(Fs::attach(Arc::new(region))?),
+        })
+    }
+}
+
+impl Client {
+    /// Opens the regular file `ino`. Its log is opened (created if it has none) and pinned
+    /// right away, so the owner cannot free the file while this handle lives.
+    pub fn open_ino(&self, ino: Ino, mode: OpenMode) -> Result<OpenNode> {
+        if mode.truncate && !mode.write {
+            return Err(Error::InvalidArgument("truncate without write access"));
+        }
+        let h = ino.handle();
+        let m = self.fs.m();
+        let live = |fs: &Fs| -> Result<()> {
+            let rec = fs.inodes.read(m, h.ino).map_err(|_| Error::NotFound)?;
+            if rec.state != h.live_state() {
+                return Err(Error::NotFound);
+            }
+            match rec.kind() {
+                Some(Kind::File) => Ok(()),
+                Some(Kind::Dir) => Err(Error::IsADirectory),
+                Some(Kind::Symlink) => Err(Error::FilesystemLoop),
+                _ => Err(Error::Unsupported("open of a special file")),
+            }
+        };
+        live(&self.fs)?;
+        self.fs.open_inc(h.ino);
+        let node = OpenNode::build(self.fs.clone(), h, mode)?;
+        self.fs.pin_log(node.node())?;
+        // The owner may have freed the file before the pin: it checks pins before freeing.
+        live(&self.fs)?;
+        if mode.truncate {
+            node.set_len(0)?;
+        }
+        Ok(node)
+    }
+
+    /// The size of file `ino` as its log says now.
+    pub fn size(&self, ino: Ino) -> Result<u64> {
+        self.open_ino(
+            ino,
+            OpenMode {
+                read: true,
+                ..OpenMode::default()
+            },
+        )?
+        .size()
+    }
+
+    /// Whether inode `ino` is the live regular file it names.
+    pub fn is_live(&self, ino: Ino) -> bool {
+        let h = ino.handle();
+        self.fs
+            .inodes
+            .load(self.fs.m(), h.ino, field::STATE)
+            .is_ok_and(|s| s == h.live_state())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MappingKind, Options};
+
+    fn pool(name: &str, mapping: MappingKind) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!("pmfs-{}-{name}.pool", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let opts = Options {
+            inodes: Some(256),
+            journal_slots: 4,
+            size: 16 << 20,
+            ..Options::with_mapping(mapping)
+        };
+        Volume::create(&path, &opts).unwrap().close().unwrap();
+        path
+    }
+
+    #[test]
+    fn a_client_writes_what_the_owner_reads_and_back() {
+        let path = pool("client", MappingKind::HashFs);
+        let owner = Volume::open(&path).unwrap();
+        owner.write("/f", &[1u8; 5000]).unwrap();
+        let ino = owner.lookup(owner.root(), b"f").unwrap().ino;
+        let client = Volume::attach(&path).unwrap();
+        let rw = OpenMode {
+            read: true,
+            write: true,
+            truncate: false,
+        };
+        let f = client.open_ino(ino, rw).unwrap();
+        let mut buf = vec![0u8; 5000];
+        assert_eq!(f.read_at(&mut buf, 0).unwrap(), 5000);
+        assert!(buf.iter().all(|&b| b == 1));
+        f.write_at(&[2u8; 100], 4990).unwrap();
+        assert_eq!(f.size().unwrap(), 5090);
+        assert_eq!(client.size(ino).unwrap(), 5090);
+        let seen = owner.read("/f").unwrap();
+        assert_eq!(seen.len(), 5090);
+        assert!(seen[..4990].iter().all(|&b| b == 1));
+        assert!(seen[4990..].iter().all(|&b| b == 2));
+        // The owner writes; the client's open handle reads it.
+        owner.write("/f", &[3u8; 10]).unwrap();
+        let mut small = vec![0u8; 20];
+        assert_eq!(f.read_at(&mut small, 0).unwrap(), 10);
+        assert_eq!(&small[..10], &[3u8; 10]);
+        drop(f);
+        drop(client);
+        owner.close().unwrap();
+        let report = crate::fsck::check(Arc::new(PmRegion::open(&path).unwrap())).unwrap();
+        assert!(report.is_clean(), "{:#?}", report.problems);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn attaching_needs_hashfs() {
+        let path = pool("extent", MappingKind::Extent);
+        assert!(matches!(Volume::attach(&path), Err(Error::Unsupported(_))));
+        std::fs::remove_file(&path).unwrap();
+    }
+}
