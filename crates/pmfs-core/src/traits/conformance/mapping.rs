@@ -952,6 +952,7 @@ fn check_quiescent<F: FileMapping>(
 /// Returns the logical blocks whose value changed, with their new values.
 fn random_step<F: FileMapping>(
     mapping: &F,
+    source: Option<&dyn BlockSource<F>>,
     h: &F::File,
     model: &mut FileModel,
     rng: &mut SmallRng,
@@ -967,6 +968,41 @@ fn random_step<F: FileMapping>(
     };
     let mut changes = Vec::new();
     match rng.gen_range(0..10) {
+        0..=3 if source.is_some() && rng.gen_bool(0.5) => {
+            let source = source.expect("checked by the guard");
+            let mut runs = Vec::new();
+            match source.obtain(mapping, h, lblk, len, &mut runs) {
+                Ok(()) => {}
+                Err(Error::NoSpace) => return Ok(changes),
+                Err(e) => return Err(format!("block source: {}", err_string(&e))),
+            }
+            check_well_formed(&runs, lblk, len)?;
+            for (n, &r) in runs.iter().enumerate() {
+                let overlaps = model.range(r.lblk..r.lblk + r.len).next().is_some();
+                match mapping.insert_at(h, r) {
+                    Ok(()) if !overlaps => {
+                        for k in 0..r.len {
+                            model.insert(r.lblk + k, r.pblk.0 + k);
+                            changes.push((r.lblk + k, Some(r.pblk.0 + k)));
+                        }
+                    }
+                    Err(Error::InvalidArgument(_)) if overlaps => source
+                        .release(mapping, &runs[n..=n])
+                        .map_err(|e| format!("release: {}", err_string(&e)))?,
+                    Err(Error::NoSpace) if !overlaps => {
+                        source
+                            .release(mapping, &runs[n..])
+                            .map_err(|e| format!("release: {}", err_string(&e)))?;
+                        break;
+                    }
+                    other => {
+                        return Err(format!(
+                            "insert_at({r:?}) with overlap={overlaps}: {other:?}"
+                        ));
+                    }
+                }
+            }
+        }
         0..=3 => {
             let overlaps = model.range(lblk..lblk + len).next().is_some();
             let mut out = Vec::new();
@@ -1042,7 +1078,8 @@ fn random_step<F: FileMapping>(
 }
 
 /// Concurrency stress on different files: thread `t` owns `subject.files[t]` and runs
-/// `cfg.ops` random inserts, appends, lookups, removes and truncates on it, checking every
+/// `cfg.ops` random inserts, appends, lookups, removes and truncates on it (with a
+/// [`BlockSource`], half the inserts are `insert_at`s of blocks from it), checking every
 /// result against its own model while the other threads do the same. At the end, every file is
 /// checked as in [`run_suite`] (whole-file lookups, owned blocks, no block mapped twice,
 /// accounting).
@@ -1051,6 +1088,7 @@ fn random_step<F: FileMapping>(
 /// On the first mismatch or error, naming the thread.
 pub fn stress_files<F: FileMapping>(subject: &Subject<F>, cfg: &StressConfig) {
     let initial_free = subject.free_blocks.as_ref().map(|f| f());
+    let source = subject.blocks.as_deref();
     let handles: Vec<F::File> = subject
         .files
         .iter()
@@ -1066,7 +1104,7 @@ pub fn stress_files<F: FileMapping>(subject: &Subject<F>, cfg: &StressConfig) {
                     let mut rng = SmallRng::seed_from_u64(cfg.seed ^ (t as u64 + 1) << 32);
                     let mut model = FileModel::new();
                     for n in 0..cfg.ops {
-                        if let Err(e) = random_step(mapping, h, &mut model, &mut rng, cfg) {
+                        if let Err(e) = random_step(mapping, source, h, &mut model, &mut rng, cfg) {
                             panic!("stress_files: thread {t}, op {n}: {e}");
                         }
                     }
@@ -1100,6 +1138,7 @@ type History = BTreeMap<u64, Vec<(u64, Option<u64>)>>;
 /// On the first mismatch or error.
 pub fn stress_one_writer<F: FileMapping>(subject: &Subject<F>, readers: usize, cfg: &StressConfig) {
     let initial_free = subject.free_blocks.as_ref().map(|f| f());
+    let source = subject.blocks.as_deref();
     let id = subject.files[0];
     let handle = subject.mapping.open_file(id).expect("open_file");
     let started = AtomicU64::new(0);
@@ -1115,7 +1154,7 @@ pub fn stress_one_writer<F: FileMapping>(subject: &Subject<F>, readers: usize, c
             let mut model = FileModel::new();
             for k in 1..=cfg.ops as u64 {
                 started.store(k, Ordering::SeqCst);
-                let changes = random_step(mapping, h, &mut model, &mut rng, cfg);
+                let changes = random_step(mapping, source, h, &mut model, &mut rng, cfg);
                 let changes = match changes {
                     Ok(c) => c,
                     Err(e) => {
