@@ -2,7 +2,7 @@
 //! one process, sharing a holder id) while a reader replays; two processes racing for the
 //! cursor while a third commits; a holder that dies with the cursor, taken over by two racing
 //! digesters; a digester, a committer and the garbage collection of the applied prefix
-//! (`compact_applied`) at once.
+//! (`compact_applied`) at once; a reader replaying while that garbage collection runs.
 //!
 //! Checked in every interleaving: every committed entry is applied exactly once and in LSN
 //! order (with a dead holder: at least once, in order, never skipped, and only the dead
@@ -238,6 +238,62 @@ fn digest_and_compact_applied_with_a_committer() {
             }
             c => panic!("unexpected {c:?}"),
         }
+        log.reclaim().unwrap();
+        assert_eq!(alloc.freed(), 1);
+    });
+}
+
+/// Every entry of a full block and one more are applied; a reader replays from LSN 0 while
+/// the applied prefix is compacted away and a committer commits and digests. The reader sees
+/// a prefix of the log before or after the compaction (from the head it found), never a freed
+/// block; the new entry is applied once.
+#[test]
+fn reader_and_compact_applied_with_a_committer() {
+    model(|| {
+        let (log, alloc) = setup();
+        for i in 0..=ENTRIES_PER_BLOCK {
+            log.append(&e(i)).unwrap();
+        }
+        let applied = Applied::default();
+        digest(&log, 1, &all_alive, &applied);
+        let mut all = entries(&log);
+        let reader = {
+            let log = log.clone();
+            thread::spawn(move || {
+                log.iter_from_lsn(0)
+                    .unwrap()
+                    .map(|r| r.map(|(p, x)| (p.lsn(), x)).unwrap())
+                    .collect::<Vec<_>>()
+            })
+        };
+        let gc = {
+            let log = log.clone();
+            thread::spawn(move || log.compact_applied(CURSOR).unwrap())
+        };
+        all.push(append(&log, &e(50)));
+        digest(&log, 1, &all_alive, &applied);
+        let seen = reader.join().unwrap();
+        let c = gc.join().unwrap();
+        assert_eq!(
+            c,
+            Compaction::Compacted {
+                written: 0,
+                retired: 1
+            }
+        );
+        assert_eq!(
+            applied_list(&applied),
+            all,
+            "each entry applied once, in order"
+        );
+        let kept = &all[ENTRIES_PER_BLOCK as usize..];
+        assert_eq!(entries(&log), kept);
+        assert!(
+            seen.len() <= all.len() && seen[..] == all[..seen.len()]
+                || seen.len() <= kept.len() && seen[..] == kept[..seen.len()],
+            "the reader saw {seen:?}"
+        );
+        check_cursor_done(&log);
         log.reclaim().unwrap();
         assert_eq!(alloc.freed(), 1);
     });
