@@ -14,18 +14,20 @@ impl<M: Media> HashFs<M> {
     /// Claims one fresh slot per block of `[lblk, lblk + len)` of `file` for a *new version*
     /// of those keys, and appends the claimed blocks to `out` as physically contiguous runs in
     /// logical order. The current version of each key (if mapped) stays mapped and visible;
-    /// the staged slots are invisible to [`lookup`](FileMapping::lookup),
-    /// [`owned_blocks`](FileMapping::owned_blocks) and the translation cache, survive
-    /// [`recover`](FileMapping::recover), and become current with
-    /// [`insert_at`](FileMapping::insert_at). Any number of writers, in any process, may stage
-    /// the same key at once: each claim is a CAS of a free slot, so each gets its own slot.
+    /// the staged slots are invisible to [`lookup`], [`owned_blocks`] and the translation
+    /// cache, survive [`recover`], and become current with [`insert_at`]. Any number of
+    /// writers, in any process, may stage the same key at once: each claim is a CAS of a free
+    /// slot, so each gets its own slot.
     ///
     /// The claims are durable when this returns. The call is not atomic across a crash: a crash
     /// leaves some of the slots staged, and [`sweep_staged`](Self::sweep_staged) drops them at
     /// the next mount. Without enough free slots it gives back what it claimed and returns
     /// [`Error::NoSpace`], appending nothing.
     ///
-    /// [`FileMapping::lookup`]: pmfs_core::traits::FileMapping::lookup
+    /// [`lookup`]: pmfs_core::traits::FileMapping::lookup
+    /// [`owned_blocks`]: pmfs_core::traits::FileMapping::owned_blocks
+    /// [`recover`]: pmfs_core::traits::FileMapping::recover
+    /// [`insert_at`]: pmfs_core::traits::FileMapping::insert_at
     pub fn stage(&self, file: &HashFsFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
         if len == 0 {
             return Ok(());
