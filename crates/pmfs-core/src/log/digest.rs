@@ -60,7 +60,9 @@ fn load_cursor<M: Media + ?Sized>(media: &M, at: PmOff) -> Result<(u64, Cursor)>
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Digest {
     /// The cursor was taken and every entry up to the tail found was applied: every entry
-    /// below LSN `applied` is applied (the cursor now says so).
+    /// below LSN `applied` is applied (the cursor said so when this call let it go). Also
+    /// when the call went round again for entries that arrived meanwhile and then found the
+    /// cursor busy: the new holder applies those.
     Done {
         /// The cursor's LSN when the call let it go.
         applied: u64,
@@ -206,6 +208,10 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
     /// call then looks at the tail once more and goes on if entries arrived meanwhile (their
     /// committers may have found the cursor busy), so once every digest call has returned,
     /// every entry committed before the last of them started is applied.
+    ///
+    /// `apply` runs under no lock, with the calling thread pinned (which holds back the
+    /// reclamation of compacted blocks in this process while it runs). A digest of the same
+    /// cursor from inside `apply` gets `Busy`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a holder id out of range; the first error of `apply`
