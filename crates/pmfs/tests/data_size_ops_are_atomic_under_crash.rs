@@ -4,7 +4,8 @@
 //! partial edges. Each post-crash image recovers with fsck clean and shows the file either
 //! entirely before or entirely after the operation (only after once it returned); holes read
 //! as zeros and SEEK_DATA/SEEK_HOLE agree with the contents in every image. Crash points
-//! with at most 16 images are enumerated, others sampled (8, or `PMFS_CRASH_SAMPLES`).
+//! with at most 8 images are enumerated, others sampled (4; with `PMFS_CRASH_SAMPLES` that
+//! many, and points of up to 256 images enumerated).
 
 mod data_common;
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use pmfs::{AllocatorKind, MappingKind, OpenMode, OpenNode, Options, Owner, SeekTarget, Volume};
 use pmfs_core::pm::{HeapRegion, Media};
-use pmfs_core::sim::{Explorer, SAMPLES_ENV, SimRegion};
+use pmfs_core::sim::{DEFAULT_EXHAUSTIVE_LIMIT, Explorer, SAMPLES_ENV, SimRegion};
 
 /// Block size of every volume.
 pub const BS: u64 = 4096;
@@ -287,16 +287,16 @@ pub fn fsck_clean(media: Arc<dyn Media>) -> Result<(), String> {
     }
 }
 
-/// An explorer drawing `default_samples` images per sampled crash point unless
-/// `PMFS_CRASH_SAMPLES` says otherwise, enumerating points of at most `exhaustive` images.
+/// An explorer drawing `default_samples` images per sampled crash point and enumerating
+/// points of at most `exhaustive` images; with `PMFS_CRASH_SAMPLES` set, that many samples
+/// and points of up to [`DEFAULT_EXHAUSTIVE_LIMIT`] images enumerated.
 pub fn explorer(seed: u64, default_samples: usize, exhaustive: usize) -> Explorer {
     let e = Explorer::new(seed);
-    let e = if std::env::var_os(SAMPLES_ENV).is_some() {
-        e
+    if thorough() {
+        e.exhaustive_limit(exhaustive.max(DEFAULT_EXHAUSTIVE_LIMIT))
     } else {
-        e.samples(default_samples)
-    };
-    e.exhaustive_limit(exhaustive)
+        e.samples(default_samples).exhaustive_limit(exhaustive)
+    }
 }
 
 /// Whether the sample count was raised through `PMFS_CRASH_SAMPLES`.
@@ -319,12 +319,12 @@ pub struct Sampling {
 }
 
 impl Sampling {
-    /// Seed `seed`, 8 samples, exhaustive up to 16 images.
+    /// Seed `seed`, 4 samples, exhaustive up to 8 images.
     pub fn new(seed: u64) -> Sampling {
         Sampling {
             seed,
-            samples: 8,
-            exhaustive: 16,
+            samples: 4,
+            exhaustive: 8,
         }
     }
 }
