@@ -86,12 +86,7 @@ pub trait FileMapping: Send + Sync {
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) and changes nothing. This is
     /// how a copy-on-write commit is applied: the caller removes the old blocks, then maps the
     /// new ones.
-    ///
-    /// The default implementation refuses with `Unsupported`.
-    fn insert_at(&self, file: &Self::File, run: Run) -> Result<()> {
-        let _ = (file, run);
-        Err(crate::Error::Unsupported("insert_at on this mapping structure"))
-    }
+    fn insert_at(&self, file: &Self::File, run: Run) -> Result<()>;
 
     /// Unmaps and frees every mapped block of `[lblk, lblk + len)`; returns how many blocks
     /// were freed.
