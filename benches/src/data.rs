@@ -18,6 +18,7 @@
 //! | `PMFS_BENCH_MEASURE_MS` | 1000 | criterion measurement time per benchmark |
 //! | `PMFS_BENCH_SAMPLES` | 20 | criterion samples per benchmark (at least 10) |
 //! | `PMFS_BENCH_ALLOC` | `cffs` | block allocator of the pmfs volumes (`simple`, `baseline`, `cffs`) |
+//! | `PMFS_BENCH_FIG8_MIB` | 256 | size of the file `data_fig8` shares between its threads |
 
 use std::fs;
 use std::os::unix::fs::FileExt;
