@@ -198,10 +198,10 @@
 //! **Dropping applied blocks.** [`Log::compact_applied`] compacts with no live entries up to
 //! the start of the block holding the cursor's LSN: the log then starts there, and entries at
 //! or after the cursor keep their LSNs. It persists the cursor word first, so a crash never
-//! leaves the cursor below the head. (An LSN below the head is still safe: replay starts at
-//! the head, and entries below it were applied durably before the cursor passed them.) When
-//! a log has a cursor, compact it this way only: [`Log::compact`] with live entries gives
-//! them LSNs right below its point, which a cursor below that point would apply again.
+//! leaves the cursor below the head (a cursor below the head would start at the head: what
+//! lies before it is never applied again). When a log has a cursor, compact it this way
+//! only: [`Log::compact`] with live entries gives them LSNs right below its point, which a
+//! cursor below that point would apply again.
 //!
 //! # Using it
 //!
