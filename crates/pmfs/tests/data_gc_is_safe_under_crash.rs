@@ -2,8 +2,8 @@
 //! gets over a thousand small overwrites (each inside one block, one log slot each), enough
 //! to fill log blocks and make the engine compact the applied prefix, and stays equal to a
 //! byte model. A dry run on a heap region locates where the volume's used block count
-//! changes (a log block linked or reclaimed); the crash sweep then covers the writes around
-//! the first such change (or the first log block boundary when none shows): every crash
+//! first grows (a log block linked) and first shrinks (a compaction gave blocks back; the
+//! test fails if none does); crash sweeps cover a dozen writes around each: every crash
 //! image recovers with fsck clean and shows the file exactly as after the last returned
 //! write or the one in progress. The log must also stay bounded: after all writes the file
 //! uses at most a few more blocks than after the first.
@@ -26,7 +26,7 @@ const DRY: usize = 1200;
 /// Slots of a log block.
 const SLOTS: usize = 504;
 /// Writes the crash sweep covers.
-const WINDOW: usize = 24;
+const WINDOW: usize = 12;
 
 /// One explored write.
 type WriteStep = dyn Fn(&Volume, &mut OpenNode) -> pmfs::Result<()>;
@@ -89,45 +89,61 @@ fn log_compaction_is_safe_under_crash_and_bounded() {
             used[0],
             used[DRY - 1]
         );
-        let first_change = (1..DRY).find(|&i| used[i] != used[i - 1]).unwrap_or(SLOTS);
-        let start = first_change.saturating_sub(WINDOW / 2);
-        let mut model = Model(initial());
-        for i in 0..start {
-            let (off, buf) = small_write(i);
-            model.write(&buf, off);
+        // The write that first linked a log block, and the one that first gave blocks
+        // back (a compaction).
+        let grew = (1..DRY).find(|&i| used[i] > used[i - 1]);
+        let shrank = (1..DRY).find(|&i| used[i] < used[i - 1]);
+        let Some(shrank) = shrank else {
+            panic!("{cfg:?}: {DRY} small writes never compacted the log (blocks used {used:?})")
+        };
+        for (w, centre) in [grew.unwrap_or(SLOTS), shrank].into_iter().enumerate() {
+            sweep(
+                cfg,
+                900 + 10 * k as u64 + w as u64,
+                centre.saturating_sub(WINDOW / 3),
+            );
         }
-        let mut expected = vec![model.0.clone()];
-        for i in start..start + WINDOW {
-            let (off, buf) = small_write(i);
-            model.write(&buf, off);
-            expected.push(model.0.clone());
-        }
-        let writes: Vec<Box<WriteStep>> = (start..start + WINDOW)
-            .map(|i| {
-                let (off, buf) = small_write(i);
-                Box::new(move |_: &Volume, f: &mut OpenNode| f.write_at(&buf, off).map(drop))
-                    as Box<WriteStep>
-            })
-            .collect();
-        let steps: Vec<Step<'_, OpenNode>> = writes.iter().map(|w| &**w as Step<'_, _>).collect();
-        check_steps(
-            cfg,
-            Sampling {
-                seed: 900 + k as u64,
-                samples: 4,
-                exhaustive: 8,
-            },
-            &|vol| setup(vol, start),
-            &steps,
-            &|states| {
-                for (i, (s, want)) in states.iter().zip(&expected).enumerate() {
-                    assert!(
-                        s["f"].data == *want,
-                        "{cfg:?}: after {} writes the file differs from the model",
-                        start + i
-                    );
-                }
-            },
-        );
     }
+}
+
+/// Sweeps crashes over writes `[start, start + WINDOW)`.
+fn sweep(cfg: Config, seed: u64, start: usize) {
+    let mut model = Model(initial());
+    for i in 0..start {
+        let (off, buf) = small_write(i);
+        model.write(&buf, off);
+    }
+    let mut expected = vec![model.0.clone()];
+    for i in start..start + WINDOW {
+        let (off, buf) = small_write(i);
+        model.write(&buf, off);
+        expected.push(model.0.clone());
+    }
+    let writes: Vec<Box<WriteStep>> = (start..start + WINDOW)
+        .map(|i| {
+            let (off, buf) = small_write(i);
+            Box::new(move |_: &Volume, f: &mut OpenNode| f.write_at(&buf, off).map(drop))
+                as Box<WriteStep>
+        })
+        .collect();
+    let steps: Vec<Step<'_, OpenNode>> = writes.iter().map(|w| &**w as Step<'_, _>).collect();
+    check_steps(
+        cfg,
+        Sampling {
+            seed,
+            samples: 4,
+            exhaustive: 8,
+        },
+        &|vol| setup(vol, start),
+        &steps,
+        &|states| {
+            for (i, (s, want)) in states.iter().zip(&expected).enumerate() {
+                assert!(
+                    s["f"].data == *want,
+                    "{cfg:?}: after {} writes the file differs from the model",
+                    start + i
+                );
+            }
+        },
+    );
 }
