@@ -180,7 +180,11 @@
 //! the cursor over with a CAS and goes on from the cursor's LSN. A caller that finds its *own*
 //! id gets `Busy` too: that is another thread of its process. A holder whose cursor was taken
 //! over (its liveness was misjudged) notices at its next CAS, stops, and returns `Busy`
-//! without touching the word again.
+//! without touching the word again — but it may have been applying an entry while its taker
+//! applied the same one, so the oracle must never call a live holder dead. Calling a dead
+//! holder alive is safe: with pids as ids (a `kill(pid, 0)` oracle), a reused pid only keeps
+//! the cursor busy until the next mount resets it (which includes a new process that got the
+//! dead holder's pid: it finds its own id and gets `Busy`).
 //!
 //! **Why apply must be idempotent.** The cursor moves after the entry's effects are durable,
 //! never together with them: a holder killed (or taken over) between the two leaves the entry
