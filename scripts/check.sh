@@ -46,7 +46,7 @@ cargo test --locked -p pmem -p pmfs-core --features pmfs-core/libpmem
 step "loom models"
 RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" \
     CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
-    cargo test --locked -p pmfs-core --release --test loom_log
+    cargo test --locked -p pmfs-core --release --test loom_log --test loom_digest
 
 if [ "${PMFS_SKIP_FUZZ:-0}" != 1 ]; then
     step "fuzz"
