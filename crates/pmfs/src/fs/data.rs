@@ -135,6 +135,9 @@ pub(crate) struct OpenReq {
 
 const BS: u64 = BLOCK_SIZE;
 
+/// Free blocks that staging leaves to the mapping structure's nodes (extent, radix, cuckoo).
+const DIGEST_RESERVE: u64 = 8;
+
 /// One range of a copy-on-write update: logical blocks `[lblk, lblk + len)` get fresh blocks;
 /// the bytes `[from, to)` (file offsets inside the range) become `data` (zeros for `None`);
 /// the other bytes of the range keep their old contents (zeros at and after the old size).
@@ -537,6 +540,11 @@ impl Fs {
     ) -> Result<()> {
         match &self.stage {
             Stager::Alloc(a) => {
+                // Leave the mapping structure room for the nodes a digest may need: an
+                // update whose digest could not run would keep its blocks in the log only.
+                if a.free_blocks() < len.saturating_add(DIGEST_RESERVE) {
+                    return Err(Error::NoSpace);
+                }
                 let first = out.len();
                 let mut at = lblk;
                 let mut goal = goal.map(BlockNo);
@@ -774,7 +782,12 @@ impl Fs {
             self.catch_up(n.h.ino, s, &mut ov, &mut |_| {})?;
         }
         self.touch_times(n.h.ino)?;
-        self.digest(n.h.ino, s, f)
+        // The update is committed and durable: a digest that cannot get the blocks its
+        // mapping structure needs leaves the entry to the overlay and to the next digest.
+        match self.digest(n.h.ino, s, f) {
+            Err(Error::NoSpace) | Ok(()) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Stores mtime and ctime (never backwards).

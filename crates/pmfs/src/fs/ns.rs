@@ -305,7 +305,10 @@ impl Fs {
         // An inode without blocks that nobody holds open is freed by the same fence as step
         // 2: a crash between leaves either a half-done removal whose inode is already free
         // (completed without touching it) or an orphan (freed at mount).
-        let blockless = rec.size == 0 && rec.map_root == 0 && rec.xattr == 0;
+        let blockless = rec.size == 0
+            && rec.map_root == 0
+            && rec.xattr == 0
+            && (s.kind != Kind::File || self.inodes.load(m, s.h.ino, field::LOG)? == 0);
         let quick = blockless && !self.is_open(s.h.ino);
         if quick {
             self.inodes
