@@ -83,6 +83,12 @@ impl Overlay {
         self.next
     }
 
+    /// Notes that every entry below `lsn` is folded (a replay reached that tail; reserved
+    /// slots carry no entry).
+    pub fn advance_to(&mut self, lsn: u64) {
+        self.next = self.next.max(lsn);
+    }
+
     /// Whether no undigested entry is folded in.
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {

@@ -355,17 +355,24 @@ impl Fs {
 
     /// Folds the entries committed since the overlay's last catch-up; drops what is digested.
     /// Calls `seen` with each entry folded.
+    /// `tail`: an LSN the caller saw as the tail (`u64::MAX` if unknown); an overlay already
+    /// there reads nothing.
     fn catch_up(
         &self,
         ino: u32,
         s: &Shared,
         ov: &mut Overlay,
+        tail: u64,
         seen: &mut dyn FnMut(&Entry),
     ) -> Result<()> {
-        for item in s.log.iter_from_lsn(ov.next_lsn())? {
-            let (pos, e) = item?;
-            seen(&e);
-            ov.apply(pos.lsn(), &e);
+        if ov.next_lsn() < tail {
+            let mut replay = s.log.iter_from_lsn(ov.next_lsn())?;
+            for item in replay.by_ref() {
+                let (pos, e) = item?;
+                seen(&e);
+                ov.apply(pos.lsn(), &e);
+            }
+            ov.advance_to(replay.position().lsn());
         }
         ov.prune(s.log.digested(self.inodes.field(ino, field::DIGEST))?);
         Ok(())
@@ -384,7 +391,7 @@ impl Fs {
         loop {
             let t0 = s.log.tail()?.lsn();
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
-            self.catch_up(n.h.ino, &s, &mut ov, &mut |_| {})?;
+            self.catch_up(n.h.ino, &s, &mut ov, t0, &mut |_| {})?;
             let size = ov.size(self.digested_size(n.h.ino)?);
             if s.log.tail()?.lsn() == t0 {
                 return Ok(size);
@@ -458,7 +465,7 @@ impl Fs {
             let t0 = s.log.tail()?.lsn();
             {
                 let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
-                self.catch_up(n.h.ino, &s, &mut ov, &mut |_| {})?;
+                self.catch_up(n.h.ino, &s, &mut ov, t0, &mut |_| {})?;
                 self.runs_in(Some(&ov), f, lblk, len, &mut out)?;
             }
             if s.log.tail()?.lsn() == t0 {
@@ -486,7 +493,7 @@ impl Fs {
                 let mut guard = match &s {
                     Some(s) => {
                         let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
-                        self.catch_up(n.h.ino, s, &mut ov, &mut |_| {})?;
+                        self.catch_up(n.h.ino, s, &mut ov, t0.unwrap_or(u64::MAX), &mut |_| {})?;
                         Some(ov)
                     }
                     None => None,
@@ -642,7 +649,7 @@ impl Fs {
         loop {
             let since = s.log.tail()?;
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
-            self.catch_up(n.h.ino, &s, &mut ov, &mut |_| {})?;
+            self.catch_up(n.h.ino, &s, &mut ov, since.lsn(), &mut |_| {})?;
             let size = ov.size(self.digested_size(n.h.ino)?);
             let Some((segs, extend_to)) = plan(self, Some(&ov), f, size)? else {
                 return Ok(None);
@@ -751,7 +758,7 @@ impl Fs {
                     let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
                     let mut truncated = false;
                     let mut dirty = vec![false; partials.len()];
-                    self.catch_up(n.h.ino, s, &mut ov, &mut |e| {
+                    self.catch_up(n.h.ino, s, &mut ov, tail.lsn(), &mut |e| {
                         truncated |= matches!(e, Entry::Truncate { .. });
                         for (d, p) in dirty.iter_mut().zip(partials) {
                             *d |= touches(e, p.lblk);
@@ -779,7 +786,7 @@ impl Fs {
     fn after_commit(&self, n: &Node, s: &Shared, f: &MapFile) -> Result<()> {
         {
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
-            self.catch_up(n.h.ino, s, &mut ov, &mut |_| {})?;
+            self.catch_up(n.h.ino, s, &mut ov, u64::MAX, &mut |_| {})?;
         }
         self.touch_times(n.h.ino)?;
         // The update is committed and durable: a digest that cannot get the blocks its
