@@ -2,8 +2,8 @@
 //! kind (and on a HashFS pool through a separately attached client per thread, where no DRAM
 //! lock serialises the writers), are linearizable at block granularity. Writers write
 //! block-aligned ranges of 1..4 blocks at random offsets, every 8-byte word of a write
-//! holding the write's tag (writer, sequence number). Every read, and the final state, is checked against the record of
-//! which writes started and returned when:
+//! holding the write's tag (writer, sequence number). Every read, and the final state, is
+//! checked against the record of which writes started and returned when:
 //! - no block is torn: it holds one tag of a write that had started;
 //! - a write that returned before the read started is never undone by an older one;
 //! - a multi-block write is seen whole: when one block of it shows it and another block of

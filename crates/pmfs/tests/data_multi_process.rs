@@ -103,9 +103,9 @@ fn read_blocks(node: &OpenNode, first: u64, len: u64) -> Read {
     }
 }
 
-/// The writer process: attaches, then writes (logging, one `write` call per line, `S tag first len start` before and
-/// `E tag end` after each write) and every third write reads a range (`R first start end
-/// tags...`).
+/// The writer process: attaches, then writes, logging (one `write` call per line)
+/// `S tag first len start` before and `E tag end` after each write; every third write it
+/// reads a range (`R first start end tags...`).
 fn run_child(role: &Role) {
     let client = Volume::attach(&role.pool).unwrap();
     let node = client.open_ino(Ino::from_raw(role.ino), RW).unwrap();
@@ -199,8 +199,9 @@ fn expect_success(child: Child, who: &str) {
 
 /// The owner's side of a run: a pool with one file of tag-0 blocks, `writers` writer
 /// processes (`writes[i]` writes each); `kill` = (writer, after how many writes, delay in
-/// microseconds) SIGKILLs that writer that long after it finished that many writes. The owner reads while they run, then checks every read and the final state,
-/// remounts and runs fsck.
+/// microseconds) SIGKILLs that writer that long after it finished that many writes. The
+/// owner reads while they run, then checks every read and the final state, remounts and
+/// runs fsck.
 fn run_owner(test: &str, writes: &[u64], kill: Option<(usize, usize, u64)>) {
     let dir = scratch(test);
     let pool = dir.join("pool");

@@ -5,7 +5,8 @@
 //! unaligned overwrites, appends past an unaligned end of file, a write of 70 blocks, a sparse
 //! write past end of file over stale bytes a truncate left, and an `O_APPEND` write through
 //! the path API. Crash points with at most 8 images are enumerated, others sampled (4; with
-//! `PMFS_CRASH_SAMPLES` that many, and points of up to 256 images enumerated). Recovery of a crashed write survives crashes of its own.
+//! `PMFS_CRASH_SAMPLES` that many, and points of up to 256 images enumerated). Recovery of a
+//! crashed write survives crashes of its own.
 
 mod data_common;
 
