@@ -45,6 +45,11 @@ pub(crate) const MAX_ENTRIES: usize = ((BLOCK_SIZE - HEADER) / ENTRY) as usize;
 const K_UNDO: u64 = 1;
 const K_TRIM: u64 = 2;
 const K_RELEASE: u64 = 3;
+/// A punch's whole blocks (inode handle; first block << 32 | blocks), always followed by
+/// [`K_PUNCH_EDGE`].
+const K_PUNCH: u64 = 4;
+/// The edge block a punch's first update copies (logical block; the copy's physical block).
+const K_PUNCH_EDGE: u64 = 5;
 
 /// Offsets in a slot's 64-byte header: state word (sequence << 8 | state), entry count
 /// (u32), version (u16), crc32c (u32) over sequence, count and entries.
@@ -91,11 +96,22 @@ pub(crate) enum Cleanup {
     Trim { inode: Handle, upto: u64 },
     /// If `inode` is not live, free every block its mapping holds.
     ReleaseIfDead { inode: Handle },
+    /// The second half of a hole punch (two log updates: the partial edge blocks copied with
+    /// the range zeroed, then the whole blocks unmapped): if `inode` is live and maps logical
+    /// block `edge` to the copy `pblk` (the first update committed), unmap `len` blocks from
+    /// `from`.
+    PunchIf {
+        inode: Handle,
+        from: u64,
+        len: u64,
+        edge: u64,
+        pblk: u64,
+    },
 }
 
 impl Cleanup {
-    fn encode(self) -> RawEntry {
-        match self {
+    fn encode(self, out: &mut Vec<RawEntry>) {
+        let last = match self {
             Cleanup::Trim { inode, upto } => RawEntry {
                 kind: K_TRIM,
                 a: inode.word(),
@@ -106,6 +122,33 @@ impl Cleanup {
                 a: inode.word(),
                 b: 0,
             },
+            Cleanup::PunchIf {
+                inode,
+                from,
+                len,
+                edge,
+                pblk,
+            } => {
+                out.push(RawEntry {
+                    kind: K_PUNCH,
+                    a: inode.word(),
+                    b: from << 32 | len,
+                });
+                RawEntry {
+                    kind: K_PUNCH_EDGE,
+                    a: edge,
+                    b: pblk,
+                }
+            }
+        };
+        out.push(last);
+    }
+
+    /// Raw entries the cleanup takes.
+    fn width(self) -> usize {
+        match self {
+            Cleanup::PunchIf { .. } => 2,
+            _ => 1,
         }
     }
 }
@@ -254,9 +297,22 @@ impl Journal {
         }
         let mut undo = Vec::new();
         let mut cleanups = Vec::new();
-        for e in &entries {
+        let mut it = entries.iter();
+        while let Some(e) = it.next() {
             match e.kind {
                 K_UNDO => undo.push((PmOff(e.a), e.b)),
+                K_PUNCH => {
+                    let Some(edge) = it.next().filter(|x| x.kind == K_PUNCH_EDGE) else {
+                        return Err(corrupt);
+                    };
+                    cleanups.push(Cleanup::PunchIf {
+                        inode: Handle::from_word(e.a),
+                        from: e.b >> 32,
+                        len: e.b & u64::from(u32::MAX),
+                        edge: edge.a,
+                        pblk: edge.b,
+                    });
+                }
                 K_TRIM => cleanups.push(Cleanup::Trim {
                     inode: Handle::from_word(e.a),
                     upto: e.b,
@@ -368,7 +424,8 @@ impl Tx<'_> {
     /// Records the old values and makes the slot durable. After this the protected words may
     /// be changed in place.
     pub fn arm(&mut self, m: &dyn Media) -> Result<()> {
-        if self.words.len() + self.cleanups.len() > MAX_ENTRIES {
+        let width: usize = self.cleanups.iter().map(|c| c.width()).sum();
+        if self.words.len() + width > MAX_ENTRIES {
             return Err(Error::NoSpace);
         }
         let mut entries = Vec::with_capacity(self.words.len() + self.cleanups.len());
@@ -380,7 +437,9 @@ impl Tx<'_> {
                 b: *old,
             });
         }
-        entries.extend(self.cleanups.iter().map(|c| c.encode()));
+        for c in &self.cleanups {
+            c.encode(&mut entries);
+        }
         let seq = *self.seq;
         *self.seq += 1;
         let off = self.journal.slot_off(self.idx);

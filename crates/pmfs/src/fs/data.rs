@@ -640,6 +640,18 @@ impl Fs {
         append: bool,
         plan: &mut Plan<'_, 'b>,
     ) -> Result<Option<u64>> {
+        self.cow_update_with(n, append, plan, &mut |_| Ok(()))
+    }
+
+    /// [`cow_update`](Fs::cow_update), calling `before_commit` with the staged runs right before
+    /// each commit attempt.
+    fn cow_update_with<'b>(
+        &self,
+        n: &Node,
+        append: bool,
+        plan: &mut Plan<'_, 'b>,
+        before_commit: &mut dyn FnMut(&[Run]) -> Result<()>,
+    ) -> Result<Option<u64>> {
         let s = self.shared(n, true)?.ok_or(Error::Corrupt {
             what: "file log",
             at: self.inodes.field(n.h.ino, field::LOG),
@@ -705,6 +717,10 @@ impl Fs {
                 return Err(e);
             }
             self.m().fence();
+            if let Err(e) = before_commit(&runs) {
+                self.unstage(&runs)?;
+                return Err(e);
+            }
             let entry = Entry::Write {
                 runs: runs.clone(),
                 extend_to,
@@ -1077,28 +1093,65 @@ impl Fs {
         }
         let whole_from = offset.div_ceil(BS);
         let whole_to = end / BS;
-        self.cow_update(n, false, &mut |fs, ov, f, _| {
-            let mut segs = Vec::new();
-            let mut edge = |b: u64| -> Result<()> {
-                let (bs, be) = (b * BS, b * BS + BS);
-                let (a, z) = (offset.max(bs), end.min(be));
-                if a < z && (a > bs || z < be) && fs.block_at(ov, f, b)?.is_some() {
-                    segs.push(Seg {
-                        lblk: b,
-                        len: 1,
-                        from: a,
-                        to: z,
-                        data: None,
-                    });
-                }
-                Ok(())
-            };
-            edge(offset / BS)?;
-            if (end - 1) / BS != offset / BS {
-                edge((end - 1) / BS)?;
+        // With both an edge copy and whole blocks, the punch takes two log updates: a journal
+        // cleanup armed before the first finishes the second after a crash between them.
+        let mut tx: Option<crate::journal::Tx<'_>> = None;
+        let mut arm = |runs: &[Run]| -> Result<()> {
+            if whole_to <= whole_from {
+                return Ok(());
             }
-            Ok((!segs.is_empty()).then_some((segs, 0)))
-        })?;
+            if let Some(old) = tx.take() {
+                old.finish(self.m())?;
+            }
+            let Some(r) = runs.first() else {
+                return Ok(());
+            };
+            let mut t = self.journal.begin();
+            t.cleanup(crate::journal::Cleanup::PunchIf {
+                inode: n.h,
+                from: whole_from,
+                len: whole_to - whole_from,
+                edge: r.lblk,
+                pblk: r.pblk.0,
+            });
+            t.arm(self.m())?;
+            tx = Some(t);
+            Ok(())
+        };
+        let edges = self.cow_update_with(
+            n,
+            false,
+            &mut |fs, ov, f, _| {
+                let mut segs = Vec::new();
+                let mut edge = |b: u64| -> Result<()> {
+                    let (bs, be) = (b * BS, b * BS + BS);
+                    let (a, z) = (offset.max(bs), end.min(be));
+                    if a < z && (a > bs || z < be) && fs.block_at(ov, f, b)?.is_some() {
+                        segs.push(Seg {
+                            lblk: b,
+                            len: 1,
+                            from: a,
+                            to: z,
+                            data: None,
+                        });
+                    }
+                    Ok(())
+                };
+                edge(offset / BS)?;
+                if (end - 1) / BS != offset / BS {
+                    edge((end - 1) / BS)?;
+                }
+                Ok((!segs.is_empty()).then_some((segs, 0)))
+            },
+            &mut arm,
+        );
+        drop(arm);
+        if let Err(e) = edges {
+            if let Some(t) = tx {
+                t.finish(self.m())?;
+            }
+            return Err(e);
+        }
         if whole_to > whole_from {
             let s = self.shared(n, true)?.ok_or(Error::Corrupt {
                 what: "file log",
@@ -1113,6 +1166,9 @@ impl Fs {
             self.after_commit(n, &s, self.node_map(n)?)?;
         } else {
             self.touch_times(n.h.ino)?;
+        }
+        if let Some(t) = tx {
+            t.finish(self.m())?;
         }
         Ok(())
     }

@@ -497,6 +497,13 @@ impl Fs {
                         }
                     }
                 }
+                Cleanup::PunchIf {
+                    inode,
+                    from,
+                    len,
+                    edge,
+                    pblk,
+                } => self.finish_punch(inode, from, len, edge, pblk)?,
                 Cleanup::ReleaseIfDead { inode } => {
                     if self.inodes.load(m, inode.ino, field::STATE)? & LIVE == 0 {
                         let f = self.map.open_file(self.file_id(inode.ino))?;
@@ -700,6 +707,34 @@ impl Fs {
         }
         self.inodes.release(h.ino);
         Ok(())
+    }
+
+    /// Recovery of a hole punch whose edge copy committed but whose unmapping may not have:
+    /// commits the unmapping (again: unmapping is idempotent) and digests it.
+    fn finish_punch(&self, inode: Handle, from: u64, len: u64, edge: u64, pblk: u64) -> Result<()> {
+        let m = self.m();
+        if self.inodes.load(m, inode.ino, field::STATE)? != inode.live_state()
+            || m.load_u64(self.inodes.field(inode.ino, field::LOG))? == 0
+        {
+            return Ok(());
+        }
+        let f = self.map.open_file(self.file_id(inode.ino))?;
+        let mut runs = Vec::with_capacity(1);
+        self.map.lookup(&f, edge, 1, &mut runs)?;
+        if runs.first().map(|r| r.pblk.0 + (edge - r.lblk)) != Some(pblk) {
+            return Ok(());
+        }
+        let root = self.inodes.field(inode.ino, field::LOG);
+        let log = pmfs_core::log::Log::open(self.media.clone(), root, self.log_alloc(inode.ino))?;
+        let shared = data::Shared::new(log, 0);
+        let done = shared
+            .log
+            .prepare(&pmfs_core::log::Entry::Punch { lblk: from, len })
+            .and_then(|p| p.commit())
+            .map_err(Error::from)
+            .and_then(|_| self.digest(inode.ino, &shared, &f));
+        shared.log.close()?;
+        done
     }
 
     /// Adds the blocks inode `ino`'s log holds to `used`: its own blocks and the data blocks
