@@ -30,7 +30,9 @@
 //!   but with `extend_to` (and the zeroed copy of the old last block);
 //! - `allocate` maps fresh zeroed blocks over the holes of the range (past end of file too
 //!   with KEEP_SIZE); `punch_hole` copies the partial edge blocks with the range zeroed, then
-//!   commits a `Punch` of the whole blocks.
+//!   commits a `Punch` of the whole blocks. When it needs both updates, a journal cleanup
+//!   armed before the first (naming an edge block and its copy) makes mount finish the second
+//!   if a crash comes between them, so the punch is atomic too.
 //!
 //! After its commit the writer *digests*: [`Log::digest`] applies every undigested entry to
 //! the mapping in log order, one holder at a time across processes (the cursor word, holder =
@@ -1145,7 +1147,6 @@ impl Fs {
             },
             &mut arm,
         );
-        drop(arm);
         if let Err(e) = edges {
             if let Some(t) = tx {
                 t.finish(self.m())?;
