@@ -1,10 +1,10 @@
 //! The exported C functions a program's calls land on under `LD_PRELOAD`.
 //!
 //! Data calls (the read/write family, `lseek`, sync, truncate, allocate, `fstat`, `mmap`)
-//! note whether their descriptor is a pmfs file and forward. Calls that make, copy or
+//! note whether their descriptor is a pmfs file; on a pmfs file served in userspace (module
+//! `served`) they are answered there when they can be, else forwarded. Calls that make, copy or
 //! remove descriptors forward first and then update the descriptor table from the result.
-//! Nothing here changes what the program sees: arguments, results and `errno` are the next
-//! definition's.
+//! What the program sees is what the kernel path would give it.
 //!
 //! In the crate's own unit tests these functions are not exported (the test binary must not
 //! interpose on itself).
@@ -16,10 +16,34 @@ use core::ffi::{c_char, c_int, c_long, c_uint, c_void};
 
 use libc::{FILE, iovec, off_t, size_t, ssize_t};
 
+use crate::served::{self, Served};
 use crate::{closed, duplicated, note_data_call, opened, real};
 
-/// Data calls whose first argument is the descriptor.
-macro_rules! data_calls {
+/// Data calls whose first argument is the descriptor, served in userspace by `$serve` (on
+/// the description's [`Served`] object) when it returns `Some`, else forwarded.
+macro_rules! served_calls {
+    ($(fn $name:ident($fd:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty
+        => |$s:ident| $serve:expr;)*) => {$(
+        #[doc = concat!("`", stringify!($name), "`: served in userspace for pmfs files when \
+            possible, else forwarded.")]
+        ///
+        /// # Safety
+        /// The C function's contract.
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name($fd: c_int $(, $arg: $ty)*) -> $ret {
+            if note_data_call($fd)
+                && let Some(r) = served::with($fd, |$s: &Served| $serve)
+            {
+                return r as $ret;
+            }
+            // SAFETY: the caller's arguments, forwarded under the same contract.
+            unsafe { real::$name($fd $(, $arg)*) }
+        }
+    )*};
+}
+
+/// Data calls always forwarded (noted if on a pmfs file).
+macro_rules! forwarded_calls {
     ($(fn $name:ident($fd:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {$(
         #[doc = concat!("`", stringify!($name), "`: noted if on a pmfs file, then forwarded.")]
         ///
@@ -34,60 +58,117 @@ macro_rules! data_calls {
     )*};
 }
 
-data_calls! {
-    fn read(fd, buf: *mut c_void, n: size_t) -> ssize_t;
-    fn write(fd, buf: *const c_void, n: size_t) -> ssize_t;
-    fn pread(fd, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t;
-    fn pread64(fd, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t;
-    fn pwrite(fd, buf: *const c_void, n: size_t, off: off_t) -> ssize_t;
-    fn pwrite64(fd, buf: *const c_void, n: size_t, off: off_t) -> ssize_t;
-    fn readv(fd, iov: *const iovec, cnt: c_int) -> ssize_t;
-    fn writev(fd, iov: *const iovec, cnt: c_int) -> ssize_t;
-    fn preadv(fd, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t;
-    fn preadv64(fd, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t;
-    fn pwritev(fd, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t;
-    fn pwritev64(fd, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t;
+served_calls! {
+    fn read(fd, buf: *mut c_void, n: size_t) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| unsafe { s.read(fd, buf.cast(), n, None) };
+    fn write(fd, buf: *const c_void, n: size_t) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| unsafe { s.write(fd, buf.cast(), n, None) };
+    fn pread(fd, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| unsafe { s.read(fd, buf.cast(), n, Some(off)) };
+    fn pread64(fd, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| unsafe { s.read(fd, buf.cast(), n, Some(off)) };
+    fn pwrite(fd, buf: *const c_void, n: size_t, off: off_t) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| unsafe { s.write(fd, buf.cast(), n, Some(off)) };
+    fn pwrite64(fd, buf: *const c_void, n: size_t, off: off_t) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| unsafe { s.write(fd, buf.cast(), n, Some(off)) };
+    fn readv(fd, iov: *const iovec, cnt: c_int) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| unsafe { s.readv(fd, iov, cnt, None) };
+    fn writev(fd, iov: *const iovec, cnt: c_int) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| unsafe { s.writev(fd, iov, cnt, None) };
+    fn preadv(fd, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| unsafe { s.readv(fd, iov, cnt, Some(off)) };
+    fn preadv64(fd, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| unsafe { s.readv(fd, iov, cnt, Some(off)) };
+    fn pwritev(fd, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| unsafe { s.writev(fd, iov, cnt, Some(off)) };
+    fn pwritev64(fd, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| unsafe { s.writev(fd, iov, cnt, Some(off)) };
+    fn __read_chk(fd, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| if n > buflen { None } else { unsafe { s.read(fd, buf.cast(), n, None) } };
+    fn __pread_chk(fd, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| if n > buflen { None } else { unsafe { s.read(fd, buf.cast(), n, Some(off)) } };
+    fn __pread64_chk(fd, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t =>
+        // SAFETY: the caller's buffers, valid as the C contract requires.
+        |s| if n > buflen { None } else { unsafe { s.read(fd, buf.cast(), n, Some(off)) } };
+    fn lseek(fd, off: off_t, whence: c_int) -> off_t =>
+        |s| if whence == libc::SEEK_END { s.seek_end(fd, off) } else { None };
+    fn lseek64(fd, off: off_t, whence: c_int) -> off_t =>
+        |s| if whence == libc::SEEK_END { s.seek_end(fd, off) } else { None };
+    fn fsync(fd) -> c_int => |s| s.sync();
+    fn fdatasync(fd) -> c_int => |s| s.sync();
+    fn ftruncate(fd, len: off_t) -> c_int => |s| s.truncate(len);
+    fn ftruncate64(fd, len: off_t) -> c_int => |s| s.truncate(len);
+    fn fallocate(fd, mode: c_int, off: off_t, len: off_t) -> c_int =>
+        |s| s.allocate(mode, off, len);
+    fn fallocate64(fd, mode: c_int, off: off_t, len: off_t) -> c_int =>
+        |s| s.allocate(mode, off, len);
+}
+
+forwarded_calls! {
     fn preadv2(fd, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
     fn pwritev2(fd, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
-    fn __read_chk(fd, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;
-    fn __pread_chk(fd, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t;
-    fn __pread64_chk(fd, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t;
-    fn lseek(fd, off: off_t, whence: c_int) -> off_t;
-    fn lseek64(fd, off: off_t, whence: c_int) -> off_t;
-    fn fsync(fd) -> c_int;
-    fn fdatasync(fd) -> c_int;
-    fn ftruncate(fd, len: off_t) -> c_int;
-    fn ftruncate64(fd, len: off_t) -> c_int;
-    fn fallocate(fd, mode: c_int, off: off_t, len: off_t) -> c_int;
-    fn fallocate64(fd, mode: c_int, off: off_t, len: off_t) -> c_int;
-    fn fstat(fd, buf: *mut libc::stat) -> c_int;
-    fn fstat64(fd, buf: *mut libc::stat64) -> c_int;
 }
 
-/// `__fxstat` (glibc before 2.33 compiled `fstat` to it): noted, then forwarded.
+/// The size in a stat result of a pmfs file served in userspace: the log's, which may be
+/// ahead of what the daemon read from the inode.
+fn served_size(fd: c_int) -> Option<i64> {
+    served::peek(fd, |s| s.size()).and_then(|n| i64::try_from(n).ok())
+}
+
+/// `fstat`: forwarded; the size of a served pmfs file is the log's.
 ///
 /// # Safety
 /// The C function's contract.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn __fxstat(ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int {
-    note_data_call(fd);
+pub unsafe extern "C" fn fstat(fd: c_int, buf: *mut libc::stat) -> c_int {
+    let pmfs = note_data_call(fd);
     // SAFETY: forwarded under the same contract.
-    unsafe { real::__fxstat(ver, fd, buf) }
+    let r = unsafe { real::fstat(fd, buf) };
+    if pmfs
+        && r == 0
+        && let Some(n) = served_size(fd)
+    {
+        // SAFETY: the call succeeded, so `buf` is a filled stat buffer.
+        unsafe { (*buf).st_size = n };
+    }
+    r
 }
 
-/// `__fxstat64`: noted, then forwarded.
+/// `fstat64`: as [`fstat`].
 ///
 /// # Safety
 /// The C function's contract.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn __fxstat64(ver: c_int, fd: c_int, buf: *mut libc::stat64) -> c_int {
-    note_data_call(fd);
+pub unsafe extern "C" fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int {
+    let pmfs = note_data_call(fd);
     // SAFETY: forwarded under the same contract.
-    unsafe { real::__fxstat64(ver, fd, buf) }
+    let r = unsafe { real::fstat64(fd, buf) };
+    if pmfs
+        && r == 0
+        && let Some(n) = served_size(fd)
+    {
+        // SAFETY: the call succeeded, so `buf` is a filled stat buffer.
+        unsafe { (*buf).st_size = n };
+    }
+    r
 }
 
 /// `statx`: noted when it stats an open descriptor (`AT_EMPTY_PATH` and an empty path),
-/// then forwarded.
+/// then forwarded; the size of a served pmfs file is the log's.
 ///
 /// # Safety
 /// The C function's contract.
@@ -100,14 +181,24 @@ pub unsafe extern "C" fn statx(
     buf: *mut libc::statx,
 ) -> c_int {
     // SAFETY: the contract makes `path` a valid C string when it is not null.
-    if flags & libc::AT_EMPTY_PATH != 0 && !path.is_null() && unsafe { *path } == 0 {
-        note_data_call(dirfd);
-    }
+    let on_fd = flags & libc::AT_EMPTY_PATH != 0 && !path.is_null() && unsafe { *path } == 0;
+    let pmfs = on_fd && note_data_call(dirfd);
     // SAFETY: forwarded under the same contract.
-    unsafe { real::statx(dirfd, path, flags, mask, buf) }
+    let r = unsafe { real::statx(dirfd, path, flags, mask, buf) };
+    if pmfs
+        && r == 0
+        // SAFETY: the call succeeded, so `buf` is a filled statx buffer.
+        && unsafe { (*buf).stx_mask } & libc::STATX_SIZE != 0
+        && let Some(n) = served_size(dirfd)
+    {
+        // SAFETY: as above.
+        unsafe { (*buf).stx_size = n as u64 };
+    }
+    r
 }
 
-/// `mmap`: noted if it maps a pmfs file, then forwarded (mapped through the kernel).
+/// `mmap`: forwarded (mapped through the kernel); a pmfs file's description is left to the
+/// kernel from then on, whose page cache backs the mapping.
 ///
 /// # Safety
 /// The C function's contract.
@@ -120,8 +211,8 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
-    if flags & libc::MAP_ANONYMOUS == 0 {
-        note_data_call(fd);
+    if flags & libc::MAP_ANONYMOUS == 0 && note_data_call(fd) {
+        served::mapped(fd);
     }
     // SAFETY: forwarded under the same contract.
     unsafe { real::mmap(addr, len, prot, flags, fd, off) }
@@ -140,8 +231,8 @@ pub unsafe extern "C" fn mmap64(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
-    if flags & libc::MAP_ANONYMOUS == 0 {
-        note_data_call(fd);
+    if flags & libc::MAP_ANONYMOUS == 0 && note_data_call(fd) {
+        served::mapped(fd);
     }
     // SAFETY: forwarded under the same contract.
     unsafe { real::mmap64(addr, len, prot, flags, fd, off) }
@@ -378,7 +469,7 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 
 /// `fcntl` (variadic in C; the argument is taken as a `long`, wide enough for every
 /// command's argument and passed on unchanged): `F_DUPFD`/`F_DUPFD_CLOEXEC` followed like
-/// [`dup`], every other command only forwarded.
+/// [`dup`], `F_SETFL`'s `O_APPEND` followed, every other command only forwarded.
 ///
 /// # Safety
 /// The C function's contract.
@@ -388,6 +479,8 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
     let r = unsafe { real::fcntl(fd, cmd, arg) };
     if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
         duplicated(fd, r);
+    } else if cmd == libc::F_SETFL && r == 0 {
+        served::set_flags(fd, arg as c_int);
     }
     r
 }
@@ -403,6 +496,82 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
     let r = unsafe { real::fcntl64(fd, cmd, arg) };
     if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
         duplicated(fd, r);
+    } else if cmd == libc::F_SETFL && r == 0 {
+        served::set_flags(fd, arg as c_int);
     }
     r
+}
+
+/// `_exit`: the process's userspace nodes are released first (their pins in the pool), then
+/// it ends.
+///
+/// # Safety
+/// None beyond `_exit`'s: it takes a plain integer.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    crate::leaving();
+    real::exit_now(status)
+}
+
+/// `_Exit`: as [`_exit`].
+///
+/// # Safety
+/// None beyond `_Exit`'s: it takes a plain integer.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+#[allow(non_snake_case, reason = "the C name")]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    crate::leaving();
+    real::exit_now(status)
+}
+
+/// `execve`: the process's userspace nodes are released first (the new image opens its own).
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    crate::leaving();
+    // SAFETY: forwarded under the same contract.
+    unsafe { real::execve(path, argv, envp) }
+}
+
+/// `execv`: as [`execve`].
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    crate::leaving();
+    // SAFETY: forwarded under the same contract.
+    unsafe { real::execv(path, argv) }
+}
+
+/// `execvp`: as [`execve`].
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    crate::leaving();
+    // SAFETY: forwarded under the same contract.
+    unsafe { real::execvp(file, argv) }
+}
+
+/// `execvpe`: as [`execve`].
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    crate::leaving();
+    // SAFETY: forwarded under the same contract.
+    unsafe { real::execvpe(file, argv, envp) }
 }

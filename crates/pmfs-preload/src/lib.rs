@@ -10,24 +10,41 @@
 //! ```
 //!
 //! ## What works today
-//! - **Interposition, transparently.** `read`, `write`, `pread(64)`, `pwrite(64)`, `readv`,
-//!   `writev`, `preadv(64)`, `pwritev(64)`, `preadv2`, `pwritev2`, the fortified
-//!   `__read_chk`/`__pread(64)_chk`, `lseek(64)`, `fsync`, `fdatasync`, `ftruncate(64)`,
-//!   `fallocate(64)`, `fstat`/`fstat64`/`__fxstat`/`__fxstat64`/`statx`, `mmap(64)`, `open`/
-//!   `open64`/`openat`/`openat64`/`creat`/`creat64`, `close`, `close_range`, `closefrom`,
-//!   `dup`/`dup2`/`dup3`, `fcntl`/`fcntl64` (`F_DUPFD`, `F_DUPFD_CLOEXEC` followed; every other
-//!   command forwarded), `fclose`, `freopen(64)`. Each forwards to the next definition
-//!   (`dlsym(RTLD_NEXT)`, resolved lazily; raw system calls while that is not possible, see
-//!   module `real`), so programs behave exactly as without the library.
+//! - **Userspace service of pmfs files** (module `served`): on the first pmfs file of a
+//!   mount, the process attaches to the pool as a data-only client (`pmfs::Volume::attach`;
+//!   HashFS pools only — otherwise, or without permission on the pool file, that mount keeps
+//!   the kernel path for good). `read`, `write`, `pread(64)`, `pwrite(64)`, `readv`,
+//!   `writev`, `preadv(64)`, `pwritev(64)`, `__read_chk`/`__pread(64)_chk`,
+//!   `lseek(SEEK_END)`, `fsync`, `fdatasync`, `ftruncate(64)` and `fallocate(64)` (modes 0,
+//!   `KEEP_SIZE`, `PUNCH_HOLE|KEEP_SIZE`) run against the pool through the engine's
+//!   copy-on-write log path (atomic and durable on return, coherent with the daemon and other
+//!   processes); `fstat`/`statx` go to the kernel and report the size the file's log holds.
+//!   The kernel's file offset stays the truth (`lseek` around `read`/`write`), so `dup`s,
+//!   `fork` children and kernel-path users of the same description agree on it.
+//! - **Left to the kernel on pmfs files**: writes on `O_APPEND` descriptions (the daemon
+//!   appends at the size it sees; write-only appenders are never opened in userspace),
+//!   descriptions that were `mmap`ped (released from userspace at the `mmap`: the kernel's
+//!   page cache backs the mapping; the kernel is made to refresh the size first),
+//!   `preadv2`/`pwritev2`, other `lseek` and `fallocate` modes, and calls the kernel must
+//!   reject (wrong access mode, negative offsets, zero lengths), for the exact errno.
+//! - **Interposition** of every call above plus `open`/`open64`/`openat`/`openat64`/`creat`/
+//!   `creat64`, `close`, `close_range`, `closefrom`, `dup`/`dup2`/`dup3`, `fcntl`/`fcntl64`
+//!   (`F_DUPFD`, `F_DUPFD_CLOEXEC`, `F_SETFL`'s `O_APPEND` followed; the rest forwarded),
+//!   `fclose`, `freopen(64)`, `mmap(64)`, `_exit`/`_Exit` and `execve`/`execv`/`execvp`/
+//!   `execvpe` (which release the process's open nodes first). Everything not served goes to
+//!   the next definition (`dlsym(RTLD_NEXT)`, resolved lazily; raw system calls while that is
+//!   not possible, see module `real`), so calls made before the library initialised (another
+//!   object's constructor) work.
 //! - **Recognising pmfs files.** After every open (and lazily for descriptors it did not see
 //!   opened: inherited ones, stdin redirected from a file, …) a descriptor is classified with
 //!   one `statx` (`AT_STATX_DONT_SYNC`: no FUSE round trip): a regular file whose device is
 //!   that of a `fuse.pmfs` mount in `/proc/self/mountinfo` is a pmfs file (module `mounts`).
-//! - **A descriptor table** (module `fdtable`): lock-free, `dup` copies, every close path resets;
-//!   safe across `fork` (the child keeps the table that matches its descriptors; a
-//!   `pthread_atfork` handler resets its counters and scan flag) and `exec` (rebuilt in the
-//!   new image). A `vfork` child (shared memory) never writes the table: changes are made only
-//!   by the process that initialised it or a `fork` child of it.
+//!   Its userspace node is opened on its first servable call only.
+//! - **A descriptor table** (module `fdtable`, plus epoch-protected object pointers in
+//!   `served`): lock-free, `dup` shares, every close path resets; safe across `fork` (the
+//!   child keeps its inherited descriptors on the kernel path and attaches afresh for files
+//!   it opens itself; a `pthread_atfork` handler resets its counters) and `exec` (rebuilt in
+//!   the new image). A `vfork` child (shared memory) never writes the table.
 //! - `PMFS_PRELOAD=off` (or `0`) turns all of it off: every call is forwarded, nothing is
 //!   recorded or counted.
 //! - `PMFS_PRELOAD_STATS=1` prints one line to standard error at exit (the library's only
@@ -37,24 +54,26 @@
 //!   (coreutils do) and for collecting the lines of every process of a pipeline.
 //!
 //! ## What does not work yet
-//! - **No call is served in userspace**: the data path through an attached volume
-//!   (`pmfs::Volume::attach`, a data-only client of the daemon's pool) does not exist yet, so
-//!   every call on a pmfs file still goes through the kernel and the daemon; `S` is 0. The
-//!   counters prove the library saw the pmfs files and their calls; they do not prove any
-//!   speed-up.
 //! - `mmap` of pmfs files maps through the kernel (no direct mapping of the pool); `munmap`
-//!   and `msync` are not interposed (nothing to do for them yet).
+//!   and `msync` are not interposed. A file mapped by *another* process is not told about
+//!   userspace writes (its mapping sees them only after the kernel re-reads the size/mtime).
+//! - `read`/`write` on one description from several threads or processes at once: the offset
+//!   update (`lseek`, copy, `lseek`) is not atomic as the kernel's is.
+//! - A buffer the kernel would answer `EFAULT` for crashes the caller instead.
+//! - A process that ends by `exec` through `execl*`/`fexecve`, by `exit_group` without libc,
+//!   or by a signal leaves its files' log pins in the pool until the owner's next mount
+//!   (files unlinked meanwhile stay orphans until then; see `Volume::attach`). A failed exec
+//!   leaves its pmfs descriptors on the kernel path.
+//! - A `vfork` child that writes to a descriptor it redirected before `exec` would use the
+//!   parent's entry for that number.
 //! - Descriptors at or above 65536 are not recorded (kernel path); more than 16 pmfs mounts in
 //!   one process are not told apart (kernel path for the rest).
-//! - Functions not interposed: `fopen`'s and other stdio opens (glibc calls its internal open,
-//!   so stdio streams on pmfs files always take the kernel path), `fstatat`/`newfstatat` with
-//!   `AT_EMPTY_PATH`, `posix_fallocate`, `copy_file_range`, `sendfile`, `splice`, and raw
-//!   `syscall(SYS_close, …)`. A recorded descriptor closed by a raw system call and reused
-//!   would keep a stale entry.
-//! - Children made without glibc's `fork` (`_Fork`, raw `clone`, `vfork`) run no
-//!   `pthread_atfork` handler, so they never write the table and their counters start from
-//!   the parent's; a process that leaves with `_exit` (fio's job processes, most fork
-//!   children) reports nothing.
+//! - Functions not interposed: `fopen`'s and other stdio opens and reads (glibc calls its
+//!   internal functions: stdio streams on pmfs files take the kernel path), `fstatat`/`newfstatat` with `AT_EMPTY_PATH`, `posix_fallocate`,
+//!   `copy_file_range`, `sendfile`, `splice`, and raw `syscall(SYS_close, …)`. A recorded
+//!   descriptor closed by a raw system call and reused would keep a stale entry.
+//! - Children made without glibc's `fork` (`_Fork`, raw `clone`) run no `pthread_atfork`
+//!   handler: they never write the table, and must not use served descriptors.
 //! - mountinfo is read again only for files on anonymous devices not seen before; after 64
 //!   such non-pmfs devices, pmfs mounts made later are not recognised (kernel path).
 
@@ -62,6 +81,7 @@ pub(crate) mod fdtable;
 pub mod interpose;
 pub(crate) mod mounts;
 pub(crate) mod real;
+pub(crate) mod served;
 
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, Ordering};
@@ -96,7 +116,7 @@ static OWNER_PID: AtomicI32 = AtomicI32::new(0);
 static PMFS_FDS: AtomicU64 = AtomicU64::new(0);
 /// Interposed data calls made on pmfs files.
 static PMFS_CALLS: AtomicU64 = AtomicU64::new(0);
-/// Calls served in userspace: none until the attached data path exists.
+/// Calls served in userspace.
 static SERVED: AtomicU64 = AtomicU64::new(0);
 
 /// Whether the library is on; initialises it on the first call. A call made while another
@@ -155,6 +175,7 @@ extern "C" fn in_fork_child() {
     PMFS_CALLS.store(0, Ordering::Relaxed);
     SERVED.store(0, Ordering::Relaxed);
     mounts::after_fork_in_child();
+    served::after_fork_in_child();
 }
 
 /// Whether this process may change the descriptor table: not a `vfork` child sharing the
@@ -183,29 +204,34 @@ fn kind(fd: c_int) -> Kind {
 
 /// Classifies `fd` and records the answer (errno kept as it was).
 fn learn(fd: c_int) -> Kind {
-    let k = classify_keeping_errno(fd);
+    let (k, ino) = classify_keeping_errno(fd);
     if owns_table() {
-        record(fd, k);
+        record(fd, k, ino);
     }
     k
 }
 
-fn record(fd: c_int, k: Kind) {
+/// Records what `fd` is and, for a pmfs file, opens it for userspace service.
+fn record(fd: c_int, k: Kind, ino: u64) {
     fdtable::set(fd, k);
     if let Kind::Pmfs(_) = k {
         PMFS_FDS.fetch_add(1, Ordering::Relaxed);
+        served::pending(fd, ino);
+    } else {
+        served::forget(fd);
     }
 }
 
-fn classify_keeping_errno(fd: c_int) -> Kind {
+fn classify_keeping_errno(fd: c_int) -> (Kind, u64) {
     let saved = errno();
     let k = classify(fd);
     set_errno(saved);
     k
 }
 
-/// A pmfs regular file, another open file, or `Unknown` if `fd` is not open.
-fn classify(fd: c_int) -> Kind {
+/// A pmfs regular file, another open file, or `Unknown` if `fd` is not open; and its inode
+/// number.
+fn classify(fd: c_int) -> (Kind, u64) {
     let mut stx = core::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: an empty NUL-terminated path with AT_EMPTY_PATH, and a statx buffer.
     let r = unsafe {
@@ -214,46 +240,61 @@ fn classify(fd: c_int) -> Kind {
             fd,
             c"".as_ptr(),
             libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
-            libc::STATX_TYPE,
+            libc::STATX_TYPE | libc::STATX_INO,
             stx.as_mut_ptr(),
         )
     };
-    let (mode, dev) = if r == 0 {
+    let (mode, dev, ino) = if r == 0 {
         // SAFETY: statx filled the buffer.
         let s = unsafe { stx.assume_init() };
         (
             u32::from(s.stx_mode),
             libc::makedev(s.stx_dev_major, s.stx_dev_minor),
+            s.stx_ino,
         )
     } else if errno() == libc::ENOSYS {
         let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
         // SAFETY: a stat buffer.
         if unsafe { libc::syscall(libc::SYS_fstat, fd, st.as_mut_ptr()) } != 0 {
-            return Kind::Unknown;
+            return (Kind::Unknown, 0);
         }
         // SAFETY: fstat filled the buffer.
         let s = unsafe { st.assume_init() };
-        (s.st_mode, s.st_dev)
+        (s.st_mode, s.st_dev, s.st_ino)
     } else {
-        return Kind::Unknown;
+        return (Kind::Unknown, 0);
     };
     if mode & libc::S_IFMT != libc::S_IFREG {
-        return Kind::Other;
+        return (Kind::Other, ino);
     }
-    mounts::pmfs_mount_of(dev).map_or(Kind::Other, Kind::Pmfs)
+    (
+        mounts::pmfs_mount_of(dev).map_or(Kind::Other, Kind::Pmfs),
+        ino,
+    )
 }
 
-/// Counts a data call on `fd` if it is a pmfs file.
-fn note_data_call(fd: c_int) {
-    if active() && matches!(kind(fd), Kind::Pmfs(_)) {
+/// Counts a data call on `fd` if it is a pmfs file; returns whether it is one.
+fn note_data_call(fd: c_int) -> bool {
+    let pmfs = active() && matches!(kind(fd), Kind::Pmfs(_));
+    if pmfs {
         PMFS_CALLS.fetch_add(1, Ordering::Relaxed);
     }
+    pmfs
 }
 
 /// A descriptor was just opened (or replaced): forget what was known, classify it afresh.
 fn opened(fd: c_int) {
     if fdtable::recorded(fd) && active() && owns_table() {
-        record(fd, classify_keeping_errno(fd));
+        let (k, ino) = classify_keeping_errno(fd);
+        record(fd, k, ino);
+    }
+}
+
+/// The process is about to end or exec: release its userspace nodes (and the pins they hold
+/// in the pool). Not in a `vfork` child, whose memory is the parent's.
+fn leaving() {
+    if STATE.load(Ordering::Acquire) == ON && owns_table() {
+        served::release_all();
     }
 }
 
@@ -261,6 +302,7 @@ fn opened(fd: c_int) {
 fn duplicated(old: c_int, new: c_int) {
     if new >= 0 && old != new && active() && owns_table() {
         fdtable::copy(old, new);
+        served::share(old, new);
     }
 }
 
@@ -268,6 +310,7 @@ fn duplicated(old: c_int, new: c_int) {
 fn closed(first: usize, last: usize) {
     if active() && owns_table() {
         fdtable::forget_range(first, last);
+        served::forget_range(first, last);
     }
 }
 
@@ -284,6 +327,7 @@ static INIT: extern "C" fn() = {
 #[unsafe(link_section = ".fini_array")]
 static FINI: extern "C" fn() = {
     extern "C" fn report_at_exit() {
+        leaving();
         if STATE.load(Ordering::Acquire) == ON && STATS.load(Ordering::Acquire) {
             report();
         }
@@ -383,10 +427,12 @@ mod tests {
     fn files_outside_pmfs_mounts_are_other_and_closed_fds_unknown() {
         let f = std::fs::File::open("/proc/self/mountinfo").unwrap();
         let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
-        assert_eq!(classify(fd), Kind::Other);
+        assert_eq!(classify(fd).0, Kind::Other);
         let exe = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
-        assert_eq!(classify(std::os::fd::AsRawFd::as_raw_fd(&exe)), Kind::Other);
+        let exe_fd = std::os::fd::AsRawFd::as_raw_fd(&exe);
+        let ino = std::os::unix::fs::MetadataExt::ino(&exe.metadata().unwrap());
+        assert_eq!(classify(exe_fd), (Kind::Other, ino));
         drop(f);
-        assert_eq!(classify(fd), Kind::Unknown);
+        assert_eq!(classify(fd).0, Kind::Unknown);
     }
 }

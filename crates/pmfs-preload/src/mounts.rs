@@ -11,6 +11,7 @@
 //! Only one thread reads mountinfo at a time; a thread that finds another one at it answers
 //! "not pmfs" for now, which is always safe: such a file just takes the kernel path.
 
+use core::cell::UnsafeCell;
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -21,6 +22,17 @@ const MAX_OTHER: usize = 64;
 
 /// Devices of the pmfs mounts found so far; the first `PMFS_LEN` are valid.
 static PMFS: [AtomicU64; MAX_PMFS] = [const { AtomicU64::new(0) }; MAX_PMFS];
+/// The pool file of each of them (the mount's source), NUL-terminated; written before the
+/// entry is published through `PMFS_LEN` and never changed afterwards.
+static POOLS: [PoolPath; MAX_PMFS] =
+    [const { PoolPath(UnsafeCell::new([0; POOL_PATH_MAX])) }; MAX_PMFS];
+const POOL_PATH_MAX: usize = 4096;
+
+struct PoolPath(UnsafeCell<[u8; POOL_PATH_MAX]>);
+
+// SAFETY: each path is written once, by the thread holding `SCANNING`, before its entry is
+// published (release store of `PMFS_LEN`); readers only read published entries.
+unsafe impl Sync for PoolPath {}
 static PMFS_LEN: AtomicUsize = AtomicUsize::new(0);
 /// Anonymous devices found not to be pmfs mounts; the first `OTHER_LEN` are valid.
 static OTHER: [AtomicU64; MAX_OTHER] = [const { AtomicU64::new(0) }; MAX_OTHER];
@@ -49,6 +61,17 @@ pub(crate) fn pmfs_mount_of(dev: u64) -> Option<usize> {
     }
     SCANNING.store(false, Ordering::Release);
     found
+}
+
+/// The pool file of pmfs mount `m` (as [`pmfs_mount_of`] numbers them), without its NUL.
+pub(crate) fn pool_of(m: usize) -> Option<&'static [u8]> {
+    if m >= PMFS_LEN.load(Ordering::Acquire).min(MAX_PMFS) {
+        return None;
+    }
+    // SAFETY: entry `m` is published, so its path is written and no longer changes.
+    let path = unsafe { &*POOLS[m].0.get() };
+    let len = path.iter().position(|&b| b == 0)?;
+    (len > 0).then_some(&path[..len])
 }
 
 /// After `fork`: a thread of the parent that was reading mountinfo does not exist in the
@@ -96,9 +119,17 @@ fn rescan() {
             break;
         }
         lines.filled(n as usize, |line| {
-            if let Some(dev) = pmfs_dev_of_line(line)
+            if let Some((dev, pool)) = pmfs_mount_of_line(line)
                 && find(&PMFS, &PMFS_LEN, dev).is_none()
             {
+                let n = PMFS_LEN.load(Ordering::Relaxed);
+                if n < MAX_PMFS {
+                    // SAFETY: entry `n` is not published yet and this thread holds
+                    // `SCANNING`: nobody else reads or writes it.
+                    let slot = unsafe { &mut *POOLS[n].0.get() };
+                    slot.fill(0);
+                    unescape_into(pool, &mut slot[..POOL_PATH_MAX - 1]);
+                }
                 push(&PMFS, &PMFS_LEN, dev);
             }
         });
@@ -149,11 +180,11 @@ impl Lines {
     }
 }
 
-/// The device of a mountinfo line if it is a `fuse.pmfs` mount.
+/// The device and the (escaped) source of a mountinfo line if it is a `fuse.pmfs` mount.
 ///
 /// Format (proc(5)): `id parent major:minor root mount-point options [optional...] - fstype
 /// source super-options`.
-pub(crate) fn pmfs_dev_of_line(line: &[u8]) -> Option<u64> {
+pub(crate) fn pmfs_mount_of_line(line: &[u8]) -> Option<(u64, &[u8])> {
     let mut fields = line.split(|&b| b == b' ');
     let dev = fields.nth(2)?;
     let mut fields = fields.skip(3).skip_while(|f| *f != b"-");
@@ -161,10 +192,37 @@ pub(crate) fn pmfs_dev_of_line(line: &[u8]) -> Option<u64> {
     if fields.next()? != b"fuse.pmfs" {
         return None;
     }
+    let source = fields.next().unwrap_or(b"");
     let colon = dev.iter().position(|&b| b == b':')?;
     let major = number(&dev[..colon])?;
     let minor = number(&dev[colon + 1..])?;
-    Some(libc::makedev(major, minor))
+    Some((libc::makedev(major, minor), source))
+}
+
+/// Copies a mountinfo field into `out`, turning `\ooo` octal escapes back into bytes; a path
+/// that does not fit is left empty (its mount is then never attached).
+fn unescape_into(field: &[u8], out: &mut [u8]) {
+    let mut n = 0;
+    let mut i = 0;
+    while i < field.len() {
+        let b = match field[i..] {
+            [b'\\', a, b, c, ..] if [a, b, c].iter().all(|d| (b'0'..=b'7').contains(d)) => {
+                i += 4;
+                ((a - b'0') << 6) | ((b - b'0') << 3) | (c - b'0')
+            }
+            [b, ..] => {
+                i += 1;
+                b
+            }
+            [] => break,
+        };
+        if n == out.len() {
+            out.fill(0);
+            return;
+        }
+        out[n] = b;
+        n += 1;
+    }
 }
 
 fn number(digits: &[u8]) -> Option<u32> {
@@ -185,9 +243,15 @@ mod tests {
     fn a_pmfs_line_gives_its_device() {
         let l = b"77 30 0:52 / /mnt/p rw,nosuid,nodev,relatime shared:40 - fuse.pmfs \
                   /dev/shm/pool rw,user_id=0,group_id=0,default_permissions,allow_other";
-        assert_eq!(pmfs_dev_of_line(l), Some(libc::makedev(0, 52)));
-        let no_optional = b"77 30 0:53 / /m rw - fuse.pmfs /p rw";
-        assert_eq!(pmfs_dev_of_line(no_optional), Some(libc::makedev(0, 53)));
+        assert_eq!(
+            pmfs_mount_of_line(l),
+            Some((libc::makedev(0, 52), &b"/dev/shm/pool"[..]))
+        );
+        let no_optional = b"77 30 0:53 / /m rw - fuse.pmfs /p\\040q rw";
+        assert_eq!(
+            pmfs_mount_of_line(no_optional),
+            Some((libc::makedev(0, 53), &b"/p\\040q"[..]))
+        );
     }
 
     #[test]
@@ -201,8 +265,24 @@ mod tests {
             b"",
             b"garbage",
         ] {
-            assert_eq!(pmfs_dev_of_line(l), None, "{}", String::from_utf8_lossy(l));
+            assert_eq!(
+                pmfs_mount_of_line(l),
+                None,
+                "{}",
+                String::from_utf8_lossy(l)
+            );
         }
+    }
+
+    #[test]
+    fn escaped_sources_are_unescaped_and_overlong_ones_dropped() {
+        let mut out = [0u8; 16];
+        unescape_into(b"/a\\040b\\134c\\12", &mut out);
+        assert_eq!(&out[..9], b"/a b\\c\\12");
+        assert_eq!(out[9], 0);
+        let mut small = [0u8; 4];
+        unescape_into(b"/long", &mut small);
+        assert_eq!(small, [0; 4]);
     }
 
     #[test]

@@ -241,6 +241,8 @@ syscall_backed! {
     fn dup2(old: c_int, new: c_int) -> c_int = dup2_syscall(old, new);
     fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int =
         syscall(SYS_dup3, old, new, flags);
+    fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char)
+        -> c_int = syscall(libc::SYS_execve, path, argv, envp);
     fn creat(path: *const c_char, mode: libc::mode_t) -> c_int =
         syscall(SYS_openat, AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, mode);
     fn creat64(path: *const c_char, mode: libc::mode_t) -> c_int =
@@ -261,6 +263,10 @@ syscall_backed_variadic! {
 }
 
 libc_only! {
+    fn execv(path: *const c_char, argv: *const *const c_char) -> c_int = -1;
+    fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int = -1;
+    fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char)
+        -> c_int = -1;
     fn fclose(stream: *mut FILE) -> c_int = libc::EOF;
     fn freopen(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE =
         core::ptr::null_mut();
@@ -281,6 +287,14 @@ unsafe fn dup2_syscall(old: c_int, new: c_int) -> c_long {
     } else {
         // SAFETY: dup3 takes plain integers.
         unsafe { syscall(SYS_dup3, old, new, 0) }
+    }
+}
+
+/// Ends the process like `_exit` (glibc's `_exit` and `_Exit` are the same system call).
+pub(crate) fn exit_now(status: c_int) -> ! {
+    loop {
+        // SAFETY: exit_group takes a plain integer and does not return.
+        unsafe { syscall(libc::SYS_exit_group, status) };
     }
 }
 

@@ -75,6 +75,6 @@ fn descriptor_calls_give_the_same_results_with_and_without_the_library() {
     // reach the parent's table (else the parent would have classified `f` a second time).
     assert_eq!(c.pmfs_fds, 5, "{c:?}");
     assert!(c.pmfs_calls >= 60, "{c:?}");
-    assert_eq!(c.served, 0, "no attached data path yet");
+    assert!(c.served >= 40, "{c:?}");
     m.unmount_and_fsck();
 }

@@ -1,7 +1,7 @@
 //! sqlite3 in every rollback-journal mode and in WAL mode, with a few thousand rows, updates,
 //! deletes and `PRAGMA integrity_check`, and fio with `--verify=crc32c`, all on a pmfs mount
 //! under the library: the same query results as on a local directory without it, databases
-//! the kernel path reads back intact, and counters that show the library saw the calls (fio
+//! the kernel path reads back intact, and counters that show the library served the calls (fio
 //! runs its job as a thread: a forked job process leaves with `_exit`, which runs no exit
 //! handler to report).
 
@@ -67,7 +67,7 @@ fn sqlite_in_every_journal_mode_gives_the_same_results_under_the_library() {
     let c = counters(&stats);
     assert_eq!(c.processes, 4);
     assert!(c.pmfs_fds >= 4 && c.pmfs_calls >= 1000, "{c:?}");
-    assert_eq!(c.served, 0, "no attached data path yet");
+    assert!(c.served >= 1000, "{c:?}");
     m.unmount_and_fsck();
 }
 
@@ -90,5 +90,6 @@ fn fio_verifies_its_data_under_the_library() {
     );
     let c = counters(&stats);
     assert!(c.pmfs_fds >= 1 && c.pmfs_calls >= 2048, "{c:?}");
+    assert!(c.served >= 2048, "{c:?}");
     m.unmount_and_fsck();
 }

@@ -105,29 +105,41 @@ impl Mounted {
             .output()
             .unwrap();
         assert!(out.status.success(), "mkfs: {out:?}");
+        let mut m = Mounted {
+            pool,
+            mnt,
+            daemon: None,
+            dir,
+        };
+        m.mount();
+        m
+    }
+
+    fn mount(&mut self) {
         let daemon = Command::new(pmfs_bin())
             .arg("mount")
-            .arg(&pool)
-            .arg(&mnt)
+            .arg(&self.pool)
+            .arg(&self.mnt)
             .arg("--foreground")
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
-        let mut m = Mounted {
-            pool,
-            mnt,
-            daemon: Some(daemon),
-            dir,
-        };
+        self.daemon = Some(daemon);
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !mounted(&m.mnt) {
-            if let Some(s) = m.daemon.as_mut().unwrap().try_wait().unwrap() {
+        while !mounted(&self.mnt) {
+            if let Some(s) = self.daemon.as_mut().unwrap().try_wait().unwrap() {
                 panic!("pmfs mount exited with {s} before mounting");
             }
             assert!(Instant::now() < deadline, "the mount did not appear");
             std::thread::sleep(Duration::from_millis(10));
         }
-        m
+    }
+
+    /// Unmounts and mounts the pool again (the owner's mount recovers what clients left).
+    pub fn remount(mut self) -> Mounted {
+        self.unmount();
+        self.mount();
+        self
     }
 
     /// The mount point.
@@ -135,8 +147,13 @@ impl Mounted {
         &self.mnt
     }
 
-    /// Unmounts, requires a clean daemon exit and a clean `pmfs fsck`.
+    /// Unmounts, mounts once more and unmounts again, requiring clean daemon exits and a clean
+    /// `pmfs fsck`. The extra mount is the owner's: it frees what clients of the pool could
+    /// only leave behind (files unlinked while a client had them open, pins and staged blocks
+    /// of clients that died; see `pmfs::Volume::attach`).
     pub fn unmount_and_fsck(mut self) {
+        self.unmount();
+        self.mount();
         self.unmount();
         let out = Command::new(pmfs_bin())
             .arg("fsck")

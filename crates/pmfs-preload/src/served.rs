@@ -1,0 +1,644 @@
+//! Serving calls on pmfs files in userspace, through a data-only client of the pool
+//! ([`pmfs::Volume::attach`]).
+//!
+//! - **One client per pool per process**, attached on the first pmfs file of that mount (the
+//!   mount's source in mountinfo is the pool file). If attaching fails (not a HashFS volume,
+//!   no permission on the pool file, …) that mount takes the kernel path for good.
+//! - **One [`Served`] per open file description**: opened by inode number (the mount's
+//!   `st_ino` is the engine's `Ino`) with the access mode of the descriptor, shared by its
+//!   `dup`s (reference-counted), dropped with the last of them. Descriptors point at it from
+//!   a table of epoch-protected pointers (`crossbeam-epoch`): a call on one thread never sees
+//!   the object freed by a `close` on another.
+//! - **The kernel's offset stays the truth**: `read`/`write` fetch it with `lseek(SEEK_CUR)`,
+//!   move the data with `read_at`/`write_at`, and set it with `lseek(SEEK_SET)` (two system
+//!   calls that never reach the daemon). `pread`/`pwrite` make none.
+//! - **Left to the kernel**: writes on `O_APPEND` descriptions (the daemon appends
+//!   atomically at the size it sees), descriptions that were ever `mmap`ped (the kernel's
+//!   page cache of the mapping would not see userspace writes), `preadv2`/`pwritev2`,
+//!   `SEEK_DATA`/`SEEK_HOLE`, fallocate modes other than 0, `KEEP_SIZE` and punch hole, and
+//!   every call whose arguments the kernel must reject (wrong access mode, negative
+//!   offsets): the kernel gives the exact errno.
+//! - **fork**: the child must not use the parent's objects (their DRAM locks may be held by
+//!   parent threads that do not exist in the child), so the child starts a new generation:
+//!   inherited descriptors take the kernel path, files it opens get a client of its own. The
+//!   parent's objects are never dropped in the child (that would release the parent's pins).
+//! - **exec / `_exit` / being killed** leave the log pins of the open files in the pool until
+//!   the owner's next mount (see `Volume::attach`); a normal `exit` drops them.
+
+use core::cell::UnsafeCell;
+use core::ffi::c_int;
+use core::mem::ManuallyDrop;
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::os::unix::ffi::OsStrExt;
+
+use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
+use pmfs::{Client, Ino, OpenMode, OpenNode};
+
+use crate::fdtable::TABLE_FDS;
+use crate::mounts::{self, MAX_PMFS};
+
+/// An open file description served in userspace.
+///
+/// Its open node (which pins the file's log in the pool) is released *synchronously* when
+/// the last descriptor is closed, or when the description is mapped: calls in flight are
+/// counted in `active`; `closing` stops new ones; whichever of the closer and the last call
+/// in flight comes second drops the node (`dropped` makes that happen once). The memory of
+/// the object itself is reclaimed by the epoch collector later. Releasing the pin at once
+/// matters: the owner frees a file unlinked after its close only if no pin is left.
+pub(crate) struct Served {
+    node: UnsafeCell<ManuallyDrop<OpenNode>>,
+    read: bool,
+    write: bool,
+    /// `O_APPEND` (kept up to date by `F_SETFL` through any of its descriptors).
+    append: AtomicBool,
+    /// Calls using the node now.
+    active: AtomicUsize,
+    /// No new call may use the node (last close, or mapped through the kernel).
+    closing: AtomicBool,
+    /// The node was dropped.
+    dropped: AtomicBool,
+    /// The process generation (bumped in fork children) that made it.
+    generation: u64,
+    /// Descriptors pointing at it.
+    refs: AtomicUsize,
+}
+
+// SAFETY: the node is only reached between `enter` and `leave`, and dropped once, by the last
+// of the closer and the calls in flight (see the type's docs); OpenNode itself is Send + Sync.
+unsafe impl Sync for Served {}
+// SAFETY: as above.
+unsafe impl Send for Served {}
+
+impl Served {
+    /// Starts a call on the node; false once the object is closing.
+    fn enter(&self) -> bool {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        if self.closing.load(Ordering::SeqCst) {
+            self.leave();
+            return false;
+        }
+        true
+    }
+
+    /// Ends a call; the last one after `retire` drops the node.
+    fn leave(&self) {
+        if self.active.fetch_sub(1, Ordering::SeqCst) == 1 && self.closing.load(Ordering::SeqCst) {
+            self.drop_node();
+        }
+    }
+
+    /// No new calls; the node is dropped now if none is in flight, else by the last one.
+    fn retire(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        if self.active.load(Ordering::SeqCst) == 0 {
+            self.drop_node();
+        }
+    }
+
+    fn drop_node(&self) {
+        if !self.dropped.swap(true, Ordering::AcqRel) {
+            // SAFETY: `dropped` was false: this is the only drop, and no call uses the node
+            // (closing is set and active reached 0).
+            unsafe { ManuallyDrop::drop(&mut *self.node.get()) };
+        }
+    }
+
+    /// The node, for a call between `enter` and `leave`.
+    fn node(&self) -> &OpenNode {
+        // SAFETY: only called between `enter` and `leave`, while the node is not dropped.
+        unsafe { &*self.node.get() }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.drop_node();
+    }
+}
+
+static SLOTS: [Atomic<Served>; TABLE_FDS] = [const { Atomic::null() }; TABLE_FDS];
+/// The inode number of a pmfs descriptor whose object is not made yet (0: none): objects are
+/// made on the first call that can be served, so descriptors only opened and passed on (a
+/// shell's redirections) never pin anything.
+static PENDING: [AtomicU64; TABLE_FDS] = [const { AtomicU64::new(0) }; TABLE_FDS];
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// Whether this process ever installed an object (what the exit handler must release).
+static ANY: AtomicBool = AtomicBool::new(false);
+
+const UNTRIED: u8 = 0;
+const ATTACHING: u8 = 1;
+const ATTACHED: u8 = 2;
+const FAILED: u8 = 3;
+
+static CLIENT_STATE: [AtomicU8; MAX_PMFS] = [const { AtomicU8::new(UNTRIED) }; MAX_PMFS];
+static CLIENTS: [AtomicPtr<Client>; MAX_PMFS] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_PMFS];
+
+fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
+/// The client of pmfs mount `m`, attached now if this is the first try.
+fn client(m: usize) -> Option<&'static Client> {
+    let state = CLIENT_STATE.get(m)?;
+    match state.load(Ordering::Acquire) {
+        ATTACHED => {}
+        UNTRIED => {
+            if state
+                .compare_exchange(UNTRIED, ATTACHING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                let saved = crate::errno();
+                let attached = mounts::pool_of(m)
+                    .and_then(|pool| pmfs::Volume::attach(std::ffi::OsStr::from_bytes(pool)).ok());
+                crate::set_errno(saved);
+                let Some(c) = attached else {
+                    state.store(FAILED, Ordering::Release);
+                    return None;
+                };
+                CLIENTS[m].store(Box::into_raw(Box::new(c)), Ordering::Release);
+                state.store(ATTACHED, Ordering::Release);
+            } else if state.load(Ordering::Acquire) != ATTACHED {
+                return None;
+            }
+        }
+        _ => return None,
+    }
+    let p = CLIENTS[m].load(Ordering::Acquire);
+    // SAFETY: an attached client is leaked on purpose: it lives as long as the process.
+    unsafe { p.as_ref() }
+}
+
+fn index(fd: c_int) -> Option<usize> {
+    usize::try_from(fd).ok().filter(|&i| i < TABLE_FDS)
+}
+
+/// `fd` was found to be a regular file with inode `ino` on a pmfs mount: it is opened in
+/// userspace on its first call that can be served.
+pub(crate) fn pending(fd: c_int, ino: u64) {
+    let Some(i) = index(fd) else { return };
+    ANY.store(true, Ordering::Relaxed);
+    let guard = epoch::pin();
+    forget_with(i, &guard);
+    PENDING[i].store(ino, Ordering::Release);
+}
+
+/// Opens `fd` (inode `ino` on pmfs mount `m`) in userspace, or leaves it to the kernel when
+/// that is not possible.
+fn install(i: usize, fd: c_int, m: usize, ino: u64) {
+    let obj = open(fd, m, ino);
+    let guard = epoch::pin();
+    let new = match obj {
+        Some(s) => {
+            ANY.store(true, Ordering::Relaxed);
+            Owned::new(s).into_shared(&guard)
+        }
+        None => Shared::null(),
+    };
+    let old = SLOTS[i].swap(new, Ordering::AcqRel, &guard);
+    release(old, &guard);
+}
+
+fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
+    // SAFETY: F_GETFL takes no pointer.
+    let flags = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) };
+    if flags < 0 {
+        return None;
+    }
+    let flags = flags as c_int;
+    if flags & libc::O_PATH != 0 {
+        return None;
+    }
+    let (read, write) = match flags & libc::O_ACCMODE {
+        libc::O_RDONLY => (true, false),
+        // Appending only: every call would go to the kernel anyway.
+        libc::O_WRONLY if flags & libc::O_APPEND != 0 => return None,
+        libc::O_WRONLY => (false, true),
+        libc::O_RDWR => (true, true),
+        _ => return None,
+    };
+    let client = client(m)?;
+    let saved = crate::errno();
+    let node = client.open_ino(
+        Ino::from_raw(ino),
+        OpenMode {
+            read,
+            write,
+            truncate: false,
+        },
+    );
+    crate::set_errno(saved);
+    Some(Served {
+        node: UnsafeCell::new(ManuallyDrop::new(node.ok()?)),
+        read,
+        write,
+        append: AtomicBool::new(flags & libc::O_APPEND != 0),
+        active: AtomicUsize::new(0),
+        closing: AtomicBool::new(false),
+        dropped: AtomicBool::new(false),
+        generation: generation(),
+        refs: AtomicUsize::new(1),
+    })
+}
+
+/// `fd` no longer refers to what it did (closed or replaced).
+pub(crate) fn forget(fd: c_int) {
+    let Some(i) = index(fd) else { return };
+    let guard = epoch::pin();
+    forget_with(i, &guard);
+}
+
+/// As [`forget`] for every descriptor in `first..=last`.
+pub(crate) fn forget_range(first: usize, last: usize) {
+    if !ANY.load(Ordering::Relaxed) || first >= TABLE_FDS {
+        return;
+    }
+    let guard = epoch::pin();
+    for i in first..=last.min(TABLE_FDS - 1) {
+        forget_with(i, &guard);
+    }
+}
+
+fn forget_with(i: usize, guard: &Guard) {
+    PENDING[i].store(0, Ordering::Release);
+    if SLOTS[i].load(Ordering::Relaxed, guard).is_null() {
+        return;
+    }
+    let old = SLOTS[i].swap(Shared::null(), Ordering::AcqRel, guard);
+    release(old, guard);
+}
+
+/// `new` became a duplicate of `old`: they share the object.
+pub(crate) fn share(old: c_int, new: c_int) {
+    let (Some(o), Some(n)) = (index(old), index(new)) else {
+        if let Some(n) = index(new) {
+            forget(n as c_int);
+        }
+        return;
+    };
+    let guard = epoch::pin();
+    let p = SLOTS[o].load(Ordering::Acquire, &guard);
+    let pending = PENDING[o].load(Ordering::Acquire);
+    // SAFETY: loaded under `guard`: not freed before the guard is dropped.
+    let shared = match unsafe { p.as_ref() } {
+        Some(s)
+            if s.generation == generation()
+                && s.refs
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                        (r > 0).then_some(r + 1)
+                    })
+                    .is_ok() =>
+        {
+            p
+        }
+        _ => Shared::null(),
+    };
+    let prev = SLOTS[n].swap(shared, Ordering::AcqRel, &guard);
+    release(prev, &guard);
+    PENDING[n].store(
+        if shared.is_null() { pending } else { 0 },
+        Ordering::Release,
+    );
+}
+
+/// Drops one descriptor's reference; the last one frees the object once no call uses it.
+fn release(p: Shared<'_, Served>, guard: &Guard) {
+    // SAFETY: loaded under `guard`.
+    let Some(s) = (unsafe { p.as_ref() }) else {
+        return;
+    };
+    // An object of the parent's image (after fork) is never dropped here: see the module docs.
+    if s.generation == generation() && s.refs.fetch_sub(1, Ordering::AcqRel) == 1 {
+        s.retire();
+        // SAFETY: no slot points at it any more and no new reference can be taken (refs is
+        // 0); calls still using it hold guards, which the destruction waits for.
+        unsafe { guard.defer_destroy(p) };
+    }
+}
+
+/// Runs `f` on the object of `fd` if it is served in userspace; `None` means "kernel path".
+/// Counts the calls `f` served.
+pub(crate) fn with<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option<R> {
+    let r = use_object(fd, f)?;
+    crate::SERVED.fetch_add(1, Ordering::Relaxed);
+    Some(r)
+}
+
+fn use_object<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option<R> {
+    let i = index(fd)?;
+    if !ANY.load(Ordering::Relaxed) {
+        return None;
+    }
+    let guard = epoch::pin();
+    let mut p = SLOTS[i].load(Ordering::Acquire, &guard);
+    if p.is_null() {
+        let ino = PENDING[i].swap(0, Ordering::AcqRel);
+        let crate::fdtable::Kind::Pmfs(m) = crate::fdtable::get(fd) else {
+            return None;
+        };
+        if ino == 0 {
+            return None;
+        }
+        install(i, fd, m, ino);
+        p = SLOTS[i].load(Ordering::Acquire, &guard);
+    }
+    // SAFETY: loaded under `guard`, which lives until `f` returned.
+    let s = unsafe { p.as_ref() }?;
+    if s.generation != generation() || !s.enter() {
+        return None;
+    }
+    let r = f(s);
+    s.leave();
+    r
+}
+
+/// As [`with`], without counting a served call (the call itself went to the kernel).
+pub(crate) fn peek<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option<R> {
+    use_object(fd, f)
+}
+
+/// `fd` is being mapped: its description goes to the kernel from now on (its node is
+/// released), and the kernel
+/// learns the file's size first (it faults in the mapping against the size it last asked the
+/// daemon for, which misses extensions written in userspace since: touching pages past it
+/// would raise SIGBUS).
+pub(crate) fn mapped(fd: c_int) {
+    let Some(i) = index(fd) else { return };
+    if !ANY.load(Ordering::Relaxed) {
+        return;
+    }
+    let guard = epoch::pin();
+    PENDING[i].store(0, Ordering::Release);
+    // SAFETY: loaded under `guard`.
+    if let Some(s) = unsafe { SLOTS[i].load(Ordering::Acquire, &guard).as_ref() } {
+        s.retire();
+        let saved = crate::errno();
+        let mut st = core::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: a stat buffer; the result only refreshes the kernel's attribute cache.
+        unsafe { libc::syscall(libc::SYS_fstat, fd, st.as_mut_ptr()) };
+        crate::set_errno(saved);
+    }
+}
+
+/// `F_SETFL` set `flags` on `fd`'s description.
+pub(crate) fn set_flags(fd: c_int, flags: c_int) {
+    let Some(i) = index(fd) else { return };
+    if !ANY.load(Ordering::Relaxed) {
+        return;
+    }
+    let guard = epoch::pin();
+    // SAFETY: loaded under `guard`.
+    if let Some(s) = unsafe { SLOTS[i].load(Ordering::Acquire, &guard).as_ref() } {
+        s.append
+            .store(flags & libc::O_APPEND != 0, Ordering::Release);
+    }
+}
+
+/// In a fork child: a new generation, clients to attach afresh.
+pub(crate) fn after_fork_in_child() {
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+    for (state, client) in CLIENT_STATE.iter().zip(&CLIENTS) {
+        client.store(core::ptr::null_mut(), Ordering::Release);
+        state.store(UNTRIED, Ordering::Release);
+    }
+}
+
+/// At exit, `_exit` and exec: drops every object (releasing the pins of the files' logs) once
+/// no call uses it.
+pub(crate) fn release_all() {
+    if !ANY.load(Ordering::Relaxed) {
+        return;
+    }
+    forget_range(0, TABLE_FDS - 1);
+    for _ in 0..4 {
+        epoch::pin().flush();
+    }
+}
+
+fn errno_of(e: &pmfs::Error) -> isize {
+    crate::set_errno(e.errno());
+    -1
+}
+
+fn seek(fd: c_int, off: i64, whence: c_int) -> Option<u64> {
+    // SAFETY: lseek takes plain integers.
+    let r = unsafe { libc::syscall(libc::SYS_lseek, fd, off, whence) };
+    u64::try_from(r).ok()
+}
+
+/// Linux's largest single transfer.
+const MAX_RW: usize = 0x7fff_f000;
+
+impl Served {
+    /// `pread` at `off`, or at the descriptor's offset (moved past the bytes read) if `None`.
+    ///
+    /// # Safety
+    /// `buf` is writable for `n` bytes (the C contract of read).
+    pub(crate) unsafe fn read(
+        &self,
+        fd: c_int,
+        buf: *mut u8,
+        n: usize,
+        off: Option<i64>,
+    ) -> Option<isize> {
+        if !self.read || n == 0 || buf.is_null() {
+            return None;
+        }
+        let n = n.min(MAX_RW);
+        let at = match off {
+            Some(o) => u64::try_from(o).ok()?,
+            None => seek(fd, 0, libc::SEEK_CUR)?,
+        };
+        // SAFETY: the caller's buffer, writable for `n` bytes.
+        let dst = unsafe { core::slice::from_raw_parts_mut(buf, n) };
+        Some(match self.node().read_at(dst, at) {
+            Ok(k) => {
+                if off.is_none() {
+                    seek(fd, (at + k as u64) as i64, libc::SEEK_SET)?;
+                }
+                k as isize
+            }
+            Err(e) => errno_of(&e),
+        })
+    }
+
+    /// `pwrite` at `off`, or `write` at the descriptor's offset if `None`.
+    ///
+    /// # Safety
+    /// `buf` is readable for `n` bytes (the C contract of write).
+    pub(crate) unsafe fn write(
+        &self,
+        fd: c_int,
+        buf: *const u8,
+        n: usize,
+        off: Option<i64>,
+    ) -> Option<isize> {
+        if !self.write || n == 0 || buf.is_null() || self.append.load(Ordering::Acquire) {
+            return None;
+        }
+        let n = n.min(MAX_RW);
+        // SAFETY: the caller's buffer, readable for `n` bytes.
+        let src = unsafe { core::slice::from_raw_parts(buf, n) };
+        self.write_slice(fd, src, off)
+    }
+
+    fn write_slice(&self, fd: c_int, src: &[u8], off: Option<i64>) -> Option<isize> {
+        let at = match off {
+            Some(o) => u64::try_from(o).ok()?,
+            None => seek(fd, 0, libc::SEEK_CUR)?,
+        };
+        Some(match self.node().write_at(src, at) {
+            Ok(k) => {
+                if off.is_none() {
+                    seek(fd, (at + k as u64) as i64, libc::SEEK_SET)?;
+                }
+                k as isize
+            }
+            Err(e) => errno_of(&e),
+        })
+    }
+
+    /// `preadv`/`readv`: fills the buffers in order, stopping at a short read.
+    ///
+    /// # Safety
+    /// `iov` points at `cnt` valid iovecs (the C contract of readv).
+    pub(crate) unsafe fn readv(
+        &self,
+        fd: c_int,
+        iov: *const libc::iovec,
+        cnt: c_int,
+        off: Option<i64>,
+    ) -> Option<isize> {
+        let iovs = iovecs(iov, cnt)?;
+        if !self.read {
+            return None;
+        }
+        let start = match off {
+            Some(o) => u64::try_from(o).ok()?,
+            None => seek(fd, 0, libc::SEEK_CUR)?,
+        };
+        let mut done = 0usize;
+        for v in iovs {
+            if v.iov_len == 0 {
+                continue;
+            }
+            if v.iov_base.is_null() || done + v.iov_len > MAX_RW {
+                return None;
+            }
+            // SAFETY: the caller's iovec buffer.
+            let dst =
+                unsafe { core::slice::from_raw_parts_mut(v.iov_base.cast::<u8>(), v.iov_len) };
+            match self.node().read_at(dst, start + done as u64) {
+                Ok(k) => {
+                    done += k;
+                    if k < v.iov_len {
+                        break;
+                    }
+                }
+                Err(e) if done == 0 => return Some(errno_of(&e)),
+                Err(_) => break,
+            }
+        }
+        if off.is_none() {
+            seek(fd, (start + done as u64) as i64, libc::SEEK_SET)?;
+        }
+        Some(done as isize)
+    }
+
+    /// `pwritev`/`writev`: the buffers gathered and written as one atomic write.
+    ///
+    /// # Safety
+    /// `iov` points at `cnt` valid iovecs (the C contract of writev).
+    pub(crate) unsafe fn writev(
+        &self,
+        fd: c_int,
+        iov: *const libc::iovec,
+        cnt: c_int,
+        off: Option<i64>,
+    ) -> Option<isize> {
+        let iovs = iovecs(iov, cnt)?;
+        if !self.write || self.append.load(Ordering::Acquire) {
+            return None;
+        }
+        let total = iovs
+            .iter()
+            .map(|v| v.iov_len)
+            .try_fold(0usize, |a, l| a.checked_add(l))?;
+        if total == 0 || total > MAX_RW {
+            return None;
+        }
+        let mut all = Vec::with_capacity(total);
+        for v in iovs {
+            if v.iov_len > 0 {
+                if v.iov_base.is_null() {
+                    return None;
+                }
+                // SAFETY: the caller's iovec buffer.
+                all.extend_from_slice(unsafe {
+                    core::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len)
+                });
+            }
+        }
+        self.write_slice(fd, &all, off)
+    }
+
+    /// `lseek(fd, off, SEEK_END)` against the size the log says now.
+    pub(crate) fn seek_end(&self, fd: c_int, off: i64) -> Option<i64> {
+        let size = i64::try_from(self.node().size().ok()?).ok()?;
+        let to = size.checked_add(off).filter(|&t| t >= 0)?;
+        seek(fd, to, libc::SEEK_SET).map(|o| o as i64)
+    }
+
+    /// `fsync`/`fdatasync`: every update is durable on return already; a fence orders them.
+    pub(crate) fn sync(&self) -> Option<c_int> {
+        self.node().sync();
+        Some(0)
+    }
+
+    /// `ftruncate`.
+    pub(crate) fn truncate(&self, len: i64) -> Option<c_int> {
+        if !self.write {
+            return None;
+        }
+        let len = u64::try_from(len).ok()?;
+        Some(match self.node().set_len(len) {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e) as c_int,
+        })
+    }
+
+    /// `fallocate` modes 0, `KEEP_SIZE` and `PUNCH_HOLE | KEEP_SIZE`.
+    pub(crate) fn allocate(&self, mode: c_int, off: i64, len: i64) -> Option<c_int> {
+        if !self.write || off < 0 || len <= 0 {
+            return None;
+        }
+        let (off, len) = (off as u64, len as u64);
+        let r = match mode {
+            0 => self.node().allocate(off, len, false),
+            libc::FALLOC_FL_KEEP_SIZE => self.node().allocate(off, len, true),
+            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => {
+                self.node().punch_hole(off, len)
+            }
+            _ => return None,
+        };
+        Some(match r {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e) as c_int,
+        })
+    }
+
+    /// The file's size as the log says now.
+    pub(crate) fn size(&self) -> Option<u64> {
+        self.node().size().ok()
+    }
+}
+
+/// The caller's iovec array, if its count is one the kernel accepts.
+fn iovecs<'a>(iov: *const libc::iovec, cnt: c_int) -> Option<&'a [libc::iovec]> {
+    let cnt = usize::try_from(cnt).ok().filter(|&c| c > 0 && c <= 1024)?;
+    if iov.is_null() {
+        return None;
+    }
+    // SAFETY: the C contract of the vectored calls: `iov` points at `cnt` iovecs.
+    Some(unsafe { core::slice::from_raw_parts(iov, cnt) })
+}
