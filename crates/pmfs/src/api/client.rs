@@ -50,6 +50,9 @@ impl Volume {
     ///   frees it only once no process has its log open, else at its next mount).
     /// - Sizes and times the owner reports come from the inode after the digest; the owner's
     ///   directory caches know nothing of the client. Times are stamped by the writer.
+    /// - A hole punch with partial edge blocks *and* whole blocks is two log updates; the owner
+    ///   makes the pair atomic with its journal, which a client cannot use, so a client killed
+    ///   between them leaves the edges zeroed and the whole blocks still mapped.
     /// - Process liveness for the digest cursor is judged by `/proc/<pid>`: owner and clients
     ///   must share a PID namespace.
     /// - The owner's mapping caches must not outlive a client's remapping: HashFS translation
