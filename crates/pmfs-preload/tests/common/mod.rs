@@ -147,13 +147,9 @@ impl Mounted {
         &self.mnt
     }
 
-    /// Unmounts, mounts once more and unmounts again, requiring clean daemon exits and a clean
-    /// `pmfs fsck`. The extra mount is the owner's: it frees what clients of the pool could
-    /// only leave behind (files unlinked while a client had them open, pins and staged blocks
-    /// of clients that died; see `pmfs::Volume::attach`).
+    /// Unmounts, requiring a clean daemon exit and a clean `pmfs fsck`: the processes that used
+    /// the library left no pin, staged block or orphan behind.
     pub fn unmount_and_fsck(mut self) {
-        self.unmount();
-        self.mount();
         self.unmount();
         let out = Command::new(pmfs_bin())
             .arg("fsck")
