@@ -1,10 +1,12 @@
 //! Concurrent writers and readers on one file, each through its own handle, on every mapping
 //! kind (and on a HashFS pool through a separately attached client per thread, where no DRAM
-//! lock serialises the writers), are linearizable at block granularity. Writers write
-//! block-aligned ranges of 1..4 blocks at random offsets, every 8-byte word of a write
-//! holding the write's tag (writer, sequence number). Every read, and the final state, is
-//! checked against the record of which writes started and returned when:
-//! - no block is torn: it holds one tag of a write that had started;
+//! lock serialises the writers), are linearizable. Writers write block-aligned ranges of
+//! 1..4 blocks, or (checked per 8-byte word) ranges of any 8-byte-aligned offset and length
+//! up to 3 blocks, so that concurrent writes share partial blocks; every word of a write
+//! holds the write's tag (writer, sequence number). Every read, and the final state, is
+//! checked against the record of which writes started and returned when (per block, or per
+//! word):
+//! - no block is torn: it holds one tag of a write that had started and covers it;
 //! - a write that returned before the read started is never undone by an older one;
 //! - a multi-block write is seen whole: when one block of it shows it and another block of
 //!   it shows a different write, that write is a later one (it did not return before the
@@ -21,7 +23,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
-use data_common::lin::{Rec, check_final, check_read, tag, tags_of};
+use data_common::lin::{
+    Rec, check_final, check_read, check_words, check_words_final, tag, tags_of, words_of,
+};
 use data_common::rng::Rng;
 use data_common::{BS, Config, KINDS, RW, create, sim_options};
 use pmfs::{MappingKind, OpenNode, Volume};
@@ -49,7 +53,7 @@ impl History {
     }
 }
 
-fn run(kind: MappingKind, writers: u64, seed: u64) {
+fn run(kind: MappingKind, unit: Unit, writers: u64, seed: u64) {
     let media: Arc<dyn Media> = Arc::new(HeapRegion::new(8 << 20).unwrap());
     let cfg = Config {
         kind,
@@ -64,21 +68,86 @@ fn run(kind: MappingKind, writers: u64, seed: u64) {
     exercise(
         &format!("{kind:?}"),
         &|| vol.open_ino(ino, RW).unwrap(),
+        unit,
         writers,
         seed,
     );
     vol.close().unwrap();
 }
 
+/// What a write covers and the checks work on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unit {
+    /// Whole blocks (writes of 1..4 blocks).
+    Block,
+    /// 8-byte words (writes of 1..1536 words at any word, so most start and end inside
+    /// blocks and share blocks with others).
+    Word,
+}
+
+impl Unit {
+    fn bytes(self) -> u64 {
+        match self {
+            Unit::Block => BS,
+            Unit::Word => 8,
+        }
+    }
+
+    fn count(self) -> u64 {
+        BLOCKS * BS / self.bytes()
+    }
+
+    fn write_len(self, rng: &mut Rng) -> u64 {
+        match self {
+            Unit::Block => rng.range(1, 4),
+            Unit::Word => rng.range(1, 3 * BS / 8),
+        }
+    }
+
+    fn read_len(self, rng: &mut Rng) -> u64 {
+        rng.range(1, self.count() / 2)
+    }
+
+    /// Checks a read of the units from `first`.
+    fn check(
+        self,
+        buf: &[u8],
+        first: u64,
+        rstart: u64,
+        rend: u64,
+        writes: &HashMap<u64, Rec>,
+    ) -> Result<(), String> {
+        match self {
+            Unit::Block => check_read(&tags_of(buf, first)?, first, rstart, rend, writes),
+            Unit::Word => check_words(&words_of(buf), first, rstart, rend, writes),
+        }
+    }
+
+    /// Checks the final state of the whole file.
+    fn check_final(self, buf: &[u8], writes: &HashMap<u64, Rec>, now: u64) -> Result<(), String> {
+        match self {
+            Unit::Block => check_final(&tags_of(buf, 0)?, writes, now),
+            Unit::Word => check_words_final(&words_of(buf), writes, now),
+        }
+    }
+}
+
 /// Runs `writers` writer threads and two readers, each on its own handle from `open`, and
 /// checks every read and the final state.
-fn exercise(label: &str, open: &(dyn Fn() -> OpenNode + Sync), writers: u64, seed: u64) {
+fn exercise(
+    label: &str,
+    open: &(dyn Fn() -> OpenNode + Sync),
+    unit: Unit,
+    writers: u64,
+    seed: u64,
+) {
+    let ub = unit.bytes();
     let hist = History::default();
     hist.writes.lock().unwrap().insert(
         tag(0, 0),
         Rec {
             first: 0,
-            len: BLOCKS,
+            len: unit.count(),
             start: 0,
             end: 0,
         },
@@ -93,13 +162,13 @@ fn exercise(label: &str, open: &(dyn Fn() -> OpenNode + Sync), writers: u64, see
             handles.push(s.spawn(move || {
                 let mut rng = Rng::new(seed ^ w);
                 for seq in 1..=WRITES {
-                    let len = rng.range(1, 4);
-                    let first = rng.range(0, BLOCKS - len);
+                    let len = unit.write_len(&mut rng);
+                    let first = rng.range(0, unit.count() - len);
                     let t = tag(w, seq);
-                    let buf: Vec<u8> =
-                        std::iter::repeat_n(t.to_le_bytes(), (len * BS / 8) as usize)
-                            .flatten()
-                            .collect();
+                    let mut buf = vec![0u8; (len * ub) as usize];
+                    for word in buf.chunks_exact_mut(8) {
+                        word.copy_from_slice(&t.to_le_bytes());
+                    }
                     let start = hist.tick();
                     hist.writes.lock().unwrap().insert(
                         t,
@@ -110,7 +179,7 @@ fn exercise(label: &str, open: &(dyn Fn() -> OpenNode + Sync), writers: u64, see
                             end: u64::MAX,
                         },
                     );
-                    node.write_at(&buf, first * BS).unwrap();
+                    node.write_at(&buf, first * ub).unwrap();
                     let end = hist.tick();
                     hist.writes.lock().unwrap().get_mut(&t).unwrap().end = end;
                 }
@@ -124,18 +193,17 @@ fn exercise(label: &str, open: &(dyn Fn() -> OpenNode + Sync), writers: u64, see
                 let mut rng = Rng::new(seed ^ (100 + r));
                 while !done.load(Ordering::SeqCst) {
                     let (first, len) = if r == 0 {
-                        (0, BLOCKS)
+                        (0, unit.count())
                     } else {
-                        let len = rng.range(1, 8);
-                        (rng.range(0, BLOCKS - len), len)
+                        let len = unit.read_len(&mut rng);
+                        (rng.range(0, unit.count() - len), len)
                     };
-                    let mut buf = vec![0u8; (len * BS) as usize];
+                    let mut buf = vec![0u8; (len * ub) as usize];
                     let rstart = hist.tick();
-                    let n = node.read_at(&mut buf, first * BS).unwrap();
+                    let n = node.read_at(&mut buf, first * ub).unwrap();
                     let rend = hist.tick();
                     assert_eq!(n, buf.len(), "{label}: short read");
-                    let tags = tags_of(&buf, first).unwrap_or_else(|e| panic!("{label}: {e}"));
-                    check_read(&tags, first, rstart, rend, &hist.snapshot())
+                    unit.check(&buf, first, rstart, rend, &hist.snapshot())
                         .unwrap_or_else(|e| panic!("{label}: {e}"));
                     reads.fetch_add(1, Ordering::Relaxed);
                 }
@@ -152,31 +220,38 @@ fn exercise(label: &str, open: &(dyn Fn() -> OpenNode + Sync), writers: u64, see
     assert_eq!(node.size().unwrap(), BLOCKS * BS);
     let mut buf = vec![0u8; (BLOCKS * BS) as usize];
     node.read_at(&mut buf, 0).unwrap();
-    let tags = tags_of(&buf, 0).unwrap_or_else(|e| panic!("{label}: final: {e}"));
     drop(node);
-    let writes = hist.snapshot();
-    check_final(&tags, &writes, hist.tick()).unwrap_or_else(|e| panic!("{label}: {e}"));
+    unit.check_final(&buf, &hist.snapshot(), hist.tick())
+        .unwrap_or_else(|e| panic!("{label}: final: {e}"));
 }
 
 #[test]
 fn two_writers_and_two_readers_are_linearizable() {
     for (i, kind) in KINDS.into_iter().enumerate() {
-        run(kind, 2, 11 + i as u64);
+        run(kind, Unit::Block, 2, 11 + i as u64);
     }
 }
 
 #[test]
 fn three_writers_and_two_readers_are_linearizable() {
     for (i, kind) in KINDS.into_iter().enumerate() {
-        run(kind, 3, 21 + i as u64);
+        run(kind, Unit::Block, 3, 21 + i as u64);
     }
 }
 
 #[test]
-fn attached_clients_in_threads_are_linearizable() {
-    // Each thread attaches its own client to a HashFS pool: no DRAM lock is shared, so
-    // concurrent writes race on the log tail (optimistic commits and retries).
-    let path = std::env::temp_dir().join(format!("pmfs-data-conc-{}.pool", std::process::id()));
+fn unaligned_writes_are_linearizable_per_word() {
+    for (i, kind) in KINDS.into_iter().enumerate() {
+        run(kind, Unit::Word, 3, 41 + i as u64);
+    }
+}
+
+/// Each thread attaches its own client to a HashFS pool: no DRAM lock is shared, so
+/// concurrent writes race on the log tail (optimistic commits, re-copying the partial
+/// blocks a concurrent commit changed, and retries).
+fn attached(name: &str, unit: Unit, seed: u64) {
+    let path =
+        std::env::temp_dir().join(format!("pmfs-data-conc-{}-{name}.pool", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let opts = pmfs::Options {
         inodes: Some(64),
@@ -191,10 +266,11 @@ fn attached_clients_in_threads_are_linearizable() {
         f.ino()
     };
     exercise(
-        "attached HashFS clients",
+        &format!("attached HashFS clients, {unit:?}"),
         &|| Volume::attach(&path).unwrap().open_ino(ino, RW).unwrap(),
+        unit,
         3,
-        31,
+        seed,
     );
     vol.close().unwrap();
     let media: Arc<dyn Media> = Arc::new(pmfs_core::pm::PmRegion::open(&path).unwrap());
@@ -203,7 +279,17 @@ fn attached_clients_in_threads_are_linearizable() {
 }
 
 #[test]
-fn the_checker_rejects_torn_stale_and_partial_observations() {
+fn attached_clients_in_threads_are_linearizable() {
+    attached("blocks", Unit::Block, 31);
+}
+
+#[test]
+fn unaligned_writes_of_attached_clients_are_linearizable_per_word() {
+    attached("words", Unit::Word, 51);
+}
+
+#[test]
+fn the_checkers_reject_torn_stale_and_partial_observations() {
     let rec = |first, len, start, end| Rec {
         first,
         len,
@@ -226,6 +312,21 @@ fn the_checker_rejects_torn_stale_and_partial_observations() {
     // A tag outside the write's blocks, and a write from the future.
     assert!(check_read(&[0, 0, 0, tag(1, 1)], 0, 5, 6, &writes).is_err());
     assert!(check_read(&[tag(1, 1), tag(2, 1), tag(2, 1), 0], 0, 0, 2, &writes).is_err());
+    // Per word: (1, 1) wrote words 0..3, (2, 1) words 2..6 after it.
+    let words: HashMap<u64, Rec> = [
+        (tag(0, 0), rec(0, 8, 0, 0)),
+        (tag(1, 1), rec(0, 3, 1, 2)),
+        (tag(2, 1), rec(2, 4, 3, 4)),
+    ]
+    .into();
+    let (a, b) = (tag(1, 1), tag(2, 1));
+    check_words(&[a, a, b, b, b, b, 0, 0], 0, 5, 6, &words).unwrap();
+    check_words_final(&[a, a, b, b, b, b, 0, 0], &words, 7).unwrap();
+    // The head of (2, 1) lost to the older (1, 1): stale, and not a serial final state.
+    assert!(check_words(&[a, a, a, b, b, b, 0, 0], 0, 5, 6, &words).is_err());
+    assert!(check_words_final(&[a, a, a, b, b, b, 0, 0], &words, 7).is_err());
+    // (1, 1) seen in word 0 only.
+    assert!(check_words(&[a, 0, 0, 0, 0, 0, 0, 0], 0, 2, 6, &words).is_err());
     // A torn block.
     let mut blk = vec![0u8; BS as usize];
     blk[8..16].copy_from_slice(&tag(1, 1).to_le_bytes());

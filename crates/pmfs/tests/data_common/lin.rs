@@ -117,3 +117,118 @@ pub fn check_final(tags: &[u64], writes: &HashMap<u64, Rec>, now: u64) -> Result
     }
     Ok(())
 }
+
+/// A maximal run of 8-byte words `[from, to)` (word indexes in the file) holding one tag.
+#[derive(Clone, Copy, Debug)]
+struct Seg {
+    from: u64,
+    to: u64,
+    tag: u64,
+}
+
+fn segments(words: &[u64], first: u64) -> Vec<Seg> {
+    let mut out: Vec<Seg> = Vec::new();
+    for (i, &t) in words.iter().enumerate() {
+        let at = first + i as u64;
+        match out.last_mut() {
+            Some(s) if s.tag == t && s.to == at => s.to = at + 1,
+            _ => out.push(Seg {
+                from: at,
+                to: at + 1,
+                tag: t,
+            }),
+        }
+    }
+    out
+}
+
+/// Whether `[a, b)` and `[c, d)` overlap.
+fn overlap(a: u64, b: u64, c: u64, d: u64) -> bool {
+    a < d && c < b
+}
+
+/// The 8-byte words of `buf`, read at byte offset `8 * first`.
+pub fn words_of(buf: &[u8]) -> Vec<u64> {
+    buf.chunks(8)
+        .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+        .collect()
+}
+
+/// [`check_read`] at the granularity of 8-byte words, for writes of any 8-byte-aligned
+/// range (`Rec::first`/`len` count words): every word holds the tag of a started write that
+/// covers it; no word shows a write that a write of it, returned before the read started,
+/// followed; a write seen in some word is seen in all its words of the read except where a
+/// later write that does not cover the first word shows.
+pub fn check_words(
+    words: &[u64],
+    first: u64,
+    rstart: u64,
+    rend: u64,
+    writes: &HashMap<u64, Rec>,
+) -> Result<(), String> {
+    let segs = segments(words, first);
+    for s in &segs {
+        let w = writes.get(&s.tag).ok_or_else(|| {
+            format!(
+                "words {}..{} hold {:#x}, which no write wrote",
+                s.from, s.to, s.tag
+            )
+        })?;
+        let (w0, w1) = (w.first, w.first + w.len);
+        if s.from < w0 || s.to > w1 {
+            return Err(format!(
+                "words {}..{} hold {:#x}, a write of {w0}..{w1}",
+                s.from, s.to, s.tag
+            ));
+        }
+        if w.start > rend {
+            return Err(format!(
+                "words {}..{} hold {:#x}, which started after the read",
+                s.from, s.to, s.tag
+            ));
+        }
+        if let Some((ft, f)) = writes.iter().find(|(_, f)| {
+            overlap(f.first, f.first + f.len, s.from, s.to) && f.end < rstart && f.start > w.end
+        }) {
+            return Err(format!(
+                "words {}..{} hold {:#x} {w:?}, undone by {ft:#x} {f:?} before the read",
+                s.from, s.to, s.tag
+            ));
+        }
+        for o in &segs {
+            if o.tag == s.tag || !overlap(o.from, o.to, w0, w1) {
+                continue;
+            }
+            let v = &writes[&o.tag];
+            if overlap(v.first, v.first + v.len, s.from, s.to) || v.end < w.start {
+                return Err(format!(
+                    "write {:#x} {w:?} is seen in words {}..{} but words {}..{} hold {:#x} {v:?}",
+                    s.tag, s.from, s.to, o.from, o.to, o.tag
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`check_final`] at the granularity of 8-byte words.
+pub fn check_words_final(
+    words: &[u64],
+    writes: &HashMap<u64, Rec>,
+    now: u64,
+) -> Result<(), String> {
+    check_words(words, 0, now, now, writes)?;
+    for s in segments(words, 0) {
+        let w = writes[&s.tag];
+        if let Some((ft, f)) = writes
+            .iter()
+            .find(|(_, f)| overlap(f.first, f.first + f.len, s.from, s.to) && f.start > w.end)
+        {
+            return Err(format!(
+                "final words {}..{} hold {:#x} {w:?}, but {ft:#x} {f:?} followed",
+                s.from, s.to, s.tag
+            ));
+        }
+    }
+    Ok(())
+}
