@@ -1,8 +1,9 @@
 //! Several processes write one file of a HashFS pool at once, each attached to the pool
 //! (`Volume::attach`) while the owner keeps it mounted and reads it, and the result is
-//! linearizable at block granularity (see `data_common::lin`): no torn block, no write undone
-//! by an older one, multi-block writes seen whole, and the final state a serial order of the
-//! writes. One test SIGKILLs a writer in the middle of its stream: the other writers finish,
+//! linearizable (see `data_common::lin`): no torn block, no write undone by an older one,
+//! multi-block writes seen whole, and the final state a serial order of the writes — at
+//! block granularity for block-aligned writes, and per 8-byte word for writes of any
+//! 8-byte-aligned range, which share partial blocks across processes. One test SIGKILLs a writer in the middle of its stream: the other writers finish,
 //! the owner sees a consistent file (the killed writer's last write whole or absent), and
 //! after a remount the file is unchanged and fsck is clean.
 //!
@@ -25,7 +26,9 @@ use std::time::Duration;
 use pmfs::{Ino, MappingKind, OpenNode, Options, Volume};
 use pmfs_core::pm::{Media, PmRegion};
 
-use data_common::lin::{Rec, check_final, check_read, tag, tags_of};
+use data_common::lin::{
+    Rec, check_final, check_read, check_words, check_words_final, tag, tags_of, words_of,
+};
 use data_common::rng::Rng;
 use data_common::{BS, RW, create};
 
@@ -46,9 +49,11 @@ fn now() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// What a writer process does: `pool;ino;id;writes;log`.
+/// What a writer process does: `pool;unit;ino;id;writes;log`.
 struct Role {
     pool: PathBuf,
+    /// Bytes per unit of the writes: a block, or an 8-byte word.
+    unit: u64,
     ino: u64,
     id: u64,
     writes: u64,
@@ -58,8 +63,9 @@ struct Role {
 impl Role {
     fn encode(&self) -> String {
         format!(
-            "{};{};{};{};{}",
+            "{};{};{};{};{};{}",
             self.pool.display(),
+            self.unit,
             self.ino,
             self.id,
             self.writes,
@@ -69,13 +75,14 @@ impl Role {
 
     fn decode(s: &str) -> Role {
         let p: Vec<&str> = s.split(';').collect();
-        assert_eq!(p.len(), 5, "bad {CHILD_ENV}={s:?}");
+        assert_eq!(p.len(), 6, "bad {CHILD_ENV}={s:?}");
         Role {
             pool: p[0].into(),
-            ino: p[1].parse().unwrap(),
-            id: p[2].parse().unwrap(),
-            writes: p[3].parse().unwrap(),
-            log: p[4].into(),
+            unit: p[1].parse().unwrap(),
+            ino: p[2].parse().unwrap(),
+            id: p[3].parse().unwrap(),
+            writes: p[4].parse().unwrap(),
+            log: p[5].into(),
         }
     }
 }
@@ -88,13 +95,23 @@ struct Read {
     tags: Vec<u64>,
 }
 
-fn read_blocks(node: &OpenNode, first: u64, len: u64) -> Read {
-    let mut buf = vec![0u8; (len * BS) as usize];
+/// Units of the file.
+fn units(unit: u64) -> u64 {
+    BLOCKS * BS / unit
+}
+
+/// Reads `len` units from unit `first`.
+fn read_units(node: &OpenNode, unit: u64, first: u64, len: u64) -> Read {
+    let mut buf = vec![0u8; (len * unit) as usize];
     let start = now();
-    let n = node.read_at(&mut buf, first * BS).unwrap();
+    let n = node.read_at(&mut buf, first * unit).unwrap();
     let end = now();
     assert_eq!(n, buf.len(), "short read");
-    let tags = tags_of(&buf, first).unwrap();
+    let tags = if unit == BS {
+        tags_of(&buf, first).unwrap()
+    } else {
+        words_of(&buf)
+    };
     Read {
         first,
         start,
@@ -112,21 +129,21 @@ fn run_child(role: &Role) {
     let mut log = fs::File::create(&role.log).unwrap();
     let mut rng = Rng::new(role.id * 7919);
     for seq in 1..=role.writes {
-        let len = rng.range(1, 4);
-        let first = rng.range(0, BLOCKS - len);
+        let len = rng.range(1, 3 * BS / role.unit);
+        let first = rng.range(0, units(role.unit) - len);
         let t = tag(role.id, seq);
-        let mut buf = vec![0u8; (len * BS) as usize];
+        let mut buf = vec![0u8; (len * role.unit) as usize];
         for w in buf.chunks_exact_mut(8) {
             w.copy_from_slice(&t.to_le_bytes());
         }
         log.write_all(format!("S {t} {first} {len} {}\n", now()).as_bytes())
             .unwrap();
-        node.write_at(&buf, first * BS).unwrap();
+        node.write_at(&buf, first * role.unit).unwrap();
         log.write_all(format!("E {t} {}\n", now()).as_bytes())
             .unwrap();
         if seq % 3 == 0 {
-            let len = rng.range(1, 8);
-            let r = read_blocks(&node, rng.range(0, BLOCKS - len), len);
+            let len = rng.range(1, units(role.unit) / 2);
+            let r = read_units(&node, role.unit, rng.range(0, units(role.unit) - len), len);
             let tags: Vec<String> = r.tags.iter().map(u64::to_string).collect();
             let line = format!("R {} {} {} {}\n", r.first, r.start, r.end, tags.join(" "));
             log.write_all(line.as_bytes()).unwrap();
@@ -202,7 +219,7 @@ fn expect_success(child: Child, who: &str) {
 /// microseconds) SIGKILLs that writer that long after it finished that many writes. The
 /// owner reads while they run, then checks every read and the final state, remounts and
 /// runs fsck.
-fn run_owner(test: &str, writes: &[u64], kill: Option<(usize, usize, u64)>) {
+fn run_owner(test: &str, unit: u64, writes: &[u64], kill: Option<(usize, usize, u64)>) {
     let dir = scratch(test);
     let pool = dir.join("pool");
     let opts = Options {
@@ -222,7 +239,7 @@ fn run_owner(test: &str, writes: &[u64], kill: Option<(usize, usize, u64)>) {
         tag(0, 0),
         Rec {
             first: 0,
-            len: BLOCKS,
+            len: units(unit),
             start: 0,
             end: 0,
         },
@@ -232,6 +249,7 @@ fn run_owner(test: &str, writes: &[u64], kill: Option<(usize, usize, u64)>) {
         .enumerate()
         .map(|(i, &n)| Role {
             pool: pool.clone(),
+            unit,
             ino: ino.raw(),
             id: i as u64 + 1,
             writes: n,
@@ -247,7 +265,7 @@ fn run_owner(test: &str, writes: &[u64], kill: Option<(usize, usize, u64)>) {
             let node = vol.open_ino(ino, RW).unwrap();
             let mut reads = Vec::new();
             while !done.load(Ordering::SeqCst) {
-                reads.push(read_blocks(&node, 0, BLOCKS));
+                reads.push(read_units(&node, unit, 0, units(unit)));
                 thread::sleep(Duration::from_millis(1));
             }
             reads
@@ -284,7 +302,7 @@ fn run_owner(test: &str, writes: &[u64], kill: Option<(usize, usize, u64)>) {
     reads.extend(owner_reads);
     assert!(history.len() > 1, "no write was logged");
     let node = vol.open_ino(ino, RW).unwrap();
-    let last = read_blocks(&node, 0, BLOCKS);
+    let last = read_units(&node, unit, 0, units(unit));
     if let Some(at) = killed_at {
         // The killed writer's last write, if it was running, is whole or absent; it
         // finished (if at all) before the kill.
@@ -307,16 +325,25 @@ fn run_owner(test: &str, writes: &[u64], kill: Option<(usize, usize, u64)>) {
         }
     }
     for r in &reads {
-        check_read(&r.tags, r.first, r.start, r.end, &history)
-            .unwrap_or_else(|e| panic!("read at {}..{}: {e}", r.start, r.end));
+        let checked = if unit == BS {
+            check_read(&r.tags, r.first, r.start, r.end, &history)
+        } else {
+            check_words(&r.tags, r.first, r.start, r.end, &history)
+        };
+        checked.unwrap_or_else(|e| panic!("read at {}..{}: {e}", r.start, r.end));
     }
-    check_final(&last.tags, &history, now()).unwrap_or_else(|e| panic!("{e}"));
+    let checked = if unit == BS {
+        check_final(&last.tags, &history, now())
+    } else {
+        check_words_final(&last.tags, &history, now())
+    };
+    checked.unwrap_or_else(|e| panic!("{e}"));
     drop(node);
     vol.close().unwrap();
     // Remount (recovering what the killed writer left) and compare; then fsck.
     let vol = Volume::open(&pool).unwrap();
     let node = vol.open_ino(ino, RW).unwrap();
-    let again = read_blocks(&node, 0, BLOCKS);
+    let again = read_units(&node, unit, 0, units(unit));
     assert_eq!(again.tags, last.tags, "the file changed across the remount");
     drop(node);
     vol.close().unwrap();
@@ -343,6 +370,7 @@ fn writers_in_several_processes_are_linearizable() {
     }
     run_owner(
         "writers_in_several_processes_are_linearizable",
+        BS,
         &[150, 150, 150],
         None,
     );
@@ -357,8 +385,29 @@ fn a_writer_killed_mid_stream_leaves_the_others_and_the_file_consistent() {
     for delay in [0, 70, 150] {
         run_owner(
             "a_writer_killed_mid_stream_leaves_the_others_and_the_file_consistent",
+            BS,
             &[100_000, 150, 150],
             Some((0, 40, delay)),
         );
     }
+}
+
+#[test]
+fn unaligned_writers_in_several_processes_are_linearizable_per_word() {
+    if as_child() {
+        return;
+    }
+    run_owner(
+        "unaligned_writers_in_several_processes_are_linearizable_per_word",
+        8,
+        &[150, 150, 150],
+        None,
+    );
+    // And with a writer killed in the middle of its unaligned writes.
+    run_owner(
+        "unaligned_writers_in_several_processes_are_linearizable_per_word",
+        8,
+        &[100_000, 150, 150],
+        Some((0, 40, 60)),
+    );
 }
