@@ -3,9 +3,10 @@
 //! linearizable (see `data_common::lin`): no torn block, no write undone by an older one,
 //! multi-block writes seen whole, and the final state a serial order of the writes — at
 //! block granularity for block-aligned writes, and per 8-byte word for writes of any
-//! 8-byte-aligned range, which share partial blocks across processes. One test SIGKILLs a writer in the middle of its stream: the other writers finish,
-//! the owner sees a consistent file (the killed writer's last write whole or absent), and
-//! after a remount the file is unchanged and fsck is clean.
+//! 8-byte-aligned range, which share partial blocks across processes. Writers are also
+//! SIGKILLed in the middle of their stream: the other writers finish, the owner sees a
+//! consistent file (the killed writer's last write whole or absent), and after a remount the
+//! file is unchanged and fsck is clean.
 //!
 //! The writers are this test binary run again (`std::process::Command` on the current
 //! executable, selecting the same test) with a role in `PMFS_DATA_MP_CHILD`; each logs its
