@@ -244,6 +244,9 @@ fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
 /// `fd` no longer refers to what it did (closed or replaced).
 pub(crate) fn forget(fd: c_int) {
     let Some(i) = index(fd) else { return };
+    if !ANY.load(Ordering::Relaxed) {
+        return;
+    }
     let guard = epoch::pin();
     forget_with(i, &guard);
 }
