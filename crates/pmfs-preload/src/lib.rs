@@ -57,6 +57,10 @@
 //! - `mmap` of pmfs files maps through the kernel (no direct mapping of the pool); `munmap`
 //!   and `msync` are not interposed. A file mapped by *another* process is not told about
 //!   userspace writes (its mapping sees them only after the kernel re-reads the size/mtime).
+//! - A process that already served a file keeps reading and writing it in the pool when the
+//!   daemon dies or the mount goes away (the updates are valid log commits that the owner's
+//!   next mount recovers), instead of getting `EIO`; descriptors classified after that get
+//!   the kernel's errors.
 //! - `read`/`write` on one description from several threads or processes at once: the offset
 //!   update (`lseek`, copy, `lseek`) is not atomic as the kernel's is.
 //! - A buffer the kernel would answer `EFAULT` for crashes the caller instead.
