@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(pkg-config libpmem-dev libclang-dev clang fuse3 sqlite3 attr)
+packages=(pkg-config libpmem-dev libclang-dev clang gcc fuse3 sqlite3 attr fio)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
