@@ -8,10 +8,11 @@ use super::entry::Entry;
 use super::format::{ENTRIES_PER_BLOCK, FIRST_SLOT, Slot};
 use super::gc::Compaction;
 use super::replay::Replay;
-use super::{Log, Position};
+use super::{Log, Position, WalkCache};
 use crate::error::{Error, Result};
 use crate::layout::PmOff;
 use crate::pm::Media;
+use crate::sync::atomic::Ordering;
 use crate::traits::BlockAllocator;
 
 /// Bits of the cursor word holding the LSN of the first entry not yet applied.
@@ -178,7 +179,18 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
     /// The caller holds a pin.
     fn walk_to_lsn(&self, lsn: u64) -> Result<Walk> {
         let chain = self.chain();
-        let mut walk = self.walk_from_head()?;
+        let (head, h) = self.head()?;
+        let era = self.era.load(Ordering::SeqCst);
+        let cached = self
+            .walk_cache
+            .try_lock()
+            .ok()
+            .and_then(|c| *c)
+            .filter(|c| c.head == head && c.era == era && c.base + (c.slot - FIRST_SLOT) <= lsn);
+        let mut walk = match cached {
+            Some(c) => Walk::new(c.block, c.base, c.slot, self.blocks),
+            None => Walk::new(head, h.base.get(), FIRST_SLOT, self.blocks),
+        };
         while lsn >= walk.base.saturating_add(ENTRIES_PER_BLOCK) {
             let Some(next) = chain.next(walk.block)? else {
                 break;
@@ -190,6 +202,15 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
                 Slot::Empty => break,
                 s => walk.slot += s.width(),
             }
+        }
+        if let Ok(mut c) = self.walk_cache.try_lock() {
+            *c = Some(WalkCache {
+                head,
+                era,
+                block: walk.block,
+                base: walk.base,
+                slot: walk.slot,
+            });
         }
         Ok(walk)
     }

@@ -365,7 +365,28 @@ pub struct Log<M: Media, A: BlockAllocator + ?Sized> {
     /// A block prepared for a link that another appender won, or 0.
     spare: AtomicU64,
     retired: Mutex<Retired>,
+    /// Where the last walk to an LSN stopped (see [`WalkCache`]). A plain DRAM mutex, only
+    /// ever tried, never waited for: a walk that finds it taken starts at the head.
+    walk_cache: std::sync::Mutex<Option<WalkCache>>,
     closed: bool,
+}
+
+/// A boundary slot a walk to an LSN reached, kept so that the next walk to an LSN at or after
+/// it starts there instead of at the head (digest and overlay catch-up ask for LSNs near the
+/// tail, which would otherwise cost a read of every slot of the tail block).
+///
+/// It is used only while the head word names the same head block and the handle's era is the
+/// same as when it was taken. No compaction has then published a new head since, so the slot
+/// lies in the current chain on the way from the head to the requested LSN; and no reclamation
+/// of this handle has started since, so its block is not freed under a pinned walker (other
+/// processes never free while this handle is open).
+#[derive(Clone, Copy, Debug)]
+struct WalkCache {
+    head: BlockNo,
+    era: u64,
+    block: BlockNo,
+    base: u64,
+    slot: u64,
 }
 
 impl<M: Media, A: BlockAllocator + ?Sized> fmt::Debug for Log<M, A> {
@@ -475,6 +496,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
             reclaimed_below: AtomicU64::new(0),
             spare: AtomicU64::new(0),
             retired: Mutex::new(Retired::default()),
+            walk_cache: std::sync::Mutex::new(None),
             closed: false,
         }
     }
