@@ -5,7 +5,7 @@
 use super::chain::Walk;
 use super::check_root;
 use super::entry::Entry;
-use super::format::{ENTRIES_PER_BLOCK, FIRST_SLOT, Slot};
+use super::format::{ENTRIES_PER_BLOCK, FIRST_SLOT, HeadWord, Slot};
 use super::gc::Compaction;
 use super::replay::Replay;
 use super::{Log, Position, WalkCache};
@@ -179,17 +179,24 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
     /// The caller holds a pin.
     fn walk_to_lsn(&self, lsn: u64) -> Result<Walk> {
         let chain = self.chain();
-        let (head, h) = self.head()?;
         let era = self.era.load(Ordering::SeqCst);
+        let named = HeadWord(self.media.load_u64(self.root)?).head();
         let cached = self
             .walk_cache
             .try_lock()
             .ok()
             .and_then(|c| *c)
-            .filter(|c| c.head == head && c.era == era && c.base + (c.slot - FIRST_SLOT) <= lsn);
-        let mut walk = match cached {
-            Some(c) => Walk::new(c.block, c.base, c.slot, self.blocks),
-            None => Walk::new(head, h.base.get(), FIRST_SLOT, self.blocks),
+            .filter(|c| {
+                Some(c.head) == named && c.era == era && c.base + (c.slot - FIRST_SLOT) <= lsn
+            });
+        // On a hit the head block was validated when the cached walk started there (a block
+        // header never changes but for its link).
+        let (head, mut walk) = match cached {
+            Some(c) => (c.head, Walk::new(c.block, c.base, c.slot, self.blocks)),
+            None => {
+                let (head, h) = self.head()?;
+                (head, Walk::new(head, h.base.get(), FIRST_SLOT, self.blocks))
+            }
         };
         while lsn >= walk.base.saturating_add(ENTRIES_PER_BLOCK) {
             let Some(next) = chain.next(walk.block)? else {
