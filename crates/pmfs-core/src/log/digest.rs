@@ -264,10 +264,20 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
             };
             let end = {
                 let mut replay = self.iter_from_lsn(held.lsn)?;
-                for item in replay.by_ref() {
+                let mut next = replay.next();
+                while let Some(item) = next {
                     let (pos, entry) = item?;
                     apply(pos.lsn(), &entry)?;
-                    if !held.advance(pos.lsn() + 1, false)? {
+                    // After the last entry the cursor moves to the replay's end and is
+                    // released in one step (the same word the separate release would write).
+                    next = replay.next();
+                    let last = next.is_none();
+                    let to = if last {
+                        replay.position().lsn()
+                    } else {
+                        pos.lsn() + 1
+                    };
+                    if !held.advance(to, last)? {
                         return Ok(Digest::Busy);
                     }
                 }
@@ -279,7 +289,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
                     at: cursor,
                 });
             }
-            if !held.advance(end, true)? {
+            if !held.released && !held.advance(end, true)? {
                 return Ok(Digest::Busy);
             }
             done = Some(end);
