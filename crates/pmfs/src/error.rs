@@ -60,6 +60,13 @@ pub enum Error {
     /// The object is in use, e.g. the root directory as a rename source (`EBUSY`).
     #[error("resource busy")]
     Busy,
+    /// Another process (or another `Volume` of this one) owns the pool: it holds the owner
+    /// lock, an exclusive `flock` on the pool file (`EBUSY`). Use [`Volume::attach`] for a
+    /// data-only client of a pool that is owned elsewhere.
+    ///
+    /// [`Volume::attach`]: crate::Volume::attach
+    #[error("pool is in use by another owner (mounted?)")]
+    PoolInUse,
     /// Media content violates an invariant (`EUCLEAN`). `what` names the structure, `at` the
     /// offset in the region.
     #[error("corrupt {what} at {at}")]
@@ -95,7 +102,7 @@ impl Error {
             Error::FileTooLarge => libc::EFBIG,
             Error::BadHandle(_) => libc::EBADF,
             Error::ReadOnly => libc::EROFS,
-            Error::Busy => libc::EBUSY,
+            Error::Busy | Error::PoolInUse => libc::EBUSY,
             Error::Corrupt { .. } => EUCLEAN,
             Error::Unsupported(_) => libc::EOPNOTSUPP,
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),

@@ -293,3 +293,22 @@ fn files_that_cannot_be_pools_fail_to_open() {
     ));
     assert_eq!(std::fs::read(&noise).unwrap(), bytes);
 }
+
+#[test]
+fn a_pool_has_one_owner_at_a_time() {
+    let dir = Scratch::new("owner");
+    let pool = dir.path("pool");
+    make_pool(&pool);
+    let owner = Volume::open(&pool).unwrap();
+    // A second owner would run recovery under the live volume.
+    assert!(matches!(Volume::open(&pool), Err(Error::PoolInUse)));
+    let f = owner.open_file("/d/f").unwrap();
+    owner.close().unwrap();
+    // The engine lives on while a file is open, and so does its lock.
+    assert!(matches!(Volume::open(&pool), Err(Error::PoolInUse)));
+    drop(f);
+    let again = Volume::open(&pool).unwrap();
+    assert!(again.mount_report().clean, "the first owner closed cleanly");
+    assert_eq!(again.read("/d/f").unwrap(), b"pool content");
+    again.close().unwrap();
+}

@@ -90,18 +90,46 @@ fn split_parent<'p>(
     }
 }
 
+/// Takes the owner lock of the pool file at `path`: an exclusive `flock`, held while the
+/// returned file is open.
+fn owner_lock(path: &Path) -> Result<std::fs::File> {
+    let file = std::fs::File::open(path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::PoolInUse),
+        Err(std::fs::TryLockError::Error(e)) => Err(e.into()),
+    }
+}
+
 impl Volume {
     /// Creates the pool file `path` of `opts.size` bytes, formats it and mounts the volume
-    /// (like `File::create_new`: fails with `AlreadyExists` if the file exists).
+    /// (like `File::create_new`: fails with `AlreadyExists` if the file exists). The volume
+    /// holds the pool's owner lock (see [`open`](Volume::open)).
     pub fn create(path: impl AsRef<Path>, opts: &Options) -> Result<Volume> {
+        let path = path.as_ref();
         let region = PmRegion::create(path, opts.size)?;
-        Volume::format(Arc::new(region), opts)
+        let lock = owner_lock(path)?;
+        Volume::format(Arc::new(region), opts).map(|v| v.holding(lock))
     }
 
     /// Opens the pool file `path` and mounts its volume, recovering it if it was not closed
     /// cleanly.
+    ///
+    /// The volume owns the pool: it holds an exclusive `flock` on the pool file (the lock the
+    /// `pmfs` command and its FUSE daemon take too) until it is closed and its last file is
+    /// dropped. A pool that another owner holds fails with [`Error::PoolInUse`]: mounting it
+    /// twice would run recovery under a live volume.
     pub fn open(path: impl AsRef<Path>) -> Result<Volume> {
-        Volume::mount(Arc::new(PmRegion::open(path)?))
+        let path = path.as_ref();
+        let region = PmRegion::open(path)?;
+        let lock = owner_lock(path)?;
+        Volume::mount(Arc::new(region)).map(|v| v.holding(lock))
+    }
+
+    fn holding(self, lock: std::fs::File) -> Volume {
+        // A fresh engine has no lock yet, so the lock is always kept.
+        let _ = self.fs.owner_lock.set(lock);
+        self
     }
 
     /// Formats `media` as a new volume and mounts it.

@@ -112,6 +112,9 @@ pub(crate) struct Fs {
     pub client: bool,
     closed: AtomicBool,
     pub report: MountReport,
+    /// The owner lock of the pool file when the volume was opened by path; released when the
+    /// engine is dropped, after its clean close.
+    pub owner_lock: OnceLock<std::fs::File>,
 }
 
 impl std::fmt::Debug for Fs {
@@ -244,6 +247,7 @@ impl Fs {
             client: false,
             closed: AtomicBool::new(false),
             report: MountReport::default(),
+            owner_lock: OnceLock::new(),
         }
     }
 
