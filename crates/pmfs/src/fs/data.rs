@@ -25,7 +25,8 @@
 //!   with its bytes past the old size zeroed (a truncation leaves stale bytes there). If other
 //!   entries were committed meanwhile (another process), the writer folds them, re-copies only
 //!   the partial blocks whose old contents they changed, and retries; a truncation among them,
-//!   or a moved end of file for an append, makes it start over;
+//!   a moved end of file for an append, or entries it could not fold (compacted away after
+//!   being applied, or folded meanwhile by another thread of the process) make it start over;
 //! - a shrinking `set_len` is a `Truncate`; a growing one a `Write` without new data blocks
 //!   but with `extend_to` (and the zeroed copy of the old last block);
 //! - `allocate` maps fresh zeroed blocks over the holes of the range (past end of file too
@@ -359,6 +360,11 @@ impl Fs {
     /// Calls `seen` with each entry folded.
     /// `tail`: an LSN the caller saw as the tail (`u64::MAX` if unknown); an overlay already
     /// there reads nothing.
+    ///
+    /// Returns whether `seen` saw every entry since the last catch-up: false when the replay
+    /// had to start later — a compaction dropped applied entries the overlay had not folded
+    /// yet (the log keeps no record of them), or, conservatively, the overlay's next slot
+    /// became a reservation.
     fn catch_up(
         &self,
         ino: u32,
@@ -366,9 +372,11 @@ impl Fs {
         ov: &mut Overlay,
         tail: u64,
         seen: &mut dyn FnMut(&Entry),
-    ) -> Result<()> {
+    ) -> Result<bool> {
+        let mut whole = true;
         if ov.next_lsn() < tail {
             let mut replay = s.log.iter_from_lsn(ov.next_lsn())?;
+            whole = replay.position().lsn() <= ov.next_lsn();
             for item in replay.by_ref() {
                 let (pos, e) = item?;
                 seen(&e);
@@ -377,7 +385,7 @@ impl Fs {
             ov.advance_to(replay.position().lsn());
         }
         ov.prune(s.log.digested(self.inodes.field(ino, field::DIGEST))?);
-        Ok(())
+        Ok(whole)
     }
 
     /// The digested size word.
@@ -713,6 +721,8 @@ impl Fs {
                 }
                 Ok(())
             })();
+            // The copies above saw every entry below this LSN.
+            let folded = ov.next_lsn();
             drop(ov);
             if let Err(e) = staged {
                 self.unstage(&runs)?;
@@ -732,6 +742,7 @@ impl Fs {
                 &s,
                 f,
                 since,
+                folded,
                 &entry,
                 &partials,
                 size,
@@ -762,6 +773,7 @@ impl Fs {
         s: &Shared,
         f: &MapFile,
         mut since: pmfs_core::log::Position,
+        mut folded: u64,
         entry: &Entry,
         partials: &[Partial],
         planned_size: u64,
@@ -774,16 +786,23 @@ impl Fs {
                 Commit::Done(_) => return Ok(Attempt::Committed),
                 Commit::Moved { prepared: p, tail } => {
                     let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
+                    // Another thread of this process folded entries our copies did not see
+                    // (a lock-free size or extent query): they will not be replayed for us.
+                    if ov.next_lsn() != folded {
+                        return Ok(Attempt::Replan);
+                    }
                     let mut truncated = false;
                     let mut dirty = vec![false; partials.len()];
-                    self.catch_up(n.h.ino, s, &mut ov, tail.lsn(), &mut |e| {
+                    let whole = self.catch_up(n.h.ino, s, &mut ov, tail.lsn(), &mut |e| {
                         truncated |= matches!(e, Entry::Truncate { .. });
                         for (d, p) in dirty.iter_mut().zip(partials) {
                             *d |= touches(e, p.lblk);
                         }
                     })?;
                     let size = ov.size(self.digested_size(n.h.ino)?);
-                    if truncated || (append && size != planned_size) {
+                    // Entries compacted away unseen may have changed a partial block or
+                    // truncated the file: plan again.
+                    if !whole || truncated || (append && size != planned_size) {
                         return Ok(Attempt::Replan);
                     }
                     for (p, d) in partials.iter().zip(dirty) {
@@ -791,6 +810,7 @@ impl Fs {
                             self.copy_old(Some(&ov), f, p, size, scratch)?;
                         }
                     }
+                    folded = ov.next_lsn();
                     drop(ov);
                     self.m().fence();
                     prepared = p;
