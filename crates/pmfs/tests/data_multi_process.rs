@@ -157,7 +157,12 @@ fn run_child(role: &Role) {
 /// Parses a writer's log into `writes` and `reads`.
 fn parse_log(path: &Path, writes: &mut HashMap<u64, Rec>, reads: &mut Vec<Read>) {
     let text = fs::read_to_string(path).unwrap();
-    for line in text.lines() {
+    // A killed writer may leave a partial last line (a read's cut last tag would parse as a
+    // tag nobody wrote): only whole lines count.
+    for line in text
+        .split_inclusive('\n')
+        .filter_map(|l| l.strip_suffix('\n'))
+    {
         let w: Vec<u64> = line[2..]
             .split(' ')
             .map(|x| x.parse().unwrap_or(u64::MAX))
@@ -181,7 +186,6 @@ fn parse_log(path: &Path, writes: &mut HashMap<u64, Rec>, reads: &mut Vec<Read>)
                 end: w[2],
                 tags: w[3..].to_vec(),
             }),
-            // A killed writer may leave a partial last line.
             _ => {}
         }
     }
