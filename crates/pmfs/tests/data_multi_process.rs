@@ -19,8 +19,8 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -224,7 +224,14 @@ fn expect_success(child: Child, who: &str) {
 /// microseconds) SIGKILLs that writer that long after it finished that many writes. The
 /// owner reads while they run, then checks every read and the final state, remounts and
 /// runs fsck.
+/// Serialises the owners of this binary's tests. A child forked by one test holds a copy of
+/// every descriptor of this process until it execs, among them another test's pool owner lock
+/// (an `flock`, which lives as long as any copy of its descriptor): that test's remount could
+/// then find its own pool still locked.
+static OWNERS: Mutex<()> = Mutex::new(());
+
 fn run_owner(test: &str, unit: u64, writes: &[u64], kill: Option<(usize, usize, u64)>) {
+    let _serial = OWNERS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch(test);
     let pool = dir.join("pool");
     let opts = Options {
