@@ -5,7 +5,8 @@
 #
 # Knobs for longer local runs (CI keeps the defaults):
 #   PROPTEST_CASES         proptest cases per property (default 64 here)
-#   PMFS_CRASH_SAMPLES     post-crash images sampled per crash point when not exhaustive (64)
+#   PMFS_CRASH_SAMPLES     post-crash images sampled per crash point when not exhaustive (unset:
+#                          each sweep's own default, 64 or 4 for the data-path sweeps, see README)
 #   LOOM_MAX_PREEMPTIONS   loom's preemption bound (default 2)
 #   FUZZ_SECONDS           seconds per fuzz target (default 60); PMFS_SKIP_FUZZ=1 skips it
 set -euo pipefail
@@ -24,7 +25,6 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 export PROPTEST_CASES="${PROPTEST_CASES:-64}"
-export PMFS_CRASH_SAMPLES="${PMFS_CRASH_SAMPLES:-64}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 step() { printf '\n== %s\n' "$*"; }
