@@ -8,7 +8,7 @@ use pmfs_core::{Error, Result};
 
 use super::simd::{BATCH, home_slots};
 use super::slot::{Key, Slot, TOMBSTONE};
-use super::{HashFs, HashFsFile, LBLK_LIMIT, PROMOTING, push_block};
+use super::{HashFs, HashFsFile, PROMOTING, push_block, range_end};
 
 impl<M: Media> HashFs<M> {
     /// Claims one fresh slot per block of `[lblk, lblk + len)` of `file` for a *new version*
@@ -32,12 +32,7 @@ impl<M: Media> HashFs<M> {
         if len == 0 {
             return Ok(());
         }
-        let end =
-            lblk.checked_add(len)
-                .filter(|&e| e <= LBLK_LIMIT)
-                .ok_or(Error::InvalidArgument(
-                    "logical block beyond the 2^32 limit of a global table",
-                ))?;
+        let end = range_end(lblk, len)?;
         if len > self.slots {
             return Err(Error::NoSpace);
         }
@@ -153,13 +148,7 @@ impl<M: Media> HashFs<M> {
         if run.len == 0 {
             return Err(Error::InvalidArgument("insert_at of an empty run"));
         }
-        let end = run
-            .lblk
-            .checked_add(run.len)
-            .filter(|&e| e <= LBLK_LIMIT)
-            .ok_or(Error::InvalidArgument(
-                "logical block beyond the 2^32 limit of a global table",
-            ))?;
+        let end = range_end(run.lblk, run.len)?;
         self.run_slot(&run, run.len - 1)?;
         let first = self.run_slot(&run, 0)?;
         // Each slot must be staged for its key, or already be its current version (a
@@ -227,6 +216,7 @@ mod tests {
     use pmfs_core::pm::HeapRegion;
     use pmfs_core::traits::{Extent, FileId, FileMapping};
 
+    use super::super::LBLK_LIMIT;
     use super::super::intent::FIELDS;
     use super::*;
 

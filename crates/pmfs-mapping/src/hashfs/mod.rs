@@ -201,6 +201,16 @@ pub struct HashFs<M> {
     kernel: HashKernel,
 }
 
+/// The end of logical range `[lblk, lblk + len)`, refused when it passes the 2^32 limit of a
+/// global table's keys.
+fn range_end(lblk: u64, len: u64) -> Result<u64> {
+    lblk.checked_add(len)
+        .filter(|&e| e <= LBLK_LIMIT)
+        .ok_or(Error::InvalidArgument(
+            "logical block beyond the 2^32 limit of a global table",
+        ))
+}
+
 /// The DRAM handle of one file: its inode number, hash seed and translation cache.
 #[derive(Debug)]
 pub struct HashFsFile {
@@ -898,12 +908,7 @@ impl<M: Media> FileMapping for HashFs<M> {
         if len == 0 {
             return Ok(());
         }
-        let end =
-            lblk.checked_add(len)
-                .filter(|&e| e <= LBLK_LIMIT)
-                .ok_or(Error::InvalidArgument(
-                    "logical block beyond the 2^32 limit of a global table",
-                ))?;
+        let end = range_end(lblk, len)?;
         let mut existing = Vec::new();
         self.lookup_range(file, lblk, end, &mut existing, false)?;
         if !existing.is_empty() {
