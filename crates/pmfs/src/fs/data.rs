@@ -854,14 +854,12 @@ impl Fs {
         let cursor = self.inodes.field(ino, field::DIGEST);
         let me = self.holder;
         let mut failed = None;
-        let r = s
-            .log
-            .digest(cursor, me, &|pid| pid != me && alive(pid), &mut |_, e| {
-                self.apply(ino, f, e).map_err(|err| {
-                    failed = Some(err);
-                    pmfs_core::Error::InvalidArgument("applying a log entry failed")
-                })
-            });
+        let r = s.log.digest(cursor, me, &alive, &mut |_, e| {
+            self.apply(ino, f, e).map_err(|err| {
+                failed = Some(err);
+                pmfs_core::Error::InvalidArgument("applying a log entry failed")
+            })
+        });
         if let Some(err) = failed {
             return Err(err);
         }
