@@ -65,6 +65,10 @@ pub(crate) struct Overlay {
     size: Size,
     /// LSN of the next entry to fold.
     next: u64,
+    /// Every entry folded in has an LSN of at least this one or was dropped by the last
+    /// [`prune`](Overlay::prune) (the lower of its digested LSN and `next` then): a prune to
+    /// an LSN not above it has nothing to drop.
+    pruned: u64,
 }
 
 impl Overlay {
@@ -75,6 +79,7 @@ impl Overlay {
             truncs: Vec::new(),
             size: Size::AtLeast(0),
             next: lsn,
+            pruned: 0,
         }
     }
 
@@ -192,6 +197,10 @@ impl Overlay {
 
     /// Drops everything the mapping shows once every entry below `digested` is applied.
     pub fn prune(&mut self, digested: u64) {
+        if digested <= self.pruned {
+            return;
+        }
+        self.pruned = digested.min(self.next);
         self.spans.retain(|_, sp| sp.lsn >= digested);
         self.truncs.retain(|&(lsn, _)| lsn >= digested);
         if self.spans.is_empty() && self.truncs.is_empty() && digested >= self.next {
@@ -406,6 +415,42 @@ mod tests {
                 prop_assert_eq!(resolved, full.src(b), "block {}", b);
             }
             let dsize = match digested.size { Some(s) => s, None => base.max(digested.grow) };
+            let fsize = match full.size { Some(s) => s, None => base.max(full.grow) };
+            prop_assert_eq!(o.size(dsize), fsize);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn prunes_between_folds_keep_the_view(
+            entries in prop::collection::vec(entry(), 1..30),
+            steps in prop::collection::vec(0u64..4, 30),
+            base in 0..SPACE * BLOCK_SIZE,
+        ) {
+            // The digest runs ahead of, level with or behind the fold, a prune after each
+            // entry folded; pruning the same LSN twice must drop what was folded in between.
+            let mut o = Overlay::new(0);
+            let mut digested = 0u64;
+            for (i, e) in entries.iter().enumerate() {
+                o.apply(i as u64, e);
+                digested = (digested + steps[i]).min(entries.len() as u64);
+                o.prune(digested);
+            }
+            o.prune(digested);
+            let cut = digested as usize;
+            let mut dmodel = Model::default();
+            for e in &entries[..cut] {
+                dmodel.apply(e);
+            }
+            let mut full = Model::default();
+            for e in &entries {
+                full.apply(e);
+            }
+            for (b, src) in (0..SPACE + 8).zip(per_block(&o, 0, SPACE + 8)) {
+                let resolved = if src == Src::Base { dmodel.src(b) } else { src };
+                prop_assert_eq!(resolved, full.src(b), "block {}", b);
+            }
+            let dsize = match dmodel.size { Some(s) => s, None => base.max(dmodel.grow) };
             let fsize = match full.size { Some(s) => s, None => base.max(full.grow) };
             prop_assert_eq!(o.size(dsize), fsize);
         }
