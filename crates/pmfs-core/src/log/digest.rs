@@ -57,6 +57,9 @@ fn load_cursor<M: Media + ?Sized>(media: &M, at: PmOff) -> Result<(u64, Cursor)>
     Ok((w, Cursor::decode(w, at)?))
 }
 
+/// The applier of [`Log::digest_batched`]: a batch of entries, each with its LSN.
+pub type ApplyBatch<'a> = dyn FnMut(&[(u64, Entry)]) -> Result<()> + 'a;
+
 /// What [`Log::digest`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Digest {
@@ -253,11 +256,43 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         alive: &dyn Fn(u32) -> bool,
         apply: &mut dyn FnMut(u64, &Entry) -> Result<()>,
     ) -> Result<Digest> {
+        self.digest_batched(cursor, holder, alive, 1, &mut |batch| {
+            batch.iter().try_for_each(|(lsn, e)| apply(*lsn, e))
+        })
+    }
+
+    /// [`digest`](Log::digest) in batches: `apply` gets up to `max` consecutive
+    /// [`Entry::Write`]s at once, or one entry of another kind, each with its LSN, and the
+    /// cursor moves past each batch once (durably), not past each entry.
+    ///
+    /// A crash, or a holder that died, can so leave a batch partly applied, and the next
+    /// holder applies the entries from the first of that batch again, maybe in a longer batch
+    /// (entries committed meanwhile join it). `apply` must make its batch durable before it
+    /// returns and be idempotent in that sense: applying a batch to a state that any prefix of
+    /// the work on a batch starting at the same entry left must give the state that batch
+    /// alone gives. An entry of another kind is always applied alone, with the cursor moved up
+    /// to it first, so no batch spans a truncation or a punch.
+    ///
+    /// # Errors
+    /// As [`digest`](Log::digest); `max == 0` is [`Error::InvalidArgument`].
+    pub fn digest_batched(
+        &self,
+        cursor: PmOff,
+        holder: u32,
+        alive: &dyn Fn(u32) -> bool,
+        max: usize,
+        apply: &mut ApplyBatch<'_>,
+    ) -> Result<Digest> {
         if holder == 0 || holder > MAX_HOLDER {
             return Err(Error::InvalidArgument("digest holder id out of range"));
         }
+        if max == 0 {
+            return Err(Error::InvalidArgument("digest batches of no entries"));
+        }
         check_root(&self.media, cursor)?;
+        let is_write = |e: &Entry| matches!(e, Entry::Write { .. });
         let mut done = None;
+        let mut batch: Vec<(u64, Entry)> = Vec::new();
         loop {
             let Some(mut held) = self.take_cursor(cursor, holder, alive)? else {
                 return Ok(done.map_or(Digest::Busy, |applied| Digest::Done { applied }));
@@ -267,11 +302,18 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
                 let mut next = replay.next();
                 while let Some(item) = next {
                     let (pos, entry) = item?;
-                    apply(pos.lsn(), &entry)?;
-                    // After the last entry the cursor moves to the replay's end and is
-                    // released in one step (the same word the separate release would write).
+                    let write = is_write(&entry);
+                    batch.push((pos.lsn(), entry));
                     next = replay.next();
                     let last = next.is_none();
+                    let joins = matches!(&next, Some(Ok((_, e))) if write && is_write(e));
+                    if joins && batch.len() < max {
+                        continue;
+                    }
+                    apply(&batch)?;
+                    batch.clear();
+                    // After the last entry the cursor moves to the replay's end and is
+                    // released in one step (the same word the separate release would write).
                     let to = if last {
                         replay.position().lsn()
                     } else {

@@ -259,17 +259,16 @@ use crate::traits::{AllocHint, BlockAllocator, Extent};
 use chain::{Chain, Walk};
 use epoch::{Epoch, Guard};
 use format::{
-    BlockHeader, FIRST_SLOT, HEADER_SLOTS, HeadWord, MAX_PINS, SLOT_BYTES, SLOTS_PER_BLOCK,
-    slot_off,
+    BlockHeader, FIRST_SLOT, HEADER_SLOTS, MAX_PINS, SLOT_BYTES, SLOTS_PER_BLOCK, slot_off,
 };
 use gc::Retired;
 
 pub use append::{Commit, Prepared};
 pub use digest::{
-    CURSOR_HOLDER_BITS, CURSOR_LSN_BITS, Digest, MAX_HOLDER, init_cursor, reset_holder,
+    ApplyBatch, CURSOR_HOLDER_BITS, CURSOR_LSN_BITS, Digest, MAX_HOLDER, init_cursor, reset_holder,
 };
 pub use entry::{Entry, MAX_RUN_LEN};
-pub use format::{ENTRIES_PER_BLOCK, INLINE_MAX_LEN, LOG_VERSION};
+pub use format::{ENTRIES_PER_BLOCK, HeadWord, INLINE_MAX_LEN, LOG_VERSION};
 pub use gc::Compaction;
 pub use recover::{Recovery, owned_blocks, recover};
 pub use replay::Replay;
