@@ -2,6 +2,8 @@
 //! the current version ([`FileMapping::insert_at`]), giving them back, and sweeping the ones
 //! whose write never committed. The design is in the [module docs](super).
 
+use std::collections::BTreeMap;
+
 use pmfs_core::pm::Media;
 use pmfs_core::traits::Run;
 use pmfs_core::{Error, Result};
@@ -204,6 +206,146 @@ impl<M: Media> HashFs<M> {
         for k in 0..run.len {
             file.cache.put(run.lblk + k, first + k);
         }
+        Ok(())
+    }
+}
+
+impl<M: Media> HashFs<M> {
+    /// Makes a batch of committed copy-on-write writes of `file` current: `runs` are their
+    /// staged blocks in log order, and a later run wins a logical block it shares with an
+    /// earlier one. Does with two fences what [`remove`] plus [`insert_at`] per run do with
+    /// several each:
+    ///
+    /// 1. the current version of every logical block the batch writes is tombstoned, unless
+    ///    it is the batch's own winning slot; a losing slot of the batch that is current (a
+    ///    crashed earlier application of this batch promoted it) too; fence;
+    /// 2. every winning slot is promoted (staged → current); fence.
+    ///
+    /// A logical block is never current in two slots (step 1's fence comes before any
+    /// promote), and the call is idempotent over any state a crash during it left, also when
+    /// it is repeated with more runs appended (what [`Log::digest_batched`] asks of a batch):
+    /// it never touches a winning slot in step 1, and a slot that loses in the longer batch is
+    /// tombstoned by step 1 whether it is still staged or was promoted. Readers of the mapping
+    /// may find a block unmapped between the two fences; the file's log still holds the
+    /// batch then, and readers of the data path see its blocks through their overlay.
+    ///
+    /// Returns the losing slots that are still staged, as `(lblk, slot)`: they belong to
+    /// nobody, but must stay staged until the log's digest cursor has moved past the batch
+    /// (a repeated application finds them staged and loses them again); then
+    /// [`drop_superseded`](HashFs::drop_superseded) gives them back. A crash before that
+    /// leaves them to [`sweep_staged`](HashFs::sweep_staged) at the next mount.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a block outside the table or a winning slot that is
+    /// neither staged nor current for its key (nothing of step 2 is done for it then).
+    ///
+    /// [`remove`]: pmfs_core::traits::FileMapping::remove
+    /// [`insert_at`]: pmfs_core::traits::FileMapping::insert_at
+    /// [`Log::digest_batched`]: pmfs_core::log::Log::digest_batched
+    pub fn apply_writes(&self, file: &HashFsFile, runs: &[Run]) -> Result<Vec<(u64, u64)>> {
+        let mut wins: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut losers = Vec::new();
+        for r in runs {
+            if r.len == 0 {
+                continue;
+            }
+            range_end(r.lblk, r.len)?;
+            self.run_slot(r, r.len - 1)?;
+            for k in 0..r.len {
+                let i = self.run_slot(r, k)?;
+                if let Some(old) = wins.insert(r.lblk + k, i)
+                    && old != i
+                {
+                    losers.push((r.lblk + k, old));
+                }
+            }
+        }
+        // Step 1.
+        let mut gone = Vec::new();
+        let mut staged = Vec::new();
+        for &(lblk, i) in &losers {
+            let key = Key::new(file.ino, lblk);
+            let w = self.media.load_u64(self.slot_off(i))?;
+            if w == key.staged() {
+                staged.push((lblk, i));
+            } else if w == key.committed()
+                && self.media.cas_u64(self.slot_off(i), w, TOMBSTONE)?.is_ok()
+            {
+                gone.push(i);
+            }
+        }
+        for (&lblk, &win) in &wins {
+            let key = Key::new(file.ino, lblk);
+            let current = match self.cached(file, lblk)? {
+                Some(i) => Some(i),
+                None => self.probe(self.home(file.seed, lblk), key.committed())?,
+            };
+            if let Some(i) = current
+                && i != win
+                && self
+                    .media
+                    .cas_u64(self.slot_off(i), key.committed(), TOMBSTONE)?
+                    .is_ok()
+            {
+                gone.push(i);
+            }
+            file.cache.invalidate(lblk, lblk + 1);
+        }
+        self.flush_slots(&gone)?;
+        self.media.fence();
+        // Step 2.
+        let mut flipped = Vec::with_capacity(wins.len());
+        let mut bad = false;
+        for (&lblk, &i) in &wins {
+            let key = Key::new(file.ino, lblk);
+            let w = self.media.load_u64(self.slot_off(i))?;
+            if w == key.staged()
+                && self
+                    .media
+                    .cas_u64(self.slot_off(i), w, key.committed())?
+                    .is_ok()
+            {
+                flipped.push(i);
+            } else if w != key.committed() {
+                bad = true;
+                continue;
+            }
+            file.cache.put(lblk, i);
+        }
+        self.flush_slots(&flipped)?;
+        self.media.fence();
+        if bad {
+            return Err(Error::InvalidArgument(
+                "a written block is not staged for its key",
+            ));
+        }
+        Ok(staged)
+    }
+
+    /// Gives back the losing slots [`apply_writes`](HashFs::apply_writes) returned, once the
+    /// batch can no longer be applied again. A slot no longer staged for its key is left
+    /// alone. Durable when it returns.
+    pub fn drop_superseded(&self, file: &HashFsFile, slots: &[(u64, u64)]) -> Result<()> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let mut gone = Vec::with_capacity(slots.len());
+        for &(lblk, i) in slots {
+            if i < self.slots
+                && self
+                    .media
+                    .cas_u64(
+                        self.slot_off(i),
+                        Key::new(file.ino, lblk).staged(),
+                        TOMBSTONE,
+                    )?
+                    .is_ok()
+            {
+                gone.push(i);
+            }
+        }
+        self.flush_slots(&gone)?;
+        self.media.fence();
         Ok(())
     }
 }
