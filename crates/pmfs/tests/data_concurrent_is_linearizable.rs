@@ -20,7 +20,7 @@ mod data_common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 
 use data_common::lin::{
@@ -154,12 +154,15 @@ fn exercise(
     );
     let done = AtomicBool::new(false);
     let reads = AtomicU64::new(0);
+    // Writers and readers start together, so the reads overlap the writes.
+    let start = Barrier::new(writers as usize + 2);
     thread::scope(|s| {
         let mut handles = Vec::new();
         for w in 1..=writers {
             let node: OpenNode = open();
-            let hist = &hist;
+            let (hist, start) = (&hist, &start);
             handles.push(s.spawn(move || {
+                start.wait();
                 let mut rng = Rng::new(seed ^ w);
                 for seq in 1..=WRITES {
                     let len = unit.write_len(&mut rng);
@@ -188,10 +191,12 @@ fn exercise(
         // Two readers: whole-file reads and random ranges.
         for r in 0..2u64 {
             let node: OpenNode = open();
-            let (hist, done, reads) = (&hist, &done, &reads);
+            let (hist, done, reads, start) = (&hist, &done, &reads, &start);
             s.spawn(move || {
+                start.wait();
                 let mut rng = Rng::new(seed ^ (100 + r));
-                while !done.load(Ordering::SeqCst) {
+                // At least one read each, however fast the writers are.
+                loop {
                     let (first, len) = if r == 0 {
                         (0, unit.count())
                     } else {
@@ -206,6 +211,9 @@ fn exercise(
                     unit.check(&buf, first, rstart, rend, &hist.snapshot())
                         .unwrap_or_else(|e| panic!("{label}: {e}"));
                     reads.fetch_add(1, Ordering::Relaxed);
+                    if done.load(Ordering::SeqCst) {
+                        break;
+                    }
                 }
             });
         }

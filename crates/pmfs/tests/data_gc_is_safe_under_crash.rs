@@ -5,8 +5,10 @@
 //! first grows (a log block linked) and first shrinks (a compaction gave blocks back; the
 //! test fails if none does); crash sweeps cover a dozen writes around each: every crash
 //! image recovers with fsck clean and shows the file exactly as after the last returned
-//! write or the one in progress. The log must also stay bounded: after all writes the file
-//! uses at most a few more blocks than after the first.
+//! write or the one in progress. The log must also stay bounded: at no point does the file
+//! use more blocks than after the first write plus a few log blocks and the blocks of one
+//! digest batch (writes are digested in batches of up to [`DIGEST_BATCH`]; until then the
+//! blocks they replaced stay allocated).
 
 mod data_common;
 
@@ -27,6 +29,9 @@ const DRY: usize = 1200;
 const SLOTS: usize = 504;
 /// Writes the crash sweep covers.
 const WINDOW: usize = 12;
+/// The engine's digest batch (`DIGEST_AFTER_ENTRIES` in `fs/data.rs`): writes a process
+/// commits before it digests them.
+const DIGEST_BATCH: u64 = 128;
 
 /// One explored write.
 type WriteStep = dyn Fn(&Volume, &mut OpenNode) -> pmfs::Result<()>;
@@ -82,12 +87,12 @@ fn dry_run(cfg: Config) -> Vec<u64> {
 fn log_compaction_is_safe_under_crash_and_bounded() {
     for (k, cfg) in kinds_only().into_iter().enumerate() {
         let used = dry_run(cfg);
+        let most = used.iter().copied().max().unwrap_or(0);
         assert!(
-            used[DRY - 1] <= used[0] + 4,
+            most <= used[0] + 4 + DIGEST_BATCH,
             "{cfg:?}: the file's log grows without bound: {} blocks used after the first \
-             write, {} after {DRY}",
+             write, up to {most} after {DRY}",
             used[0],
-            used[DRY - 1]
         );
         // The write that first linked a log block, and the one that first gave blocks
         // back (a compaction).

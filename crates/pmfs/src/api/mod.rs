@@ -64,6 +64,9 @@ impl Fs {
             ino: u64::from(h.ino),
             generation: h.generation,
         };
+        if kind == Kind::File {
+            md.size = self.live_size(h.ino, md.size)?;
+        }
         if kind == Kind::Dir {
             let d = self.dir(h)?;
             let inner = d.inner.read().unwrap_or_else(|e| e.into_inner());

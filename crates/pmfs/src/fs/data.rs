@@ -35,13 +35,25 @@
 //!   armed before the first (naming an edge block and its copy) makes mount finish the second
 //!   if a crash comes between them, so the punch is atomic too.
 //!
-//! After its commit the writer *digests*: [`Log::digest`] applies every undigested entry to
-//! the mapping in log order, one holder at a time across processes (the cursor word, holder =
-//! process id, a dead holder is taken over). Applying is idempotent: a write's run that the
-//! mapping already maps exactly is skipped, else the range is removed (freeing the replaced
-//! blocks) and the run inserted with `insert_at`; a truncation stores the size, unmaps
-//! `[ceil(size / 4096), MAPPED_END)` and lowers `MAPPED_END`; a punch unmaps. Once the log has
-//! grown by a block of applied entries, [`Log::compact_applied`] drops them.
+//! Writes are *digested* in batches: a process applies its writes once it has committed
+//! [`DIGEST_AFTER_ENTRIES`] of them (or [`DIGEST_AFTER_BLOCKS`] blocks), at the last close of
+//! the file, before it frees it, and when staging finds no space; every other update (a
+//! truncation, a punch, an allocation) digests at once. Until then readers see the writes
+//! through their overlay, `metadata` folds the log for the size ([`Fs::live_size`]), and the
+//! blocks the writes replaced stay allocated. [`Log::digest`] applies every undigested entry
+//! to the mapping in log order, one holder at a time across processes (the cursor word,
+//! holder = process id, a dead holder is taken over). Applying is idempotent: a write's run
+//! that the mapping already maps exactly is skipped, else the range is removed (freeing the
+//! replaced blocks) and the run inserted with `insert_at`; a truncation stores the size,
+//! unmaps `[ceil(size / 4096), MAPPED_END)` and lowers `MAPPED_END`; a punch unmaps. On
+//! HashFS, consecutive writes are applied together ([`Log::digest_batched`] and
+//! [`HashFs::apply_writes`]): the displaced versions are tombstoned, one fence, the new ones
+//! promoted, one fence, then the cursor moves past the whole batch; a block written twice in
+//! a batch is promoted once, and its losing staged slot given back after the cursor moved.
+//! Once the log has grown by a block of applied entries, [`Log::compact_applied`] drops them.
+//!
+//! The modification time is stamped from the kernel's coarse clock, before the data fence
+//! (which makes it durable with the data), and only when it moves.
 //!
 //! Reads are optimistic: they take the log's tail, catch the overlay up, read the blocks the
 //! overlay names or else the mapping's, and retry if the tail moved meanwhile. Inside one
@@ -55,9 +67,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
-use pmfs_core::log::{Commit, Digest, ENTRIES_PER_BLOCK, Entry, Log};
+use pmfs_core::log::{Commit, Digest, ENTRIES_PER_BLOCK, Entry, HeadWord, Log};
 use pmfs_core::traits::{AllocHint, AllocKind, BlockAllocator, Extent, Run};
-use pmfs_mapping::hashfs::HashFsFile;
+use pmfs_mapping::hashfs::{HashFs, HashFsFile};
 
 use super::Fs;
 use super::path::{Follow, Target};
@@ -78,6 +90,13 @@ pub(crate) struct Shared {
     ov: Mutex<Overlay>,
     /// The applied LSN at the last log compaction.
     gc_at: AtomicU64,
+    /// Writes this process committed since its last digest, and their blocks (see
+    /// [`DIGEST_AFTER_ENTRIES`]).
+    pending_entries: AtomicU64,
+    pending_blocks: AtomicU64,
+    /// The latest modification time this process stored or found in the inode: the times
+    /// word only grows, so a write stamped no later needs neither to read nor store it.
+    stamped: AtomicU64,
 }
 
 impl Shared {
@@ -87,6 +106,9 @@ impl Shared {
             log,
             ov: Mutex::new(Overlay::new(digested)),
             gc_at: AtomicU64::new(digested),
+            pending_entries: AtomicU64::new(0),
+            pending_blocks: AtomicU64::new(0),
+            stamped: AtomicU64::new(0),
         }
     }
 }
@@ -140,6 +162,17 @@ const BS: u64 = BLOCK_SIZE;
 
 /// Free blocks that staging leaves to the mapping structure's nodes (extent, radix, cuckoo).
 const DIGEST_RESERVE: u64 = 8;
+
+/// A process digests its writes in batches: once it has committed this many since its last
+/// digest, or [`DIGEST_AFTER_BLOCKS`] blocks of them. Until then the overlay serves them, and
+/// the blocks they replaced stay allocated.
+const DIGEST_AFTER_ENTRIES: u64 = 128;
+
+/// See [`DIGEST_AFTER_ENTRIES`].
+const DIGEST_AFTER_BLOCKS: u64 = 2048;
+
+/// The most writes one HashFS digest batch applies together.
+const BATCH_ENTRIES: usize = DIGEST_AFTER_ENTRIES as usize;
 
 /// One range of a copy-on-write update: logical blocks `[lblk, lblk + len)` get fresh blocks;
 /// the bytes `[from, to)` (file offsets inside the range) become `data` (zeros for `None`);
@@ -395,18 +428,59 @@ impl Fs {
 
     /// The file's size.
     pub fn size_of(&self, n: &Node) -> Result<u64> {
-        let Some(s) = self.shared(n, false)? else {
-            return self.digested_size(n.h.ino);
-        };
+        match self.shared(n, false)? {
+            Some(s) => self.folded_size(n.h.ino, &s),
+            None => self.digested_size(n.h.ino),
+        }
+    }
+
+    /// The size with every committed entry of `s`'s log folded in.
+    fn folded_size(&self, ino: u32, s: &Shared) -> Result<u64> {
         loop {
             let t0 = s.log.tail()?.lsn();
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
-            self.catch_up(n.h.ino, &s, &mut ov, t0, &mut |_| {})?;
-            let size = ov.size(self.digested_size(n.h.ino)?);
+            self.catch_up(ino, s, &mut ov, t0, &mut |_| {})?;
+            let size = ov.size(self.digested_size(ino)?);
             if s.log.tail()?.lsn() == t0 {
                 return Ok(size);
             }
         }
+    }
+
+    /// The size of regular file `ino` whose size word reads `digested`, with the writes its
+    /// log has not digested yet. Writes are digested in batches, so while some process has
+    /// the file open the size word may lag; a log that nobody has open (no pins) is digested
+    /// (every process digests at its last close, and mount digests what a crash left).
+    pub fn live_size(&self, ino: u32, digested: u64) -> Result<u64> {
+        if self.read_only {
+            return Ok(digested);
+        }
+        let head = HeadWord(self.inodes.load(self.m(), ino, field::LOG)?);
+        if head.head().is_none() || head.pins() == 0 {
+            return Ok(digested);
+        }
+        let open = self
+            .logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&ino)
+            .cloned();
+        if let Some(s) = open {
+            return self.folded_size(ino, &s);
+        }
+        // Another process has the log open: read it through a handle of our own.
+        let root = self.inodes.field(ino, field::LOG);
+        let log = Log::open(self.media().clone(), root, self.log_alloc(ino))?;
+        let s = match log.digested(self.inodes.field(ino, field::DIGEST)) {
+            Ok(d) => Shared::new(log, d),
+            Err(e) => {
+                log.close()?;
+                return Err(e.into());
+            }
+        };
+        let size = self.folded_size(ino, &s);
+        s.log.close()?;
+        size
     }
 
     /// Where logical block `lblk` lives now: `None` for a hole.
@@ -644,13 +718,15 @@ impl Fs {
     /// Commits one copy-on-write update of `n` (see the module documentation): `plan` gives
     /// the segments and the size to extend to from the current size (`None`: nothing to do).
     /// `append` re-plans when the size moved under a commit attempt.
+    /// `lazy` leaves the digest to a later batch (see [`DIGEST_AFTER_ENTRIES`]).
     fn cow_update<'b>(
         &self,
         n: &Node,
         append: bool,
+        lazy: bool,
         plan: &mut Plan<'_, 'b>,
     ) -> Result<Option<u64>> {
-        self.cow_update_with(n, append, plan, &mut |_| Ok(()))
+        self.cow_update_with(n, append, lazy, plan, &mut |_| Ok(()))
     }
 
     /// [`cow_update`](Fs::cow_update), calling `before_commit` with the staged runs right before
@@ -659,6 +735,7 @@ impl Fs {
         &self,
         n: &Node,
         append: bool,
+        lazy: bool,
         plan: &mut Plan<'_, 'b>,
         before_commit: &mut dyn FnMut(&[Run]) -> Result<()>,
     ) -> Result<Option<u64>> {
@@ -668,6 +745,9 @@ impl Fs {
         })?;
         let f = self.node_map(n)?;
         let mut scratch = Vec::new();
+        // Staging may find no space while blocks that undigested writes replaced are still
+        // allocated: digest them and try once more.
+        let mut digested = false;
         loop {
             let since = s.log.tail()?;
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
@@ -680,9 +760,12 @@ impl Fs {
             let mut partials: Vec<Partial> = Vec::new();
             let staged = (|| -> Result<()> {
                 for sg in &segs {
-                    let goal = match sg.lblk.checked_sub(1) {
-                        Some(prev) => self.block_at(Some(&ov), f, prev)?.map(|p| p + 1),
-                        None => None,
+                    // HashFS places blocks by hash: only the allocator takes a goal.
+                    let goal = match (sg.lblk.checked_sub(1), &self.stage) {
+                        (Some(prev), Stager::Alloc(_)) => {
+                            self.block_at(Some(&ov), f, prev)?.map(|p| p + 1)
+                        }
+                        _ => None,
                     };
                     let first = runs.len();
                     self.stage(f, sg.lblk, sg.len, goal, &mut runs)?;
@@ -726,8 +809,15 @@ impl Fs {
             drop(ov);
             if let Err(e) = staged {
                 self.unstage(&runs)?;
+                if matches!(e, Error::NoSpace) && !digested {
+                    digested = true;
+                    self.digest(n.h.ino, &s, f)?;
+                    continue;
+                }
                 return Err(e);
             }
+            // The times go with the data: the same fence makes both durable before the commit.
+            self.stamp_write_times(n.h.ino, &s)?;
             self.m().fence();
             if let Err(e) = before_commit(&runs) {
                 self.unstage(&runs)?;
@@ -760,7 +850,8 @@ impl Fs {
                     return Err(e);
                 }
             }
-            self.after_commit(n, &s, f)?;
+            let blocks = runs.iter().map(|r| r.len).sum();
+            self.after_commit(n, &s, f, lazy.then_some(blocks))?;
             return Ok(Some(size));
         }
     }
@@ -820,13 +911,20 @@ impl Fs {
         }
     }
 
-    /// After a commit: fold it, stamp the times, digest, maybe compact the log.
-    fn after_commit(&self, n: &Node, s: &Shared, f: &MapFile) -> Result<()> {
+    /// After a commit: fold it, then digest, maybe compact the log. `lazy`: the update was a
+    /// write of that many blocks, digested with a later batch unless this one is full.
+    fn after_commit(&self, n: &Node, s: &Shared, f: &MapFile, lazy: Option<u64>) -> Result<()> {
         {
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
             self.catch_up(n.h.ino, s, &mut ov, u64::MAX, &mut |_| {})?;
         }
-        self.touch_times(n.h.ino)?;
+        if let Some(blocks) = lazy {
+            let entries = s.pending_entries.fetch_add(1, Ordering::Relaxed) + 1;
+            let blocks = s.pending_blocks.fetch_add(blocks, Ordering::Relaxed) + blocks;
+            if entries < DIGEST_AFTER_ENTRIES && blocks < DIGEST_AFTER_BLOCKS {
+                return Ok(());
+            }
+        }
         // The update is committed and durable: a digest that cannot get the blocks its
         // mapping structure needs leaves the entry to the overlay and to the next digest.
         match self.digest(n.h.ino, s, f) {
@@ -835,8 +933,8 @@ impl Fs {
         }
     }
 
-    /// Stores mtime and ctime (never backwards).
-    fn touch_times(&self, ino: u32) -> Result<()> {
+    /// Stores mtime and ctime (never backwards), durable after the next fence.
+    fn stamp_times(&self, ino: u32) -> Result<()> {
         let m = self.m();
         let now = self.now() as u64;
         for fl in [field::MTIME, field::CTIME] {
@@ -844,7 +942,29 @@ impl Fs {
                 self.inodes.store(m, ino, fl, now)?;
             }
         }
-        m.fence();
+        Ok(())
+    }
+
+    /// [`stamp_times`](Fs::stamp_times) for a write through `s`, with the coarse clock.
+    fn stamp_write_times(&self, ino: u32, s: &Shared) -> Result<()> {
+        let now = self.now_coarse() as u64;
+        if now <= s.stamped.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let m = self.m();
+        for fl in [field::MTIME, field::CTIME] {
+            if self.inodes.load(m, ino, fl)? < now {
+                self.inodes.store(m, ino, fl, now)?;
+            }
+        }
+        s.stamped.fetch_max(now, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Stores mtime and ctime durably.
+    fn touch_times(&self, ino: u32) -> Result<()> {
+        self.stamp_times(ino)?;
+        self.m().fence();
         Ok(())
     }
 
@@ -854,16 +974,37 @@ impl Fs {
         let cursor = self.inodes.field(ino, field::DIGEST);
         let me = self.holder;
         let mut failed = None;
-        let r = s.log.digest(cursor, me, &alive, &mut |_, e| {
-            self.apply(ino, f, e).map_err(|err| {
+        let mut note = |r: Result<()>| {
+            r.map_err(|err| {
                 failed = Some(err);
                 pmfs_core::Error::InvalidArgument("applying a log entry failed")
             })
-        });
+        };
+        // HashFS applies batches of writes with two fences (`HashFs::apply_writes`); the other
+        // structures one entry at a time.
+        let mut superseded = Vec::new();
+        let r = match &self.stage {
+            Stager::Hash(t) => {
+                let hf = handle::<HashFsFile>(f)?;
+                s.log
+                    .digest_batched(cursor, me, &alive, BATCH_ENTRIES, &mut |batch| {
+                        note(self.apply_batch(ino, f, t, hf, batch, &mut superseded))
+                    })
+            }
+            Stager::Alloc(_) => s
+                .log
+                .digest(cursor, me, &alive, &mut |_, e| note(self.apply(ino, f, e))),
+        };
         if let Some(err) = failed {
             return Err(err);
         }
         let r = r?;
+        if let (Digest::Done { .. }, Stager::Hash(t)) = (r, &self.stage) {
+            t.drop_superseded(handle::<HashFsFile>(f)?, &superseded)?;
+        }
+        // Done: applied; Busy: the live holder applies them.
+        s.pending_entries.store(0, Ordering::Relaxed);
+        s.pending_blocks.store(0, Ordering::Relaxed);
         if let Digest::Done { applied } = r {
             s.ov.lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -873,6 +1014,44 @@ impl Fs {
                 s.log.compact_applied(cursor)?;
             }
         }
+        Ok(())
+    }
+
+    /// Applies a batch of [`Log::digest_batched`] on a HashFS volume: an entry of another kind
+    /// alone through [`apply`](Fs::apply), writes together through
+    /// [`HashFs::apply_writes`], whose losing slots are added to `superseded`. The size words
+    /// are stored first (idempotent maxima): the first fence of `apply_writes` makes them
+    /// durable before any block is promoted.
+    fn apply_batch(
+        &self,
+        ino: u32,
+        f: &MapFile,
+        t: &HashFs<Pm>,
+        hf: &HashFsFile,
+        batch: &[(u64, Entry)],
+        superseded: &mut Vec<(u64, u64)>,
+    ) -> Result<()> {
+        let m = self.m();
+        let mut runs = Vec::new();
+        let (mut hi, mut size) = (0, 0);
+        for (_, e) in batch {
+            let Entry::Write { runs: r, extend_to } = e else {
+                return match batch {
+                    [(_, e)] => self.apply(ino, f, e),
+                    _ => Err(Error::InvalidArgument("a digest batch mixes entry kinds")),
+                };
+            };
+            hi = r.iter().map(|r| r.lblk + r.len).fold(hi, u64::max);
+            size = size.max(*extend_to);
+            runs.extend_from_slice(r);
+        }
+        if hi > self.inodes.load(m, ino, field::MAPPED_END)? {
+            self.inodes.store(m, ino, field::MAPPED_END, hi)?;
+        }
+        if size > self.inodes.load(m, ino, field::SIZE)? {
+            self.inodes.store(m, ino, field::SIZE, size)?;
+        }
+        superseded.extend(t.apply_writes(hf, &runs)?);
         Ok(())
     }
 
@@ -961,7 +1140,7 @@ impl Fs {
         }
         let len = buf.len() as u64;
         let mut landed = 0;
-        self.cow_update(n, at.is_none(), &mut |fs, ov, f, size| {
+        self.cow_update(n, at.is_none(), true, &mut |fs, ov, f, size| {
             let off = at.unwrap_or(size);
             let end = off
                 .checked_add(len)
@@ -1026,10 +1205,11 @@ impl Fs {
                 what: "file log",
                 at: self.inodes.field(n.h.ino, field::LOG),
             })?;
+            self.touch_times(n.h.ino)?;
             s.log.prepare(&Entry::Truncate { size: len })?.commit()?;
-            return self.after_commit(n, &s, self.node_map(n)?);
+            return self.after_commit(n, &s, self.node_map(n)?, None);
         }
-        self.cow_update(n, false, &mut |fs, ov, f, size| {
+        self.cow_update(n, false, false, &mut |fs, ov, f, size| {
             if len <= size {
                 return Ok(None);
             }
@@ -1058,7 +1238,7 @@ impl Fs {
             .unwrap_or_else(|e| e.into_inner());
         let first = offset / BS;
         let last = end.div_ceil(BS);
-        self.cow_update(n, false, &mut |fs, ov, f, size| {
+        self.cow_update(n, false, false, &mut |fs, ov, f, size| {
             let mut runs = Vec::new();
             fs.runs_in(ov, f, first, last - first, &mut runs)?;
             let mut segs = Vec::new();
@@ -1143,6 +1323,7 @@ impl Fs {
         let edges = self.cow_update_with(
             n,
             false,
+            false,
             &mut |fs, ov, f, _| {
                 let mut segs = Vec::new();
                 let mut edge = |b: u64| -> Result<()> {
@@ -1178,13 +1359,14 @@ impl Fs {
                 what: "file log",
                 at: self.inodes.field(n.h.ino, field::LOG),
             })?;
+            self.touch_times(n.h.ino)?;
             s.log
                 .prepare(&Entry::Punch {
                     lblk: whole_from,
                     len: whole_to - whole_from,
                 })?
                 .commit()?;
-            self.after_commit(n, &s, self.node_map(n)?)?;
+            self.after_commit(n, &s, self.node_map(n)?, None)?;
         } else {
             self.touch_times(n.h.ino)?;
         }

@@ -157,6 +157,18 @@ impl Fs {
         self.clock.fetch_max(t, Ordering::Relaxed).max(t)
     }
 
+    /// [`now`](Fs::now) from the kernel's coarse clock (a tick, a few milliseconds, behind
+    /// the fine one, and a fraction of its cost): the modification times of data writes, as
+    /// the kernel's own file systems stamp them.
+    pub fn now_coarse(&self) -> i64 {
+        use nix::time::{ClockId, clock_gettime};
+        let Ok(t) = clock_gettime(ClockId::CLOCK_REALTIME_COARSE) else {
+            return self.now();
+        };
+        let t = t.tv_sec() * 1_000_000_000 + t.tv_nsec();
+        self.clock.fetch_max(t, Ordering::Relaxed).max(t)
+    }
+
     /// The mapping identity of inode `ino`.
     pub fn file_id(&self, ino: u32) -> FileId {
         FileId {
