@@ -21,9 +21,11 @@
 //!   processes); `fstat`/`statx` go to the kernel and report the size the file's log holds.
 //!   The kernel's file offset stays the truth (`lseek` around `read`/`write`), so `dup`s,
 //!   `fork` children and kernel-path users of the same description agree on it.
-//! - **Left to the kernel on pmfs files**: writes on `O_APPEND` descriptions (the daemon
-//!   appends at the size it sees; write-only appenders are never opened in userspace),
-//!   descriptions that were `mmap`ped (released from userspace at the `mmap`: the kernel's
+//! - **`O_APPEND`**: writes on appending descriptions (`write`, `writev`, and `pwrite`/
+//!   `pwritev`, which append on Linux as well) use the engine's atomic append: the bytes land
+//!   at the end of file as the log says when the update commits, so appenders in any number
+//!   of processes never overwrite each other, and `write` leaves the offset after them.
+//! - **Left to the kernel on pmfs files**: descriptions that were `mmap`ped (released from userspace at the `mmap`: the kernel's
 //!   page cache backs the mapping; the kernel is made to refresh the size first),
 //!   `preadv2`/`pwritev2`, other `lseek` and `fallocate` modes, and calls the kernel must
 //!   reject (wrong access mode, negative offsets, zero lengths), for the exact errno.
@@ -63,6 +65,8 @@
 //!   the kernel's errors.
 //! - `read`/`write` on one description from several threads or processes at once: the offset
 //!   update (`lseek`, copy, `lseek`) is not atomic as the kernel's is.
+//! - `O_APPEND` set or cleared by `F_SETFL` in *another* process sharing the description (a
+//!   `fork` child or parent) is not seen: this process keeps the mode it last knew.
 //! - A buffer the kernel would answer `EFAULT` for crashes the caller instead.
 //! - A process that ends by `exec` through `execl*`/`fexecve`, by `exit_group` without libc,
 //!   or by a signal leaves its files' log pins in the pool until the owner's next mount

@@ -12,8 +12,11 @@
 //! - **The kernel's offset stays the truth**: `read`/`write` fetch it with `lseek(SEEK_CUR)`,
 //!   move the data with `read_at`/`write_at`, and set it with `lseek(SEEK_SET)` (two system
 //!   calls that never reach the daemon). `pread`/`pwrite` make none.
-//! - **Left to the kernel**: writes on `O_APPEND` descriptions (the daemon appends
-//!   atomically at the size it sees), descriptions that were ever `mmap`ped (the kernel's
+//! - **`O_APPEND`** writes (`write`, `writev`, and `pwrite`/`pwritev`, which append on
+//!   Linux too) use the engine's atomic append ([`OpenNode::append`]): the bytes land at the
+//!   end of file as the log says when the update commits, so appenders in several processes
+//!   never overwrite each other; `write` then sets the kernel's offset right after them.
+//! - **Left to the kernel**: descriptions that were ever `mmap`ped (the kernel's
 //!   page cache of the mapping would not see userspace writes), `preadv2`/`pwritev2`,
 //!   `SEEK_DATA`/`SEEK_HOLE`, fallocate modes other than 0, `KEEP_SIZE` and punch hole, and
 //!   every call whose arguments the kernel must reject (wrong access mode, negative
@@ -211,8 +214,6 @@ fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
     }
     let (read, write) = match flags & libc::O_ACCMODE {
         libc::O_RDONLY => (true, false),
-        // Appending only: every call would go to the kernel anyway.
-        libc::O_WRONLY if flags & libc::O_APPEND != 0 => return None,
         libc::O_WRONLY => (false, true),
         libc::O_RDWR => (true, true),
         _ => return None,
@@ -476,7 +477,7 @@ impl Served {
         n: usize,
         off: Option<i64>,
     ) -> Option<isize> {
-        if !self.write || n == 0 || buf.is_null() || self.append.load(Ordering::Acquire) {
+        if !self.write || n == 0 || buf.is_null() {
             return None;
         }
         let n = n.min(MAX_RW);
@@ -485,7 +486,26 @@ impl Served {
         self.write_slice(fd, src, off)
     }
 
+    /// Writes `src` at `off`, or at the descriptor's offset (moved past the bytes) if `None`.
+    /// On an `O_APPEND` description the bytes go to the end of file as the log says at commit
+    /// (for `pwrite` too, as Linux does), and `write` leaves the offset right after them.
     fn write_slice(&self, fd: c_int, src: &[u8], off: Option<i64>) -> Option<isize> {
+        if self.append.load(Ordering::Acquire) {
+            if off.is_some_and(|o| o < 0) {
+                return None;
+            }
+            return Some(match self.node().append(src) {
+                Ok(at) => {
+                    if off.is_none() {
+                        // The bytes are in the file: a failed seek must not send the write to
+                        // the kernel a second time.
+                        let _ = seek(fd, (at + src.len() as u64) as i64, libc::SEEK_SET);
+                    }
+                    src.len() as isize
+                }
+                Err(e) => errno_of(&e),
+            });
+        }
         let at = match off {
             Some(o) => u64::try_from(o).ok()?,
             None => seek(fd, 0, libc::SEEK_CUR)?,
@@ -560,7 +580,7 @@ impl Served {
         off: Option<i64>,
     ) -> Option<isize> {
         let iovs = iovecs(iov, cnt)?;
-        if !self.write || self.append.load(Ordering::Acquire) {
+        if !self.write {
             return None;
         }
         let total = iovs

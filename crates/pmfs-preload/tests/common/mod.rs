@@ -321,6 +321,22 @@ pub fn counters(file: &Path) -> Counters {
     c
 }
 
+/// Compiles `tests/programs/{name}.c` into `dir`; returns the executable.
+pub fn compile(name: &str, dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/programs")
+        .join(format!("{name}.c"));
+    let exe = dir.join(name);
+    let out = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cc: {out:?}");
+    exe
+}
+
 /// Pseudo-random bytes from a seed.
 pub fn bytes(seed: u64, n: usize) -> Vec<u8> {
     let mut s = seed | 1;

@@ -175,6 +175,39 @@ mod tests {
     }
 
     #[test]
+    fn appends_of_a_client_and_the_owner_land_one_after_the_other() {
+        let path = pool("append", MappingKind::HashFs);
+        let owner = Volume::open(&path).unwrap();
+        owner.write("/f", b"head").unwrap();
+        let ino = owner.lookup(owner.root(), b"f").unwrap().ino;
+        let write_only = OpenMode {
+            write: true,
+            ..OpenMode::default()
+        };
+        let client = Volume::attach(&path).unwrap();
+        let c = client.open_ino(ino, write_only).unwrap();
+        let o = owner.open_ino(ino, write_only).unwrap();
+        assert_eq!(c.append(b"-client").unwrap(), 4);
+        assert_eq!(o.append(b"-owner").unwrap(), 11);
+        assert_eq!(c.append(&[b'x'; 5000]).unwrap(), 17);
+        let read_only = OpenMode {
+            read: true,
+            ..OpenMode::default()
+        };
+        assert!(matches!(
+            client.open_ino(ino, read_only).unwrap().append(b"no"),
+            Err(Error::BadHandle(_))
+        ));
+        drop((c, o, client));
+        let seen = owner.read("/f").unwrap();
+        assert_eq!(&seen[..17], b"head-client-owner");
+        assert_eq!(seen.len(), 5017);
+        assert!(seen[17..].iter().all(|&b| b == b'x'));
+        owner.close().unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
     fn attaching_needs_hashfs() {
         let path = pool("extent", MappingKind::Extent);
         assert!(matches!(Volume::attach(&path), Err(Error::Unsupported(_))));
