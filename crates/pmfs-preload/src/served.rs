@@ -25,6 +25,9 @@
 //!   parent threads that do not exist in the child), so the child starts a new generation:
 //!   inherited descriptors take the kernel path, files it opens get a client of its own. The
 //!   parent's objects are never dropped in the child (that would release the parent's pins).
+//! - **The mount going away**: calls on a file of a mount that is gone (module `liveness`)
+//!   fail with `EIO`, and its nodes are never dropped (no write to a pool that may have a new
+//!   owner); mounts whose daemon cannot be found are not attached.
 //! - **exec / `_exit` / being killed** leave the log pins of the open files in the pool until
 //!   the owner's next mount (see `Volume::attach`); a normal `exit` drops them.
 
@@ -38,6 +41,7 @@ use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 use pmfs::{Client, Ino, OpenMode, OpenNode};
 
 use crate::fdtable::TABLE_FDS;
+use crate::liveness;
 use crate::mounts::{self, MAX_PMFS};
 
 /// An open file description served in userspace.
@@ -62,6 +66,8 @@ pub(crate) struct Served {
     dropped: AtomicBool,
     /// The process generation (bumped in fork children) that made it.
     generation: u64,
+    /// The pmfs mount (index of `mounts`) of the file.
+    mount: usize,
     /// Descriptors pointing at it.
     refs: AtomicUsize,
 }
@@ -98,8 +104,10 @@ impl Served {
         }
     }
 
+    /// Drops the node (releasing its pin in the pool), except on a mount that is gone: the
+    /// pool may have a new owner, which swept the pins at its mount.
     fn drop_node(&self) {
-        if !self.dropped.swap(true, Ordering::AcqRel) {
+        if !self.dropped.swap(true, Ordering::AcqRel) && !gone(self.mount) {
             // SAFETY: `dropped` was false: this is the only drop, and no call uses the node
             // (closing is set and active reached 0).
             unsafe { ManuallyDrop::drop(&mut *self.node.get()) };
@@ -152,13 +160,19 @@ fn client(m: usize) -> Option<&'static Client> {
                 .is_ok()
             {
                 let saved = crate::errno();
-                let attached = mounts::pool_of(m)
-                    .and_then(|pool| pmfs::Volume::attach(std::ffi::OsStr::from_bytes(pool)).ok());
+                // The daemon is found first: the pool is attached while it owns it.
+                let attached = mounts::pool_of(m).and_then(|pool| {
+                    let owner = liveness::owner_of(pool)?;
+                    let c =
+                        pmfs::Volume::attach(std::ffi::OsStr::from_bytes(pool.to_bytes())).ok()?;
+                    Some((owner, c))
+                });
                 crate::set_errno(saved);
-                let Some(c) = attached else {
+                let Some((owner, c)) = attached else {
                     state.store(FAILED, Ordering::Release);
                     return None;
                 };
+                liveness::attached(m, owner, c.owner_state());
                 CLIENTS[m].store(Box::into_raw(Box::new(c)), Ordering::Release);
                 state.store(ATTACHED, Ordering::Release);
             } else if state.load(Ordering::Acquire) != ATTACHED {
@@ -170,6 +184,16 @@ fn client(m: usize) -> Option<&'static Client> {
     let p = CLIENTS[m].load(Ordering::Acquire);
     // SAFETY: an attached client is leaked on purpose: it lives as long as the process.
     unsafe { p.as_ref() }
+}
+
+/// Whether pmfs mount `m`, which this process attached to, is gone (see module `liveness`).
+fn gone(m: usize) -> bool {
+    let p = CLIENTS[m].load(Ordering::Acquire);
+    // SAFETY: an attached client is leaked on purpose: it lives as long as the process.
+    match unsafe { p.as_ref() } {
+        Some(c) => liveness::gone(m, c.owner_state()),
+        None => true,
+    }
 }
 
 fn index(fd: c_int) -> Option<usize> {
@@ -219,6 +243,9 @@ fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
         _ => return None,
     };
     let client = client(m)?;
+    if gone(m) {
+        return None;
+    }
     let saved = crate::errno();
     let node = client.open_ino(
         Ino::from_raw(ino),
@@ -238,6 +265,7 @@ fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
         closing: AtomicBool::new(false),
         dropped: AtomicBool::new(false),
         generation: generation(),
+        mount: m,
         refs: AtomicUsize::new(1),
     })
 }
@@ -321,9 +349,15 @@ fn release(p: Shared<'_, Served>, guard: &Guard) {
 }
 
 /// Runs `f` on the object of `fd` if it is served in userspace; `None` means "kernel path".
-/// Counts the calls `f` served.
-pub(crate) fn with<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option<R> {
-    let r = use_object(fd, f)?;
+/// A call on a file whose mount is gone fails with `EIO` instead. Counts the calls answered.
+pub(crate) fn with<R: From<i8>>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option<R> {
+    let r = use_object(fd, |s| {
+        if gone(s.mount) {
+            crate::set_errno(libc::EIO);
+            return Some(R::from(-1));
+        }
+        f(s)
+    })?;
     crate::SERVED.fetch_add(1, Ordering::Relaxed);
     Some(r)
 }
@@ -356,9 +390,10 @@ fn use_object<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option<R> {
     r
 }
 
-/// As [`with`], without counting a served call (the call itself went to the kernel).
+/// As [`with`], without counting a served call (the call itself went to the kernel), and
+/// `None` when the mount is gone.
 pub(crate) fn peek<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option<R> {
-    use_object(fd, f)
+    use_object(fd, |s| if gone(s.mount) { None } else { f(s) })
 }
 
 /// `fd` is being mapped: its description goes to the kernel from now on (its node is

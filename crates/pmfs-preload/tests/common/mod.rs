@@ -160,12 +160,18 @@ impl Mounted {
     }
 
     /// Kills the daemon with SIGKILL and detaches the dead mount lazily (open descriptors on
-    /// it then fail).
-    pub fn kill_daemon(mut self) {
+    /// it then fail). [`remount`](Self::remount) mounts the pool again.
+    pub fn kill_daemon(&mut self) {
         if let Some(mut d) = self.daemon.take() {
             let _ = d.kill();
             let _ = d.wait();
         }
+        self.detach();
+    }
+
+    /// Takes the mount out of the mount table lazily (`fusermount3 -u -z`): a daemon still
+    /// running serves the descriptors open on it and exits after the last is closed.
+    pub fn detach(&mut self) {
         let out = Command::new("fusermount3")
             .arg("-uz")
             .arg(&self.mnt)
