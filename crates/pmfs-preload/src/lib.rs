@@ -40,7 +40,9 @@
 //!   `creat64`, `close`, `close_range`, `closefrom`, `dup`/`dup2`/`dup3`, `fcntl`/`fcntl64`
 //!   (`F_DUPFD`, `F_DUPFD_CLOEXEC`, `F_SETFL`'s `O_APPEND` followed; the rest forwarded),
 //!   `fclose`, `freopen(64)`, `mmap(64)`, `_exit`/`_Exit` and `execve`/`execv`/`execvp`/
-//!   `execvpe` (which release the process's open nodes first). Everything not served goes to
+//!   `execvpe`/`fexecve`/`execl`/`execlp`/`execle` (which release the process's open nodes
+//!   first; the variadic `execl*` through a small x86-64 trampoline that gathers the
+//!   argument list into an array for `execv*`). Everything not served goes to
 //!   the next definition (`dlsym(RTLD_NEXT)`, resolved lazily; raw system calls while that is
 //!   not possible, see module `real`), so calls made before the library initialised (another
 //!   object's constructor) work.
@@ -76,10 +78,11 @@
 //! - `O_APPEND` set or cleared by `F_SETFL` in *another* process sharing the description (a
 //!   `fork` child or parent) is not seen: this process keeps the mode it last knew.
 //! - A buffer the kernel would answer `EFAULT` for crashes the caller instead.
-//! - A process that ends by `exec` through `execl*`/`fexecve`, by `exit_group` without libc,
-//!   or by a signal leaves its files' log pins in the pool until the owner's next mount
-//!   (files unlinked meanwhile stay orphans until then; see `Volume::attach`). A failed exec
-//!   leaves its pmfs descriptors on the kernel path.
+//! - A process that ends by `exit_group` without libc, or by a signal, leaves its files' log
+//!   pins in the pool until the owner's next mount (files unlinked meanwhile stay orphans
+//!   until then; see `Volume::attach`); so does `exec` through `execl*` on architectures
+//!   other than x86-64 (not interposed there). A failed exec leaves its pmfs descriptors on
+//!   the kernel path.
 //! - A `vfork` child that writes to a descriptor it redirected before `exec` would use the
 //!   parent's entry for that number.
 //! - Descriptors at or above 65536 are not recorded (kernel path); more than 16 pmfs mounts in

@@ -28,8 +28,9 @@
 //! - **The mount going away**: calls on a file of a mount that is gone (module `liveness`)
 //!   fail with `EIO`, and its nodes are never dropped (no write to a pool that may have a new
 //!   owner); mounts whose daemon cannot be found are not attached.
-//! - **exec / `_exit` / being killed** leave the log pins of the open files in the pool until
-//!   the owner's next mount (see `Volume::attach`); a normal `exit` drops them.
+//! - **exit, `_exit` and every exec function** drop the objects (releasing their pins) first;
+//!   **being killed** leaves the log pins of the open files in the pool until the owner's next
+//!   mount (see `Volume::attach`).
 
 use core::cell::UnsafeCell;
 use core::ffi::c_int;
