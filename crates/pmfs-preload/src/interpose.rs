@@ -575,3 +575,104 @@ pub unsafe extern "C" fn execvpe(
     // SAFETY: forwarded under the same contract.
     unsafe { real::execvpe(file, argv, envp) }
 }
+
+/// `fexecve`: as [`execve`].
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn fexecve(
+    fd: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    crate::leaving();
+    // SAFETY: forwarded under the same contract.
+    unsafe { real::fexecve(fd, argv, envp) }
+}
+
+/// The `execl` family takes its arguments as a variadic list, which stable Rust cannot
+/// receive. Each of them is a trampoline that stores the argument registers just below the
+/// arguments the caller passed on the stack — making one array of every argument after the
+/// first, in order, as the x86-64 System V convention passes variadic pointers like named
+/// ones — and calls `$gathered(first, array)` with it. It then puts the stack back as it was
+/// and returns what that call returned.
+macro_rules! exec_list_calls {
+    ($($(#[$doc:meta])* fn $name:ident => $gathered:ident;)*) => {$(
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The C function's contract: a NULL-terminated list of C strings (followed by the
+        /// environment for `execle`).
+        #[cfg(target_arch = "x86_64")]
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        #[unsafe(naked)]
+        pub unsafe extern "C" fn $name(path: *const c_char, arg0: *const c_char) -> c_int {
+            core::arch::naked_asm!(
+                // The return address out of the way: the stacked arguments start at rsp.
+                "pop rax",
+                // Arguments 2 to 6 (registers) in front of them.
+                "push r9",
+                "push r8",
+                "push rcx",
+                "push rdx",
+                "push rsi",
+                "mov rsi, rsp",
+                // Back on top, which also aligns the stack to 16 bytes for the call.
+                "push rax",
+                "call {gathered}",
+                "pop rcx",
+                "add rsp, 40",
+                "push rcx",
+                "ret",
+                gathered = sym $gathered,
+            )
+        }
+    )*};
+}
+
+exec_list_calls! {
+    /// `execl`: its argument list gathered, then [`execv`].
+    fn execl => execl_gathered;
+    /// `execlp`: its argument list gathered, then [`execvp`].
+    fn execlp => execlp_gathered;
+    /// `execle`: its argument list and environment gathered, then [`execve`].
+    fn execle => execle_gathered;
+}
+
+/// `execl` with its arguments as an array.
+///
+/// # Safety
+/// `argv` is a NULL-terminated array of C strings.
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" fn execl_gathered(path: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: the caller's arguments.
+    unsafe { execv(path, argv) }
+}
+
+/// `execlp` with its arguments as an array.
+///
+/// # Safety
+/// As [`execl_gathered`].
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" fn execlp_gathered(file: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: the caller's arguments.
+    unsafe { execvp(file, argv) }
+}
+
+/// `execle` with its arguments as an array; the environment is the entry after their NULL.
+///
+/// # Safety
+/// As [`execl_gathered`], with the environment after the NULL.
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" fn execle_gathered(path: *const c_char, argv: *const *const c_char) -> c_int {
+    let mut end = 0;
+    // SAFETY: the array is NULL-terminated.
+    while !unsafe { *argv.add(end) }.is_null() {
+        end += 1;
+    }
+    // SAFETY: execle's contract puts the environment right after the NULL.
+    let envp = unsafe { *argv.add(end + 1) }.cast::<*const c_char>();
+    // SAFETY: the caller's arguments.
+    unsafe { execve(path, argv, envp) }
+}

@@ -21,9 +21,18 @@
 //!   processes); `fstat`/`statx` go to the kernel and report the size the file's log holds.
 //!   The kernel's file offset stays the truth (`lseek` around `read`/`write`), so `dup`s,
 //!   `fork` children and kernel-path users of the same description agree on it.
-//! - **Left to the kernel on pmfs files**: writes on `O_APPEND` descriptions (the daemon
-//!   appends at the size it sees; write-only appenders are never opened in userspace),
-//!   descriptions that were `mmap`ped (released from userspace at the `mmap`: the kernel's
+//! - **`O_APPEND`**: writes on appending descriptions (`write`, `writev`, and `pwrite`/
+//!   `pwritev`, which append on Linux as well) use the engine's atomic append: the bytes land
+//!   at the end of file as the log says when the update commits, so appenders in any number
+//!   of processes never overwrite each other, and `write` leaves the offset after them.
+//! - **The mount going away** (module `liveness`): once the daemon a process attached next to
+//!   died, or its mount was detached (`fusermount3 -u -z`), calls served in userspace fail
+//!   with `EIO` and the process never writes to the pool again (its pins are left for the
+//!   owner's next mount to sweep). A clean unmount is seen at once (the pool's mount-state
+//!   word, one load per call); a killed daemon or a detached mount within 10 ms (a probe of
+//!   the daemon's `/proc/<pid>/stat` and of mountinfo, at most every 10 ms). Attaching needs
+//!   the daemon: the holder of the pool's `flock` in `/proc/locks`.
+//! - **Left to the kernel on pmfs files**: descriptions that were `mmap`ped (released from userspace at the `mmap`: the kernel's
 //!   page cache backs the mapping; the kernel is made to refresh the size first),
 //!   `preadv2`/`pwritev2`, other `lseek` and `fallocate` modes, and calls the kernel must
 //!   reject (wrong access mode, negative offsets, zero lengths), for the exact errno.
@@ -31,7 +40,9 @@
 //!   `creat64`, `close`, `close_range`, `closefrom`, `dup`/`dup2`/`dup3`, `fcntl`/`fcntl64`
 //!   (`F_DUPFD`, `F_DUPFD_CLOEXEC`, `F_SETFL`'s `O_APPEND` followed; the rest forwarded),
 //!   `fclose`, `freopen(64)`, `mmap(64)`, `_exit`/`_Exit` and `execve`/`execv`/`execvp`/
-//!   `execvpe` (which release the process's open nodes first). Everything not served goes to
+//!   `execvpe`/`fexecve`/`execl`/`execlp`/`execle` (which release the process's open nodes
+//!   first; the variadic `execl*` through a small x86-64 trampoline that gathers the
+//!   argument list into an array for `execv*`). Everything not served goes to
 //!   the next definition (`dlsym(RTLD_NEXT)`, resolved lazily; raw system calls while that is
 //!   not possible, see module `real`), so calls made before the library initialised (another
 //!   object's constructor) work.
@@ -57,17 +68,21 @@
 //! - `mmap` of pmfs files maps through the kernel (no direct mapping of the pool); `munmap`
 //!   and `msync` are not interposed. A file mapped by *another* process is not told about
 //!   userspace writes (its mapping sees them only after the kernel re-reads the size/mtime).
-//! - A process that already served a file keeps reading and writing it in the pool when the
-//!   daemon dies or the mount goes away (the updates are valid log commits that the owner's
-//!   next mount recovers), instead of getting `EIO`; descriptors classified after that get
-//!   the kernel's errors.
+//! - Calls made in the first 10 ms after the daemon was killed or the mount detached still
+//!   reach the pool (valid log commits, recovered by the owner's next mount); a call already
+//!   running when it happens finishes. Descriptors classified after that get the kernel's
+//!   errors. A probe that cannot open `/proc` files (the process is out of descriptors)
+//!   leaves the answer as it was until the next probe.
 //! - `read`/`write` on one description from several threads or processes at once: the offset
 //!   update (`lseek`, copy, `lseek`) is not atomic as the kernel's is.
+//! - `O_APPEND` set or cleared by `F_SETFL` in *another* process sharing the description (a
+//!   `fork` child or parent) is not seen: this process keeps the mode it last knew.
 //! - A buffer the kernel would answer `EFAULT` for crashes the caller instead.
-//! - A process that ends by `exec` through `execl*`/`fexecve`, by `exit_group` without libc,
-//!   or by a signal leaves its files' log pins in the pool until the owner's next mount
-//!   (files unlinked meanwhile stay orphans until then; see `Volume::attach`). A failed exec
-//!   leaves its pmfs descriptors on the kernel path.
+//! - A process that ends by `exit_group` without libc, or by a signal, leaves its files' log
+//!   pins in the pool until the owner's next mount (files unlinked meanwhile stay orphans
+//!   until then; see `Volume::attach`); so does `exec` through `execl*` on architectures
+//!   other than x86-64 (not interposed there). A failed exec leaves its pmfs descriptors on
+//!   the kernel path.
 //! - A `vfork` child that writes to a descriptor it redirected before `exec` would use the
 //!   parent's entry for that number.
 //! - Descriptors at or above 65536 are not recorded (kernel path); more than 16 pmfs mounts in
@@ -83,6 +98,7 @@
 
 pub(crate) mod fdtable;
 pub mod interpose;
+pub(crate) mod liveness;
 pub(crate) mod mounts;
 pub(crate) mod real;
 pub(crate) mod served;
@@ -179,6 +195,7 @@ extern "C" fn in_fork_child() {
     PMFS_CALLS.store(0, Ordering::Relaxed);
     SERVED.store(0, Ordering::Relaxed);
     mounts::after_fork_in_child();
+    liveness::after_fork_in_child();
     served::after_fork_in_child();
 }
 
@@ -399,19 +416,23 @@ impl Line {
         self.len += n;
     }
 
-    fn num(&mut self, mut v: u64) {
-        let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        self.push(&digits[i..]);
+    fn num(&mut self, v: u64) {
+        self.push(decimal(v, &mut [0; 20]));
     }
+}
+
+/// `v` in decimal, written at the end of `buf`.
+pub(crate) fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    &buf[i..]
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //! "not pmfs" for now, which is always safe: such a file just takes the kernel path.
 
 use core::cell::UnsafeCell;
-use core::ffi::c_int;
+use core::ffi::{CStr, c_int};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// How many pmfs mounts a process can tell apart.
@@ -63,15 +63,16 @@ pub(crate) fn pmfs_mount_of(dev: u64) -> Option<usize> {
     found
 }
 
-/// The pool file of pmfs mount `m` (as [`pmfs_mount_of`] numbers them), without its NUL.
-pub(crate) fn pool_of(m: usize) -> Option<&'static [u8]> {
+/// The pool file of pmfs mount `m` (as [`pmfs_mount_of`] numbers them).
+pub(crate) fn pool_of(m: usize) -> Option<&'static CStr> {
     if m >= PMFS_LEN.load(Ordering::Acquire).min(MAX_PMFS) {
         return None;
     }
     // SAFETY: entry `m` is published, so its path is written and no longer changes.
     let path = unsafe { &*POOLS[m].0.get() };
-    let len = path.iter().position(|&b| b == 0)?;
-    (len > 0).then_some(&path[..len])
+    CStr::from_bytes_until_nul(path)
+        .ok()
+        .filter(|p| !p.is_empty())
 }
 
 /// After `fork`: a thread of the parent that was reading mountinfo does not exist in the
@@ -98,18 +99,43 @@ fn push(table: &[AtomicU64], len: &AtomicUsize, dev: u64) {
 
 /// Reads mountinfo with raw system calls and records every pmfs mount not known yet.
 fn rescan() {
-    // SAFETY: a NUL-terminated path; openat has no other precondition.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat,
-            libc::AT_FDCWD,
-            c"/proc/self/mountinfo".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    } as c_int;
-    if fd < 0 {
-        return;
+    each_line(c"/proc/self/mountinfo", |line| {
+        if let Some((dev, pool)) = pmfs_mount_of_line(line)
+            && find(&PMFS, &PMFS_LEN, dev).is_none()
+        {
+            let n = PMFS_LEN.load(Ordering::Relaxed);
+            if n < MAX_PMFS {
+                // SAFETY: entry `n` is not published yet and this thread holds `SCANNING`:
+                // nobody else reads or writes it.
+                let slot = unsafe { &mut *POOLS[n].0.get() };
+                slot.fill(0);
+                unescape_into(pool, &mut slot[..POOL_PATH_MAX - 1]);
+            }
+            push(&PMFS, &PMFS_LEN, dev);
+        }
+    });
+}
+
+/// Whether pmfs mount `m` is still in this process's mount table (a lazy unmount takes it
+/// out while its files stay open). Reads mountinfo afresh, without allocating.
+pub(crate) fn still_mounted(m: usize) -> bool {
+    if m >= PMFS_LEN.load(Ordering::Acquire).min(MAX_PMFS) {
+        return false;
     }
+    let dev = PMFS[m].load(Ordering::Relaxed);
+    let mut found = false;
+    let read = each_line(c"/proc/self/mountinfo", |line| {
+        found |= pmfs_mount_of_line(line).is_some_and(|(d, _)| d == dev);
+    });
+    found || !read
+}
+
+/// Hands every line of the file at `path` to `each`, reading it with raw system calls into a
+/// fixed buffer; false if the file could not be opened.
+pub(crate) fn each_line(path: &CStr, mut each: impl FnMut(&[u8])) -> bool {
+    let Some(fd) = open_read_only(path) else {
+        return false;
+    };
     let mut lines = Lines::new();
     loop {
         let spare = lines.spare();
@@ -118,24 +144,25 @@ fn rescan() {
         if n <= 0 {
             break;
         }
-        lines.filled(n as usize, |line| {
-            if let Some((dev, pool)) = pmfs_mount_of_line(line)
-                && find(&PMFS, &PMFS_LEN, dev).is_none()
-            {
-                let n = PMFS_LEN.load(Ordering::Relaxed);
-                if n < MAX_PMFS {
-                    // SAFETY: entry `n` is not published yet and this thread holds
-                    // `SCANNING`: nobody else reads or writes it.
-                    let slot = unsafe { &mut *POOLS[n].0.get() };
-                    slot.fill(0);
-                    unescape_into(pool, &mut slot[..POOL_PATH_MAX - 1]);
-                }
-                push(&PMFS, &PMFS_LEN, dev);
-            }
-        });
+        lines.filled(n as usize, &mut each);
     }
     // SAFETY: closes the descriptor opened above.
     unsafe { libc::syscall(libc::SYS_close, fd) };
+    true
+}
+
+/// Opens `path` for reading with a raw system call (`O_CLOEXEC`); the caller closes it.
+pub(crate) fn open_read_only(path: &CStr) -> Option<c_int> {
+    // SAFETY: a NUL-terminated path; openat has no other precondition.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    } as c_int;
+    (fd >= 0).then_some(fd)
 }
 
 /// Splits a byte stream read in pieces into lines, in a fixed buffer; a line longer than the
@@ -194,8 +221,8 @@ pub(crate) fn pmfs_mount_of_line(line: &[u8]) -> Option<(u64, &[u8])> {
     }
     let source = fields.next().unwrap_or(b"");
     let colon = dev.iter().position(|&b| b == b':')?;
-    let major = number(&dev[..colon])?;
-    let minor = number(&dev[colon + 1..])?;
+    let major = u32::try_from(number(&dev[..colon], 10)?).ok()?;
+    let minor = u32::try_from(number(&dev[colon + 1..], 10)?).ok()?;
     Some((libc::makedev(major, minor), source))
 }
 
@@ -225,13 +252,14 @@ fn unescape_into(field: &[u8], out: &mut [u8]) {
     }
 }
 
-fn number(digits: &[u8]) -> Option<u32> {
+/// The value of `digits` in `radix`; `None` if empty, not all digits, or too large.
+pub(crate) fn number(digits: &[u8], radix: u32) -> Option<u64> {
     if digits.is_empty() {
         return None;
     }
-    digits.iter().try_fold(0u32, |n, &d| {
-        d.is_ascii_digit()
-            .then(|| n.checked_mul(10)?.checked_add(u32::from(d - b'0')))?
+    digits.iter().try_fold(0u64, |n, &d| {
+        let v = u64::from(char::from(d).to_digit(radix)?);
+        n.checked_mul(u64::from(radix))?.checked_add(v)
     })
 }
 

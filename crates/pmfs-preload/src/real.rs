@@ -243,6 +243,8 @@ syscall_backed! {
         syscall(SYS_dup3, old, new, flags);
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char)
         -> c_int = syscall(libc::SYS_execve, path, argv, envp);
+    fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int =
+        syscall(libc::SYS_execveat, fd, c"".as_ptr(), argv, envp, libc::AT_EMPTY_PATH);
     fn creat(path: *const c_char, mode: libc::mode_t) -> c_int =
         syscall(SYS_openat, AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, mode);
     fn creat64(path: *const c_char, mode: libc::mode_t) -> c_int =

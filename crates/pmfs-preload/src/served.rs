@@ -12,8 +12,11 @@
 //! - **The kernel's offset stays the truth**: `read`/`write` fetch it with `lseek(SEEK_CUR)`,
 //!   move the data with `read_at`/`write_at`, and set it with `lseek(SEEK_SET)` (two system
 //!   calls that never reach the daemon). `pread`/`pwrite` make none.
-//! - **Left to the kernel**: writes on `O_APPEND` descriptions (the daemon appends
-//!   atomically at the size it sees), descriptions that were ever `mmap`ped (the kernel's
+//! - **`O_APPEND`** writes (`write`, `writev`, and `pwrite`/`pwritev`, which append on
+//!   Linux too) use the engine's atomic append ([`OpenNode::append`]): the bytes land at the
+//!   end of file as the log says when the update commits, so appenders in several processes
+//!   never overwrite each other; `write` then sets the kernel's offset right after them.
+//! - **Left to the kernel**: descriptions that were ever `mmap`ped (the kernel's
 //!   page cache of the mapping would not see userspace writes), `preadv2`/`pwritev2`,
 //!   `SEEK_DATA`/`SEEK_HOLE`, fallocate modes other than 0, `KEEP_SIZE` and punch hole, and
 //!   every call whose arguments the kernel must reject (wrong access mode, negative
@@ -22,8 +25,12 @@
 //!   parent threads that do not exist in the child), so the child starts a new generation:
 //!   inherited descriptors take the kernel path, files it opens get a client of its own. The
 //!   parent's objects are never dropped in the child (that would release the parent's pins).
-//! - **exec / `_exit` / being killed** leave the log pins of the open files in the pool until
-//!   the owner's next mount (see `Volume::attach`); a normal `exit` drops them.
+//! - **The mount going away**: calls on a file of a mount that is gone (module `liveness`)
+//!   fail with `EIO`, and its nodes are never dropped (no write to a pool that may have a new
+//!   owner); mounts whose daemon cannot be found are not attached.
+//! - **exit, `_exit` and every exec function** drop the objects (releasing their pins) first;
+//!   **being killed** leaves the log pins of the open files in the pool until the owner's next
+//!   mount (see `Volume::attach`).
 
 use core::cell::UnsafeCell;
 use core::ffi::c_int;
@@ -35,6 +42,7 @@ use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 use pmfs::{Client, Ino, OpenMode, OpenNode};
 
 use crate::fdtable::TABLE_FDS;
+use crate::liveness;
 use crate::mounts::{self, MAX_PMFS};
 
 /// An open file description served in userspace.
@@ -59,6 +67,8 @@ pub(crate) struct Served {
     dropped: AtomicBool,
     /// The process generation (bumped in fork children) that made it.
     generation: u64,
+    /// The pmfs mount (index of `mounts`) of the file.
+    mount: usize,
     /// Descriptors pointing at it.
     refs: AtomicUsize,
 }
@@ -95,8 +105,10 @@ impl Served {
         }
     }
 
+    /// Drops the node (releasing its pin in the pool), except on a mount that is gone: the
+    /// pool may have a new owner, which swept the pins at its mount.
     fn drop_node(&self) {
-        if !self.dropped.swap(true, Ordering::AcqRel) {
+        if !self.dropped.swap(true, Ordering::AcqRel) && !gone(self.mount) {
             // SAFETY: `dropped` was false: this is the only drop, and no call uses the node
             // (closing is set and active reached 0).
             unsafe { ManuallyDrop::drop(&mut *self.node.get()) };
@@ -149,13 +161,19 @@ fn client(m: usize) -> Option<&'static Client> {
                 .is_ok()
             {
                 let saved = crate::errno();
-                let attached = mounts::pool_of(m)
-                    .and_then(|pool| pmfs::Volume::attach(std::ffi::OsStr::from_bytes(pool)).ok());
+                // The daemon is found first: the pool is attached while it owns it.
+                let attached = mounts::pool_of(m).and_then(|pool| {
+                    let owner = liveness::owner_of(pool)?;
+                    let c =
+                        pmfs::Volume::attach(std::ffi::OsStr::from_bytes(pool.to_bytes())).ok()?;
+                    Some((owner, c))
+                });
                 crate::set_errno(saved);
-                let Some(c) = attached else {
+                let Some((owner, c)) = attached else {
                     state.store(FAILED, Ordering::Release);
                     return None;
                 };
+                liveness::attached(m, owner, c.owner_state());
                 CLIENTS[m].store(Box::into_raw(Box::new(c)), Ordering::Release);
                 state.store(ATTACHED, Ordering::Release);
             } else if state.load(Ordering::Acquire) != ATTACHED {
@@ -167,6 +185,16 @@ fn client(m: usize) -> Option<&'static Client> {
     let p = CLIENTS[m].load(Ordering::Acquire);
     // SAFETY: an attached client is leaked on purpose: it lives as long as the process.
     unsafe { p.as_ref() }
+}
+
+/// Whether pmfs mount `m`, which this process attached to, is gone (see module `liveness`).
+fn gone(m: usize) -> bool {
+    let p = CLIENTS[m].load(Ordering::Acquire);
+    // SAFETY: an attached client is leaked on purpose: it lives as long as the process.
+    match unsafe { p.as_ref() } {
+        Some(c) => liveness::gone(m, c.owner_state()),
+        None => true,
+    }
 }
 
 fn index(fd: c_int) -> Option<usize> {
@@ -211,13 +239,14 @@ fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
     }
     let (read, write) = match flags & libc::O_ACCMODE {
         libc::O_RDONLY => (true, false),
-        // Appending only: every call would go to the kernel anyway.
-        libc::O_WRONLY if flags & libc::O_APPEND != 0 => return None,
         libc::O_WRONLY => (false, true),
         libc::O_RDWR => (true, true),
         _ => return None,
     };
     let client = client(m)?;
+    if gone(m) {
+        return None;
+    }
     let saved = crate::errno();
     let node = client.open_ino(
         Ino::from_raw(ino),
@@ -237,6 +266,7 @@ fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
         closing: AtomicBool::new(false),
         dropped: AtomicBool::new(false),
         generation: generation(),
+        mount: m,
         refs: AtomicUsize::new(1),
     })
 }
@@ -320,9 +350,15 @@ fn release(p: Shared<'_, Served>, guard: &Guard) {
 }
 
 /// Runs `f` on the object of `fd` if it is served in userspace; `None` means "kernel path".
-/// Counts the calls `f` served.
-pub(crate) fn with<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option<R> {
-    let r = use_object(fd, f)?;
+/// A call on a file whose mount is gone fails with `EIO` instead. Counts the calls answered.
+pub(crate) fn with<R: From<i8>>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option<R> {
+    let r = use_object(fd, |s| {
+        if gone(s.mount) {
+            crate::set_errno(libc::EIO);
+            return Some(R::from(-1));
+        }
+        f(s)
+    })?;
     crate::SERVED.fetch_add(1, Ordering::Relaxed);
     Some(r)
 }
@@ -355,9 +391,10 @@ fn use_object<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option<R> {
     r
 }
 
-/// As [`with`], without counting a served call (the call itself went to the kernel).
+/// As [`with`], without counting a served call (the call itself went to the kernel), and
+/// `None` when the mount is gone.
 pub(crate) fn peek<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option<R> {
-    use_object(fd, f)
+    use_object(fd, |s| if gone(s.mount) { None } else { f(s) })
 }
 
 /// `fd` is being mapped: its description goes to the kernel from now on (its node is
@@ -476,7 +513,7 @@ impl Served {
         n: usize,
         off: Option<i64>,
     ) -> Option<isize> {
-        if !self.write || n == 0 || buf.is_null() || self.append.load(Ordering::Acquire) {
+        if !self.write || n == 0 || buf.is_null() {
             return None;
         }
         let n = n.min(MAX_RW);
@@ -485,7 +522,26 @@ impl Served {
         self.write_slice(fd, src, off)
     }
 
+    /// Writes `src` at `off`, or at the descriptor's offset (moved past the bytes) if `None`.
+    /// On an `O_APPEND` description the bytes go to the end of file as the log says at commit
+    /// (for `pwrite` too, as Linux does), and `write` leaves the offset right after them.
     fn write_slice(&self, fd: c_int, src: &[u8], off: Option<i64>) -> Option<isize> {
+        if self.append.load(Ordering::Acquire) {
+            if off.is_some_and(|o| o < 0) {
+                return None;
+            }
+            return Some(match self.node().append(src) {
+                Ok(at) => {
+                    if off.is_none() {
+                        // The bytes are in the file: a failed seek must not send the write to
+                        // the kernel a second time.
+                        let _ = seek(fd, (at + src.len() as u64) as i64, libc::SEEK_SET);
+                    }
+                    src.len() as isize
+                }
+                Err(e) => errno_of(&e),
+            });
+        }
         let at = match off {
             Some(o) => u64::try_from(o).ok()?,
             None => seek(fd, 0, libc::SEEK_CUR)?,
@@ -560,7 +616,7 @@ impl Served {
         off: Option<i64>,
     ) -> Option<isize> {
         let iovs = iovecs(iov, cnt)?;
-        if !self.write || self.append.load(Ordering::Acquire) {
+        if !self.write {
             return None;
         }
         let total = iovs

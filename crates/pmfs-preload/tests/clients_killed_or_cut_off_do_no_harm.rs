@@ -75,7 +75,7 @@ fn killed_writers_leave_a_clean_volume_and_the_others_finish() {
 
 #[test]
 fn a_program_whose_mount_vanished_gets_errors_not_a_crash() {
-    let m = Mounted::new("vanish", "64M", "hashfs");
+    let mut m = Mounted::new("vanish", "64M", "hashfs");
     std::fs::write(m.path().join("f"), b"0123456789").unwrap();
     let mut prog = Command::new("sh")
         .arg("-c")

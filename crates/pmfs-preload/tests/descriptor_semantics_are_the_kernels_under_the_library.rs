@@ -11,22 +11,8 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
-use common::{Mounted, TempDir, With, counters, sh_ok, tree};
-
-fn compile(dir: &Path) -> std::path::PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/descriptors.c");
-    let exe = dir.join("descriptors");
-    let out = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "cc: {out:?}");
-    exe
-}
+use common::{Mounted, TempDir, With, compile, counters, sh_ok, tree};
 
 /// `fallocate(FALLOC_FL_KEEP_SIZE)` past EOF: the pmfs daemon answers EOPNOTSUPP, a local file
 /// system allocates. The only line allowed to differ from the local run.
@@ -41,7 +27,7 @@ fn without_keep_size(transcript: &[u8]) -> String {
 #[test]
 fn descriptor_calls_give_the_same_results_with_and_without_the_library() {
     let work = TempDir::new("descriptors");
-    let exe = compile(work.path());
+    let exe = compile("descriptors", work.path());
     let m = Mounted::new("descriptors", "256M", "hashfs");
     let stats = work.path().join("stats");
     let run = |dir: &Path, with: With<'_>| {

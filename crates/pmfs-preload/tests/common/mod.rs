@@ -160,12 +160,18 @@ impl Mounted {
     }
 
     /// Kills the daemon with SIGKILL and detaches the dead mount lazily (open descriptors on
-    /// it then fail).
-    pub fn kill_daemon(mut self) {
+    /// it then fail). [`remount`](Self::remount) mounts the pool again.
+    pub fn kill_daemon(&mut self) {
         if let Some(mut d) = self.daemon.take() {
             let _ = d.kill();
             let _ = d.wait();
         }
+        self.detach();
+    }
+
+    /// Takes the mount out of the mount table lazily (`fusermount3 -u -z`): a daemon still
+    /// running serves the descriptors open on it and exits after the last is closed.
+    pub fn detach(&mut self) {
         let out = Command::new("fusermount3")
             .arg("-uz")
             .arg(&self.mnt)
@@ -319,6 +325,22 @@ pub fn counters(file: &Path) -> Counters {
         c.served += nums[3];
     }
     c
+}
+
+/// Compiles `tests/programs/{name}.c` into `dir`; returns the executable.
+pub fn compile(name: &str, dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/programs")
+        .join(format!("{name}.c"));
+    let exe = dir.join(name);
+    let out = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cc: {out:?}");
+    exe
 }
 
 /// Pseudo-random bytes from a seed.

@@ -15,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "transcript.h"
+
 static long early_read = -1;
 
 /* Runs before main: file calls from a constructor must be forwarded correctly. */
@@ -23,21 +25,6 @@ __attribute__((constructor)) static void early(void) {
     int fd = open("/proc/self/stat", O_RDONLY);
     early_read = read(fd, &c, 1);
     close(fd);
-}
-
-static void show(const char *what, long r) {
-    printf("%-28s = %ld", what, r);
-    if (r < 0)
-        printf(" errno %s", strerror(errno));
-    printf("\n");
-    fflush(stdout);
-}
-
-static unsigned long fnv(const unsigned char *p, size_t n) {
-    unsigned long h = 1469598103934665603UL;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 1099511628211UL;
-    return h;
 }
 
 static long size_of(int fd) {

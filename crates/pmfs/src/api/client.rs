@@ -8,6 +8,7 @@ use pmfs_core::pm::PmRegion;
 use super::Volume;
 use super::ino::{Ino, OpenMode, OpenNode};
 use crate::error::{Error, Result};
+use crate::format::MOUNT_STATE_OFF;
 use crate::fs::Fs;
 use crate::inode::{Kind, field};
 
@@ -110,6 +111,14 @@ impl Client {
         .size()
     }
 
+    /// The owner's mount-state word: it changes when the owner closes the volume cleanly (an
+    /// unmount) and when the volume is mounted read-write after being closed. A client that
+    /// compares it with the value it saw at attach learns, at the cost of one load, that the
+    /// owner it attached next to let the volume go. An owner that crashed leaves it as it was.
+    pub fn owner_state(&self) -> u64 {
+        self.fs.m().load_u64(MOUNT_STATE_OFF).unwrap_or(0)
+    }
+
     /// Whether inode `ino` is the live regular file it names.
     pub fn is_live(&self, ino: Ino) -> bool {
         let h = ino.handle();
@@ -157,6 +166,7 @@ mod tests {
         f.write_at(&[2u8; 100], 4990).unwrap();
         assert_eq!(f.size().unwrap(), 5090);
         assert_eq!(client.size(ino).unwrap(), 5090);
+        let mounted = client.owner_state();
         let seen = owner.read("/f").unwrap();
         assert_eq!(seen.len(), 5090);
         assert!(seen[..4990].iter().all(|&b| b == 1));
@@ -167,10 +177,49 @@ mod tests {
         assert_eq!(f.read_at(&mut small, 0).unwrap(), 10);
         assert_eq!(&small[..10], &[3u8; 10]);
         drop(f);
-        drop(client);
+        assert_eq!(client.owner_state(), mounted);
         owner.close().unwrap();
+        assert_ne!(
+            client.owner_state(),
+            mounted,
+            "a clean close changes the word"
+        );
+        drop(client);
         let report = crate::fsck::check(Arc::new(PmRegion::open(&path).unwrap())).unwrap();
         assert!(report.is_clean(), "{:#?}", report.problems);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn appends_of_a_client_and_the_owner_land_one_after_the_other() {
+        let path = pool("append", MappingKind::HashFs);
+        let owner = Volume::open(&path).unwrap();
+        owner.write("/f", b"head").unwrap();
+        let ino = owner.lookup(owner.root(), b"f").unwrap().ino;
+        let write_only = OpenMode {
+            write: true,
+            ..OpenMode::default()
+        };
+        let client = Volume::attach(&path).unwrap();
+        let c = client.open_ino(ino, write_only).unwrap();
+        let o = owner.open_ino(ino, write_only).unwrap();
+        assert_eq!(c.append(b"-client").unwrap(), 4);
+        assert_eq!(o.append(b"-owner").unwrap(), 11);
+        assert_eq!(c.append(&[b'x'; 5000]).unwrap(), 17);
+        let read_only = OpenMode {
+            read: true,
+            ..OpenMode::default()
+        };
+        assert!(matches!(
+            client.open_ino(ino, read_only).unwrap().append(b"no"),
+            Err(Error::BadHandle(_))
+        ));
+        drop((c, o, client));
+        let seen = owner.read("/f").unwrap();
+        assert_eq!(&seen[..17], b"head-client-owner");
+        assert_eq!(seen.len(), 5017);
+        assert!(seen[17..].iter().all(|&b| b == b'x'));
+        owner.close().unwrap();
         std::fs::remove_file(&path).unwrap();
     }
 

@@ -730,6 +730,16 @@ impl OpenNode {
         self.fs.write_at(&self.node, buf, offset)
     }
 
+    /// Appends `buf` at the end of the file as one atomic, durable update: the end is the size
+    /// the log holds when the update commits, so appends of other handles and processes are
+    /// never overwritten. Returns the offset the bytes landed at.
+    pub fn append(&self, buf: &[u8]) -> Result<u64> {
+        if !self.mode.write {
+            return Err(Error::BadHandle("file not opened for writing"));
+        }
+        self.fs.append(&self.node, buf)
+    }
+
     /// Truncates or extends the file.
     pub fn set_len(&self, size: u64) -> Result<()> {
         self.fs.set_len(&self.node, size)

@@ -1,0 +1,73 @@
+//! A process under the library that ends by `execl`, `execlp`, `execle` or `fexecve` (glibc
+//! implements them without calling the interposed `execve`) while it has a pmfs file open in
+//! userspace releases that file before the new image starts: a file it had unlinked is freed
+//! once the kernel closes the descriptor, so the mount's free space comes back, and the new
+//! image gets exactly the arguments and environment it was given (`programs/exec.c`, with
+//! more arguments than the C calling convention passes in registers). An image that execs
+//! reports no counters; the same program ending with `exit` shows its writes are served in
+//! userspace (which is what pins the file: through the kernel, the test passes trivially).
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{Mounted, TempDir, With, compile, counters, sh_ok};
+
+fn free_bytes(dir: &Path) -> u64 {
+    let out = sh_ok(dir, "stat -f -c '%f %S' .", With::Kernel);
+    let text = String::from_utf8(out).unwrap();
+    let mut f = text.split_whitespace().map(|n| n.parse::<u64>().unwrap());
+    f.next().unwrap() * f.next().unwrap()
+}
+
+/// The free space of the mount once it is back to `want`, or what it is after 5 s (the kernel
+/// sends the release of a closed file to the daemon asynchronously).
+fn free_bytes_settled(dir: &Path, want: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let free = free_bytes(dir);
+        if free == want || Instant::now() > deadline {
+            return free;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn exec_through_every_function_releases_the_files_and_passes_the_arguments() {
+    let work = TempDir::new("exec");
+    let exe = compile("exec", work.path());
+    let m = Mounted::new("exec", "256M", "hashfs");
+    let stats = work.path().join("stats");
+    // An empty file first: the directory keeps the block its first entry needed.
+    sh_ok(m.path(), "touch keep", With::Kernel);
+    let before = free_bytes(m.path());
+    for (how, env) in [
+        ("execl", "unset"),
+        ("execlp", "unset"),
+        ("execle", "from-execle"),
+        ("fexecve", "from-execle"),
+        ("exit", "exit"),
+    ] {
+        let out = sh_ok(
+            m.path(),
+            &format!("{} {how}", exe.display()),
+            With::Library(&stats),
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("a0 a1 a2 a3 a4 a5 {env}\n"),
+            "{how}"
+        );
+        assert_eq!(
+            free_bytes_settled(m.path(), before),
+            before,
+            "{how}: the unlinked file was not freed"
+        );
+    }
+    let c = counters(&stats);
+    assert_eq!(c.processes, 1, "{c:?}");
+    assert!(c.served >= 4, "{c:?}");
+    m.unmount_and_fsck();
+}
