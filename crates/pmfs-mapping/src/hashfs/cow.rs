@@ -31,6 +31,21 @@ impl<M: Media> HashFs<M> {
     /// [`recover`]: pmfs_core::traits::FileMapping::recover
     /// [`insert_at`]: pmfs_core::traits::FileMapping::insert_at
     pub fn stage(&self, file: &HashFsFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
+        self.stage_unfenced(file, lblk, len, out)?;
+        self.media.fence();
+        Ok(())
+    }
+
+    /// [`stage`](HashFs::stage) for a caller that fences before anything depends on the
+    /// claims (the data path fences its copied data before it commits): the claims are
+    /// flushed, and durable after the caller's next fence.
+    pub fn stage_unfenced(
+        &self,
+        file: &HashFsFile,
+        lblk: u64,
+        len: u64,
+        out: &mut Vec<Run>,
+    ) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -62,7 +77,6 @@ impl<M: Media> HashFs<M> {
             l += count as u64;
         }
         self.flush_slots(&claimed)?;
-        self.media.fence();
         let first = out.len();
         for (j, &i) in claimed.iter().enumerate() {
             push_block(out, first, lblk + j as u64, self.data.start.0 + i);

@@ -601,18 +601,24 @@ impl Fs {
             let len = (buf.len() as u64).min(size - off);
             let end = off + len;
             let out = &mut buf[..len as usize];
-            out.fill(0);
+            // Holes read as zeros: only the bytes no run covers are zeroed.
+            let mut filled = off;
             for r in &runs {
                 let rs = r.lblk * BS;
                 let re = (r.lblk + r.len) * BS;
                 let a = rs.max(off);
                 let e = re.min(end);
                 if a < e {
+                    if a > filled {
+                        out[(filled - off) as usize..(a - off) as usize].fill(0);
+                    }
                     let phys = r.pblk.offset() + (a - rs);
                     self.m()
                         .read(phys, &mut out[(a - off) as usize..(e - off) as usize])?;
+                    filled = filled.max(e);
                 }
             }
+            out[(filled - off) as usize..].fill(0);
             match (&s, t0) {
                 (Some(s), Some(t0)) if s.log.tail()?.lsn() != t0 => continue,
                 _ => return Ok(len as usize),
@@ -663,7 +669,8 @@ impl Fs {
                 }
                 Ok(())
             }
-            Stager::Hash(t) => Ok(t.stage(handle::<HashFsFile>(f)?, lblk, len, out)?),
+            // The fence after the copies makes the claims durable before the commit.
+            Stager::Hash(t) => Ok(t.stage_unfenced(handle::<HashFsFile>(f)?, lblk, len, out)?),
         }
     }
 
