@@ -274,6 +274,13 @@ impl<M: Media> HashFs<M> {
                 }
             }
         }
+        // The lines step 1 probes and step 2 flips, fetched together rather than one miss
+        // after another.
+        for (&lblk, &win) in &wins {
+            self.media
+                .prefetch(self.slot_off(self.home(file.seed, lblk)));
+            self.media.prefetch(self.slot_off(win));
+        }
         // Step 1.
         let mut gone = Vec::new();
         let mut staged = Vec::new();

@@ -203,7 +203,8 @@ type Plan<'p, 'b> =
 
 /// Why a commit attempt gave up and the update must be planned again.
 enum Attempt {
-    Committed,
+    /// Committed at this LSN.
+    Committed(u64),
     Replan,
 }
 
@@ -766,6 +767,9 @@ impl Fs {
             let mut runs: Vec<Run> = Vec::new();
             let mut partials: Vec<Partial> = Vec::new();
             let staged = (|| -> Result<()> {
+                // The times go with the data: the fence after the copies makes both durable
+                // before the commit.
+                self.stamp_write_times(n.h.ino, &s)?;
                 for sg in &segs {
                     // HashFS places blocks by hash: only the allocator takes a goal.
                     let goal = match (sg.lblk.checked_sub(1), &self.stage) {
@@ -823,8 +827,6 @@ impl Fs {
                 }
                 return Err(e);
             }
-            // The times go with the data: the same fence makes both durable before the commit.
-            self.stamp_write_times(n.h.ino, &s)?;
             self.m().fence();
             if let Err(e) = before_commit(&runs) {
                 self.unstage(&runs)?;
@@ -846,7 +848,11 @@ impl Fs {
                 append,
                 &mut scratch,
             ) {
-                Ok(Attempt::Committed) => {}
+                Ok(Attempt::Committed(lsn)) => {
+                    let blocks = runs.iter().map(|r| r.len).sum();
+                    self.after_commit(n, &s, f, Some((lsn, &entry)), lazy.then_some(blocks))?;
+                    return Ok(Some(size));
+                }
                 Ok(Attempt::Replan) => {
                     self.unstage(&runs)?;
                     continue;
@@ -857,9 +863,6 @@ impl Fs {
                     return Err(e);
                 }
             }
-            let blocks = runs.iter().map(|r| r.len).sum();
-            self.after_commit(n, &s, f, lazy.then_some(blocks))?;
-            return Ok(Some(size));
         }
     }
 
@@ -881,7 +884,7 @@ impl Fs {
         let mut prepared = s.log.prepare(entry)?;
         loop {
             match prepared.try_commit(since)? {
-                Commit::Done(_) => return Ok(Attempt::Committed),
+                Commit::Done(at) => return Ok(Attempt::Committed(at.lsn())),
                 Commit::Moved { prepared: p, tail } => {
                     let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
                     // Another thread of this process folded entries our copies did not see
@@ -920,10 +923,24 @@ impl Fs {
 
     /// After a commit: fold it, then digest, maybe compact the log. `lazy`: the update was a
     /// write of that many blocks, digested with a later batch unless this one is full.
-    fn after_commit(&self, n: &Node, s: &Shared, f: &MapFile, lazy: Option<u64>) -> Result<()> {
+    /// `own`: the committed entry and its LSN, folded without reading the log when it is the
+    /// overlay's next.
+    fn after_commit(
+        &self,
+        n: &Node,
+        s: &Shared,
+        f: &MapFile,
+        own: Option<(u64, &Entry)>,
+        lazy: Option<u64>,
+    ) -> Result<()> {
         {
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
-            self.catch_up(n.h.ino, s, &mut ov, u64::MAX, &mut |_| {})?;
+            match own {
+                Some((lsn, e)) if ov.next_lsn() == lsn => ov.apply(lsn, e),
+                _ => {
+                    self.catch_up(n.h.ino, s, &mut ov, u64::MAX, &mut |_| {})?;
+                }
+            }
         }
         if let Some(blocks) = lazy {
             let entries = s.pending_entries.fetch_add(1, Ordering::Relaxed) + 1;
@@ -1214,7 +1231,7 @@ impl Fs {
             })?;
             self.touch_times(n.h.ino)?;
             s.log.prepare(&Entry::Truncate { size: len })?.commit()?;
-            return self.after_commit(n, &s, self.node_map(n)?, None);
+            return self.after_commit(n, &s, self.node_map(n)?, None, None);
         }
         self.cow_update(n, false, false, &mut |fs, ov, f, size| {
             if len <= size {
@@ -1373,7 +1390,7 @@ impl Fs {
                     len: whole_to - whole_from,
                 })?
                 .commit()?;
-            self.after_commit(n, &s, self.node_map(n)?, None)?;
+            self.after_commit(n, &s, self.node_map(n)?, None, None)?;
         } else {
             self.touch_times(n.h.ino)?;
         }
