@@ -148,19 +148,31 @@ impl MmapArea {
                 )
             }
         };
-        let mut map_sync = true;
-        let mut base = map_at(libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC);
+        // A MAP_FIXED mapping that the file system rejects may already have unmapped the
+        // range it was to replace (ext4 and xfs without DAX refuse MAP_SYNC only in their
+        // mmap hook): another thread's mapping could then land in the hole, and a second
+        // MAP_FIXED attempt would clobber it. So MAP_SYNC is probed first with a mapping of
+        // one page wherever the kernel puts it, and the reservation is mapped over once.
+        let map_sync = sync_supported(fd);
+        let base = map_at(if map_sync {
+            libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC
+        } else {
+            libc::MAP_SHARED
+        });
         if base == libc::MAP_FAILED {
             let e = io::Error::last_os_error();
-            if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL)) {
-                map_sync = false;
-                base = map_at(libc::MAP_SHARED);
+            // SAFETY: releases the head and tail of our reservation. The middle is left alone:
+            // the failed call may have unmapped it, and whatever is there now may be another
+            // thread's (at worst an inaccessible range of our reservation stays reserved).
+            unsafe {
+                if head != 0 {
+                    libc::munmap(reserve.cast(), head);
+                }
+                let tail = reserve_len - head - len;
+                if tail != 0 {
+                    libc::munmap(reserve.add(head + len).cast(), tail);
+                }
             }
-        }
-        if base == libc::MAP_FAILED {
-            let e = io::Error::last_os_error();
-            // SAFETY: releases our whole reservation (whatever part of it is still mapped).
-            unsafe { libc::munmap(reserve.cast(), reserve_len) };
             return Err(e);
         }
         let tail = reserve_len - head - len;
@@ -195,6 +207,29 @@ impl Drop for MmapArea {
         // it and the `as_ptr` contract ends every outside use before the drop.
         unsafe { libc::munmap(self.base.cast(), self.len) };
     }
+}
+
+/// Whether `fd` can be mapped with `MAP_SYNC` (a DAX file on persistent memory): a one-page
+/// probe mapping at an address of the kernel's choosing, unmapped again.
+fn sync_supported(fd: libc::c_int) -> bool {
+    let len = page_size();
+    // SAFETY: a fresh mapping wherever the kernel puts it; no existing memory is touched.
+    let probe = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC,
+            fd,
+            0,
+        )
+    };
+    if probe == libc::MAP_FAILED {
+        return false;
+    }
+    // SAFETY: exactly the probe mapping made above, used by nothing.
+    unsafe { libc::munmap(probe, len) };
+    true
 }
 
 fn page_size() -> usize {

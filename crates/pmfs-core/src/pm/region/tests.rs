@@ -358,3 +358,35 @@ fn concurrent_writers_on_disjoint_ranges() {
         );
     }
 }
+
+/// Threads that map two pools on a disk file system (`std::env::temp_dir()`, where ext4 and
+/// xfs without DAX refuse `MAP_SYNC` only after unmapping the range a `MAP_FIXED` mapping was
+/// to replace) each always see their own pool: a retried `MAP_FIXED` used to clobber a mapping
+/// another thread had just made in the hole, which read the other pool or faulted later.
+#[test]
+fn threads_mapping_pools_at_once_each_see_their_own() {
+    let dir = std::env::temp_dir();
+    let paths: Vec<PathBuf> = (0..2u8)
+        .map(|i| {
+            let p = dir.join(format!("pmfs-region-race-{}-{i}.pool", std::process::id()));
+            let _ = std::fs::remove_file(&p);
+            let r = PmRegion::create(&p, 2 * MIB).unwrap();
+            r.write(PmOff(0), &[i + 1; 64]).unwrap();
+            p
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for t in 0..8usize {
+            let path = &paths[t % 2];
+            s.spawn(move || {
+                for _ in 0..150 {
+                    let r = PmRegion::open(path).unwrap();
+                    assert_eq!(read_vec(&r, 0, 64), vec![(t % 2) as u8 + 1; 64]);
+                }
+            });
+        }
+    });
+    for p in paths {
+        std::fs::remove_file(p).unwrap();
+    }
+}
