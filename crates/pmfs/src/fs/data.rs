@@ -56,15 +56,19 @@
 //! (which makes it durable with the data), and only when it moves.
 //!
 //! Reads are optimistic: they take the log's tail, catch the overlay up, read the blocks the
-//! overlay names or else the mapping's, and retry if the tail moved meanwhile. Inside one
-//! process, writers of an inode are also serialised by its lock and readers share it, so a
-//! retry only happens when another process writes.
+//! overlay names or else the mapping's, and retry if the tail moved meanwhile. On HashFS,
+//! reads and writes take no lock of the inode: threads of one process race on the log tail
+//! exactly as processes do (a writer whose commit finds newer entries checks them in the log,
+//! whatever other threads folded into the overlay meanwhile). On the other structures a
+//! file's readers share its lock and its writers (and so every digest) hold it alone: their
+//! lookups must not run into a digest restructuring a tree. Size changes, allocation and
+//! punching hold the lock on every structure.
 //!
 //! A write is durable and atomic when it returns: after a crash each update is wholly present
 //! or absent, and mount recovery digests every log (see [`super`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLockReadGuard, RwLockWriteGuard};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::log::{Commit, Digest, ENTRIES_PER_BLOCK, Entry, HeadWord, Log};
@@ -561,10 +565,7 @@ impl Fs {
 
     /// Reads at `off`; returns the bytes read (0 at or past end of file).
     pub fn read_at(&self, n: &Node, buf: &mut [u8], off: u64) -> Result<usize> {
-        let _il = self
-            .ilock(n.h.ino)
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
+        let _il = self.tree_read_lock(n.h.ino);
         let f = self.node_map(n)?;
         let s = self.shared(n, false)?;
         let mut runs = Vec::new();
@@ -625,6 +626,22 @@ impl Fs {
                 _ => return Ok(len as usize),
             }
         }
+    }
+
+    /// On a volume whose mapping structure is not HashFS, a reader of inode `ino` holds its
+    /// lock shared: a lookup in a tree (or a cuckoo bucket) must not run into a digest
+    /// restructuring it, and every digest runs under the lock held exclusively. HashFS
+    /// lookups and digests change one slot word at a time, so its readers and writers take
+    /// no lock and race on the log tail, threads as processes do.
+    fn tree_read_lock(&self, ino: u32) -> Option<RwLockReadGuard<'_, ()>> {
+        matches!(self.stage, Stager::Alloc(_))
+            .then(|| self.ilock(ino).read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The writer's side of [`tree_read_lock`](Fs::tree_read_lock).
+    fn tree_write_lock(&self, ino: u32) -> Option<RwLockWriteGuard<'_, ()>> {
+        matches!(self.stage, Stager::Alloc(_))
+            .then(|| self.ilock(ino).write().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Stages fresh blocks for `[lblk, lblk + len)`, appending runs to `out`.
@@ -883,27 +900,38 @@ impl Fs {
     ) -> Result<Attempt> {
         let mut prepared = s.log.prepare(entry)?;
         loop {
-            match prepared.try_commit(since)? {
+            let attempt = match prepared.try_commit(since) {
+                Ok(a) => a,
+                // Another thread's compaction reclaimed the log blocks `since` points into.
+                Err(_) if !s.log.is_current(since) => return Ok(Attempt::Replan),
+                Err(e) => return Err(e.into()),
+            };
+            match attempt {
                 Commit::Done(at) => return Ok(Attempt::Committed(at.lsn())),
                 Commit::Moved { prepared: p, tail } => {
-                    let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
-                    // Another thread of this process folded entries our copies did not see
-                    // (a lock-free size or extent query): they will not be replayed for us.
-                    if ov.next_lsn() != folded {
-                        return Ok(Attempt::Replan);
-                    }
+                    // The entries committed since our copies' view, read from the log: other
+                    // threads may have folded the overlay past them meanwhile.
                     let mut truncated = false;
                     let mut dirty = vec![false; partials.len()];
-                    let whole = self.catch_up(n.h.ino, s, &mut ov, tail.lsn(), &mut |e| {
-                        truncated |= matches!(e, Entry::Truncate { .. });
-                        for (d, p) in dirty.iter_mut().zip(partials) {
-                            *d |= touches(e, p.lblk);
-                        }
-                    })?;
-                    let size = ov.size(self.digested_size(n.h.ino)?);
+                    let mut newer = s.log.iter_from_lsn(folded)?;
                     // Entries compacted away unseen may have changed a partial block or
                     // truncated the file: plan again.
-                    if !whole || truncated || (append && size != planned_size) {
+                    if newer.position().lsn() > folded {
+                        return Ok(Attempt::Replan);
+                    }
+                    for item in newer.by_ref() {
+                        let (_, e) = item?;
+                        truncated |= matches!(e, Entry::Truncate { .. });
+                        for (d, p) in dirty.iter_mut().zip(partials) {
+                            *d |= touches(&e, p.lblk);
+                        }
+                    }
+                    let checked = newer.position().lsn();
+                    let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
+                    // At or past `checked`: the re-copies see at least what was checked.
+                    self.catch_up(n.h.ino, s, &mut ov, u64::MAX, &mut |_| {})?;
+                    let size = ov.size(self.digested_size(n.h.ino)?);
+                    if truncated || (append && size != planned_size) {
                         return Ok(Attempt::Replan);
                     }
                     for (p, d) in partials.iter().zip(dirty) {
@@ -911,7 +939,9 @@ impl Fs {
                             self.copy_old(Some(&ov), f, p, size, scratch)?;
                         }
                     }
-                    folded = ov.next_lsn();
+                    // Entries after `checked` that the overlay folded are in the copies too,
+                    // but were not checked: the next round checks from here.
+                    folded = checked;
                     drop(ov);
                     self.m().fence();
                     prepared = p;
@@ -975,10 +1005,19 @@ impl Fs {
         if now <= s.stamped.load(Ordering::Relaxed) {
             return Ok(());
         }
+        // Writers of the file race here (they take no lock): each word only grows.
         let m = self.m();
         for fl in [field::MTIME, field::CTIME] {
-            if self.inodes.load(m, ino, fl)? < now {
-                self.inodes.store(m, ino, fl, now)?;
+            let at = self.inodes.field(ino, fl);
+            let mut cur = m.load_u64(at)?;
+            while cur < now {
+                match m.cas_u64(at, cur, now)? {
+                    Ok(_) => {
+                        m.flush(at, 8)?;
+                        break;
+                    }
+                    Err(seen) => cur = seen,
+                }
             }
         }
         s.stamped.fetch_max(now, Ordering::Relaxed);
@@ -1152,10 +1191,7 @@ impl Fs {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        let _il = self
-            .ilock(n.h.ino)
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
+        let _il = self.tree_write_lock(n.h.ino);
         if buf.is_empty() {
             return match at {
                 Some(o) => Ok(o),
