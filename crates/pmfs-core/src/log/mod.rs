@@ -170,6 +170,10 @@
 //! the cursor to the tail and frees it in one CAS, then looks at the tail once more and starts
 //! over if entries arrived. One holder at a time, with no DRAM lock: the cursor is a PM word,
 //! so the rule holds across processes, and `apply` runs under no lock at all.
+//! [`Log::digest_batched`] does the same with batches of consecutive writes (a truncation or
+//! punch always alone, the cursor moved up to it first) and moves the cursor once per batch;
+//! its applier must then be idempotent over a batch left half applied, also when it comes
+//! back longer (HashFS's `apply_writes` is).
 //!
 //! **Busy and takeover.** A caller that finds another holder in the cursor asks its liveness
 //! oracle (`alive`, e.g. "does this pid run"): if the holder is alive the call returns
