@@ -175,9 +175,6 @@ const DIGEST_AFTER_ENTRIES: u64 = 128;
 /// See [`DIGEST_AFTER_ENTRIES`].
 const DIGEST_AFTER_BLOCKS: u64 = 2048;
 
-/// The most writes one HashFS digest batch applies together.
-const BATCH_ENTRIES: usize = DIGEST_AFTER_ENTRIES as usize;
-
 /// One range of a copy-on-write update: logical blocks `[lblk, lblk + len)` get fresh blocks;
 /// the bytes `[from, to)` (file offsets inside the range) become `data` (zeros for `None`);
 /// the other bytes of the range keep their old contents (zeros at and after the old size).
@@ -349,6 +346,12 @@ impl Fs {
         }
     }
 
+    /// A handle of the existing log of inode `ino` (it pins the log until closed).
+    pub fn open_log(&self, ino: u32) -> Result<FileLog> {
+        let root = self.inodes.field(ino, field::LOG);
+        Ok(Log::open(self.media().clone(), root, self.log_alloc(ino))?)
+    }
+
     /// The log state of `n`'s inode, opened on first use; `None` if the file has no log and
     /// `create` is false. A log is created by CAS on the head word: a loser opens the winner's.
     fn shared(&self, n: &Node, create: bool) -> Result<Option<Arc<Shared>>> {
@@ -367,20 +370,18 @@ impl Fs {
             *mine = Some(s.clone());
             return Ok(Some(s.clone()));
         }
-        let root = self.inodes.field(ino, field::LOG);
-        let media = self.media().clone();
-        let alloc = self.log_alloc(ino);
         let log = if self.inodes.load(self.m(), ino, field::LOG)? == 0 {
             if !create {
                 return Ok(None);
             }
-            match Log::create(media.clone(), root, alloc.clone()) {
+            let root = self.inodes.field(ino, field::LOG);
+            match Log::create(self.media().clone(), root, self.log_alloc(ino)) {
                 Ok(l) => l,
-                Err(pmfs_core::Error::InvalidArgument(_)) => Log::open(media, root, alloc)?,
+                Err(pmfs_core::Error::InvalidArgument(_)) => self.open_log(ino)?,
                 Err(e) => return Err(e.into()),
             }
         } else {
-            Log::open(media, root, alloc)?
+            self.open_log(ino)?
         };
         let d = log.digested(self.inodes.field(ino, field::DIGEST))?;
         let s = Arc::new(Shared::new(log, d));
@@ -395,35 +396,21 @@ impl Fs {
     }
 
     /// Folds the entries committed since the overlay's last catch-up; drops what is digested.
-    /// Calls `seen` with each entry folded.
     /// `tail`: an LSN the caller saw as the tail (`u64::MAX` if unknown); an overlay already
-    /// there reads nothing.
-    ///
-    /// Returns whether `seen` saw every entry since the last catch-up: false when the replay
-    /// had to start later — a compaction dropped applied entries the overlay had not folded
-    /// yet (the log keeps no record of them), or, conservatively, the overlay's next slot
-    /// became a reservation.
-    fn catch_up(
-        &self,
-        ino: u32,
-        s: &Shared,
-        ov: &mut Overlay,
-        tail: u64,
-        seen: &mut dyn FnMut(&Entry),
-    ) -> Result<bool> {
-        let mut whole = true;
+    /// there reads nothing. A replay that starts later than the overlay's next LSN (a
+    /// compaction dropped applied entries the overlay had not folded) leaves a correct view:
+    /// the mapping shows what was dropped.
+    fn catch_up(&self, ino: u32, s: &Shared, ov: &mut Overlay, tail: u64) -> Result<()> {
         if ov.next_lsn() < tail {
             let mut replay = s.log.iter_from_lsn(ov.next_lsn())?;
-            whole = replay.position().lsn() <= ov.next_lsn();
             for item in replay.by_ref() {
                 let (pos, e) = item?;
-                seen(&e);
                 ov.apply(pos.lsn(), &e);
             }
             ov.advance_to(replay.position().lsn());
         }
         ov.prune(s.log.digested(self.inodes.field(ino, field::DIGEST))?);
-        Ok(whole)
+        Ok(())
     }
 
     /// The digested size word.
@@ -444,7 +431,7 @@ impl Fs {
         loop {
             let t0 = s.log.tail()?.lsn();
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
-            self.catch_up(ino, s, &mut ov, t0, &mut |_| {})?;
+            self.catch_up(ino, s, &mut ov, t0)?;
             let size = ov.size(self.digested_size(ino)?);
             if s.log.tail()?.lsn() == t0 {
                 return Ok(size);
@@ -474,8 +461,7 @@ impl Fs {
             return self.folded_size(ino, &s);
         }
         // Another process has the log open: read it through a handle of our own.
-        let root = self.inodes.field(ino, field::LOG);
-        let log = Log::open(self.media().clone(), root, self.log_alloc(ino))?;
+        let log = self.open_log(ino)?;
         let s = match log.digested(self.inodes.field(ino, field::DIGEST)) {
             Ok(d) => Shared::new(log, d),
             Err(e) => {
@@ -554,7 +540,7 @@ impl Fs {
             let t0 = s.log.tail()?.lsn();
             {
                 let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
-                self.catch_up(n.h.ino, &s, &mut ov, t0, &mut |_| {})?;
+                self.catch_up(n.h.ino, &s, &mut ov, t0)?;
                 self.runs_in(Some(&ov), f, lblk, len, &mut out)?;
             }
             if s.log.tail()?.lsn() == t0 {
@@ -579,7 +565,7 @@ impl Fs {
                 let mut guard = match &s {
                     Some(s) => {
                         let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
-                        self.catch_up(n.h.ino, s, &mut ov, t0.unwrap_or(u64::MAX), &mut |_| {})?;
+                        self.catch_up(n.h.ino, s, &mut ov, t0.unwrap_or(u64::MAX))?;
                         Some(ov)
                     }
                     None => None,
@@ -776,7 +762,7 @@ impl Fs {
         loop {
             let since = s.log.tail()?;
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
-            self.catch_up(n.h.ino, &s, &mut ov, since.lsn(), &mut |_| {})?;
+            self.catch_up(n.h.ino, &s, &mut ov, since.lsn())?;
             let size = ov.size(self.digested_size(n.h.ino)?);
             let Some((segs, extend_to)) = plan(self, Some(&ov), f, size)? else {
                 return Ok(None);
@@ -929,7 +915,7 @@ impl Fs {
                     let checked = newer.position().lsn();
                     let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
                     // At or past `checked`: the re-copies see at least what was checked.
-                    self.catch_up(n.h.ino, s, &mut ov, u64::MAX, &mut |_| {})?;
+                    self.catch_up(n.h.ino, s, &mut ov, u64::MAX)?;
                     let size = ov.size(self.digested_size(n.h.ino)?);
                     if truncated || (append && size != planned_size) {
                         return Ok(Attempt::Replan);
@@ -968,7 +954,7 @@ impl Fs {
             match own {
                 Some((lsn, e)) if ov.next_lsn() == lsn => ov.apply(lsn, e),
                 _ => {
-                    self.catch_up(n.h.ino, s, &mut ov, u64::MAX, &mut |_| {})?;
+                    self.catch_up(n.h.ino, s, &mut ov, u64::MAX)?;
                 }
             }
         }
@@ -987,25 +973,9 @@ impl Fs {
         }
     }
 
-    /// Stores mtime and ctime (never backwards), durable after the next fence.
-    fn stamp_times(&self, ino: u32) -> Result<()> {
-        let m = self.m();
-        let now = self.now() as u64;
-        for fl in [field::MTIME, field::CTIME] {
-            if self.inodes.load(m, ino, fl)? < now {
-                self.inodes.store(m, ino, fl, now)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// [`stamp_times`](Fs::stamp_times) for a write through `s`, with the coarse clock.
-    fn stamp_write_times(&self, ino: u32, s: &Shared) -> Result<()> {
-        let now = self.now_coarse() as u64;
-        if now <= s.stamped.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        // Writers of the file race here (they take no lock): each word only grows.
+    /// Raises mtime and ctime to `now` (never backwards, by CAS: writers of a file race here),
+    /// durable after the next fence.
+    fn stamp_times(&self, ino: u32, now: u64) -> Result<()> {
         let m = self.m();
         for fl in [field::MTIME, field::CTIME] {
             let at = self.inodes.field(ino, fl);
@@ -1020,13 +990,23 @@ impl Fs {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// [`stamp_times`](Fs::stamp_times) for a write through `s`, with the coarse clock.
+    fn stamp_write_times(&self, ino: u32, s: &Shared) -> Result<()> {
+        let now = self.now_coarse() as u64;
+        if now <= s.stamped.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.stamp_times(ino, now)?;
         s.stamped.fetch_max(now, Ordering::Relaxed);
         Ok(())
     }
 
     /// Stores mtime and ctime durably.
     fn touch_times(&self, ino: u32) -> Result<()> {
-        self.stamp_times(ino)?;
+        self.stamp_times(ino, self.now() as u64)?;
         self.m().fence();
         Ok(())
     }
@@ -1049,10 +1029,13 @@ impl Fs {
         let r = match &self.stage {
             Stager::Hash(t) => {
                 let hf = handle::<HashFsFile>(f)?;
-                s.log
-                    .digest_batched(cursor, me, &alive, BATCH_ENTRIES, &mut |batch| {
-                        note(self.apply_batch(ino, f, t, hf, batch, &mut superseded))
-                    })
+                s.log.digest_batched(
+                    cursor,
+                    me,
+                    &alive,
+                    DIGEST_AFTER_ENTRIES as usize,
+                    &mut |batch| note(self.apply_batch(ino, f, t, hf, batch, &mut superseded)),
+                )
             }
             Stager::Alloc(_) => s
                 .log

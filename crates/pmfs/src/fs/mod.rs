@@ -675,7 +675,7 @@ impl Fs {
         let has_log = rec.kind() == Some(Kind::File) && m.load_u64(root)? != 0;
         let mut log_blocks: Vec<Extent> = Vec::new();
         if has_log {
-            let log = pmfs_core::log::Log::open(self.media.clone(), root, self.log_alloc(h.ino))?;
+            let log = self.open_log(h.ino)?;
             let shared = data::Shared::new(log, 0);
             let digested = self.digest(h.ino, &shared, f);
             shared.log.close()?;
@@ -740,8 +740,7 @@ impl Fs {
         if runs.first().map(|r| r.pblk.0 + (edge - r.lblk)) != Some(pblk) {
             return Ok(());
         }
-        let root = self.inodes.field(inode.ino, field::LOG);
-        let log = pmfs_core::log::Log::open(self.media.clone(), root, self.log_alloc(inode.ino))?;
+        let log = self.open_log(inode.ino)?;
         let shared = data::Shared::new(log, 0);
         let done = shared
             .log
@@ -759,7 +758,7 @@ impl Fs {
         let m = self.m();
         let root = self.inodes.field(ino, field::LOG);
         pmfs_core::log::owned_blocks(m, root, &mut |b| used.push(Extent::new(b, 1)))?;
-        let log = pmfs_core::log::Log::open(self.media.clone(), root, self.log_alloc(ino))?;
+        let log = self.open_log(ino)?;
         let from = log.digested(self.inodes.field(ino, field::DIGEST))?;
         let collected = (|| -> Result<()> {
             for item in log.iter_from_lsn(from)? {
@@ -775,9 +774,8 @@ impl Fs {
 
     /// Digests inode `ino`'s log and drops its applied blocks (mount).
     fn digest_at_mount(&self, ino: u32) -> Result<()> {
-        let root = self.inodes.field(ino, field::LOG);
         let f = self.map.open_file(self.file_id(ino))?;
-        let log = pmfs_core::log::Log::open(self.media.clone(), root, self.log_alloc(ino))?;
+        let log = self.open_log(ino)?;
         let shared = data::Shared::new(log, 0);
         let done = self.digest(ino, &shared, &f).and_then(|()| {
             shared
