@@ -42,6 +42,9 @@ enum Ent {
     Truncate {
         size: u32,
     },
+    Resize {
+        size: u32,
+    },
     Punch {
         lblk: u16,
         len: u8,
@@ -78,6 +81,9 @@ impl Ent {
                 extend_to: u64::from(extend_to),
             },
             Ent::Truncate { size } => Entry::Truncate {
+                size: u64::from(size),
+            },
+            Ent::Resize { size } => Entry::Resize {
                 size: u64::from(size),
             },
             Ent::Punch { lblk, len } => Entry::Punch {

@@ -51,6 +51,7 @@ fn entry() -> impl Strategy<Value = Entry> {
         1 => (prop::collection::vec(run(), 200..700), any::<u64>())
             .prop_map(|(runs, extend_to)| Entry::Write { runs, extend_to }),
         1 => any::<u64>().prop_map(|size| Entry::Truncate { size }),
+        1 => any::<u64>().prop_map(|size| Entry::Resize { size }),
         1 => (any::<u64>(), 1..1000u64).prop_map(|(lblk, len)| Entry::Punch {
             lblk: lblk.min(u64::MAX - len),
             len,

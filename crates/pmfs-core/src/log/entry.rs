@@ -23,6 +23,12 @@ pub enum Entry {
         /// The new size in bytes.
         size: u64,
     },
+    /// Sets the file size to `size` and unmaps nothing: the blocks past the new end stay
+    /// the file's (a file that processes have mapped keeps its blocks while it is shrunk).
+    Resize {
+        /// The new size in bytes.
+        size: u64,
+    },
     /// Unmaps logical blocks `[lblk, lblk + len)` without changing the size.
     Punch {
         /// First logical block.
@@ -36,6 +42,7 @@ pub enum Entry {
 const KIND_WRITE: u64 = 1;
 const KIND_TRUNCATE: u64 = 2;
 const KIND_PUNCH: u64 = 3;
+const KIND_RESIZE: u64 = 4;
 
 /// Bits of a run's physical block in an extended entry; the length takes the rest.
 const RUN_PBLK_BITS: u32 = 40;
@@ -72,7 +79,7 @@ impl Entry {
                 }
                 Ok(())
             }
-            Entry::Truncate { .. } => Ok(()),
+            Entry::Truncate { .. } | Entry::Resize { .. } => Ok(()),
             Entry::Punch { lblk, len } => {
                 if *len == 0 || lblk.checked_add(*len).is_none() {
                     return bad("punched range out of range");
@@ -141,6 +148,7 @@ impl Entry {
                 w
             }
             Entry::Truncate { size } => vec![KIND_TRUNCATE, *size],
+            Entry::Resize { size } => vec![KIND_RESIZE, *size],
             Entry::Punch { lblk, len } => vec![KIND_PUNCH, *lblk, *len],
         }
     }
@@ -179,6 +187,7 @@ impl Entry {
                 }
             }
             KIND_TRUNCATE if count == 0 && w.len() == 2 => Ok(Entry::Truncate { size: w[1] }),
+            KIND_RESIZE if count == 0 && w.len() == 2 => Ok(Entry::Resize { size: w[1] }),
             KIND_PUNCH if count == 0 && w.len() == 3 => {
                 let e = Entry::Punch {
                     lblk: w[1],
@@ -189,7 +198,7 @@ impl Entry {
                     Err(_) => corrupt("extended log entry range"),
                 }
             }
-            KIND_TRUNCATE | KIND_PUNCH => corrupt("extended log entry length"),
+            KIND_TRUNCATE | KIND_RESIZE | KIND_PUNCH => corrupt("extended log entry length"),
             _ => corrupt("extended log entry kind"),
         }
     }
@@ -236,6 +245,7 @@ mod tests {
                 extend_to: 0,
             },
             Entry::Truncate { size: 12345 },
+            Entry::Resize { size: 4097 },
             Entry::Punch { lblk: 7, len: 9 },
         ] {
             e.validate(1 << 30).unwrap();
@@ -246,6 +256,7 @@ mod tests {
         assert!(Entry::from_record(&[9, 0], 10, PmOff(0)).is_err());
         assert!(Entry::from_record(&[KIND_PUNCH, 0, 0], 10, PmOff(0)).is_err());
         assert!(Entry::from_record(&[KIND_TRUNCATE | 1 << 8, 0], 10, PmOff(0)).is_err());
+        assert!(Entry::from_record(&[KIND_RESIZE, 0, 0], 10, PmOff(0)).is_err());
         assert!(
             Entry::Write {
                 runs: vec![Run {

@@ -55,12 +55,13 @@
 //! | 16..20 | crc | crc32c of the owner, this header with crc 0, and the payload |
 //! | 20..24 | total | payload words of the whole record |
 //!
-//! The record's payload words: `w0` = kind (bits 7..0: 1 write, 2 truncate, 3 punch) and the
-//! run count (bits 63..32); a write continues with `extend_to` and two words per run
-//! (`lblk`; `pblk` in bits 39..0 and `len` in bits 63..40); a truncate with the new size; a
-//! punch with `lblk` and `len`. An entry is inline when it is a write of one run that fits the
-//! inline fields and leaves the size alone or extends it to exactly the run's end; everything
-//! else (long or scattered runs, unaligned size changes, truncation, punching) is extended.
+//! The record's payload words: `w0` = kind (bits 7..0: 1 write, 2 truncate, 3 punch, 4
+//! resize) and the run count (bits 63..32); a write continues with `extend_to` and two words
+//! per run (`lblk`; `pblk` in bits 39..0 and `len` in bits 63..40); a truncate and a resize
+//! with the new size; a punch with `lblk` and `len`. An entry is inline when it is a write of
+//! one run that fits the inline fields and leaves the size alone or extends it to exactly the
+//! run's end; everything else (long or scattered runs, unaligned size changes, truncation,
+//! resizing, punching) is extended.
 //!
 //! # Commit protocol
 //!
@@ -262,9 +263,7 @@ use crate::traits::{AllocHint, BlockAllocator, Extent};
 
 use chain::{Chain, Walk};
 use epoch::{Epoch, Guard};
-use format::{
-    BlockHeader, FIRST_SLOT, HEADER_SLOTS, MAX_PINS, SLOT_BYTES, SLOTS_PER_BLOCK, slot_off,
-};
+use format::{BlockHeader, FIRST_SLOT, HEADER_SLOTS, SLOT_BYTES, SLOTS_PER_BLOCK, slot_off};
 use gc::Retired;
 
 pub use append::{Commit, Prepared};
@@ -272,7 +271,7 @@ pub use digest::{
     ApplyBatch, CURSOR_HOLDER_BITS, CURSOR_LSN_BITS, Digest, MAX_HOLDER, init_cursor, reset_holder,
 };
 pub use entry::{Entry, MAX_RUN_LEN};
-pub use format::{ENTRIES_PER_BLOCK, HeadWord, INLINE_MAX_LEN, LOG_VERSION};
+pub use format::{ENTRIES_PER_BLOCK, HeadWord, INLINE_MAX_LEN, LOG_VERSION, MAX_PINS};
 pub use gc::Compaction;
 pub use recover::{Recovery, owned_blocks, recover};
 pub use replay::Replay;
