@@ -37,6 +37,9 @@ pub(crate) mod field {
     pub const ROOT: u64 = 72;
     pub const PARENT: u64 = 80;
     pub const RDEV: u64 = 88;
+    /// Regular files (which have no device number): how many mappings and in-place writers
+    /// hold the file in *mapped mode* (see `fs::data`). Reset at mount.
+    pub const MAPS: u64 = 88;
     pub const XATTR: u64 = 96;
     /// Regular files: the head word of the file's log (0: no log yet).
     pub const LOG: u64 = 104;
@@ -69,7 +72,7 @@ pub(crate) const S_IFBLK: u32 = 0o060000;
 /// | 40..72 | atime, mtime, ctime, btime (ns since the epoch) |
 /// | 72     | mapping root word (per-file mapping structures) |
 /// | 80     | parent directory handle (directories)           |
-/// | 88     | device number (character and block devices)     |
+/// | 88     | device number (devices); mapped-mode count (files) |
 /// | 96     | extended attributes: current block, length, crc |
 /// | 104    | regular files: log head word (0: none)          |
 /// | 112    | regular files: log digest cursor                |

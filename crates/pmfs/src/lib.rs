@@ -49,7 +49,7 @@ mod parts;
 mod xattr;
 
 pub use api::Volume;
-pub use api::client::Client;
+pub use api::client::{Client, FileMap, MapPiece};
 pub use api::file::{File, OpenOptions};
 pub use api::ino::{
     Attr, AttrChange, Ino, NodeEntry, NodeKind, OpenMode, OpenNode, Owner, SeekTarget, SetTime,
@@ -61,5 +61,6 @@ pub use api::types::{
 pub use error::{Error, Result};
 pub use format::{AllocatorKind, Options};
 pub use fs::MountReport;
+pub use fs::data::MapPin;
 pub use pmfs_core::traits::MappingKind;
 pub use xattr::{XATTR_NAME_MAX, XattrSet};

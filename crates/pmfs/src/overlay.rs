@@ -10,8 +10,8 @@
 //!   the latest entry that touched it, with that entry's LSN;
 //! - the *truncate floor*: the lowest first-cut block of the undigested truncations. A block at
 //!   or above it that the interval map does not name is a hole, whatever the mapping says;
-//! - the size, as a function of the digested size: `Exact(s)` once a truncation was folded,
-//!   `AtLeast(x)` before that.
+//! - the size, as a function of the digested size: `Exact(s)` once a truncation (or a resize)
+//!   was folded, `AtLeast(x)` before that.
 //!
 //! Pruning below the digested LSN drops what the mapping already shows. The size summary needs
 //! no pruning: applied to the size after *any* prefix of the folded entries it gives the same
@@ -189,6 +189,7 @@ impl Overlay {
                 self.truncs.push((lsn, floor));
                 self.size = Size::Exact(*size);
             }
+            Entry::Resize { size } => self.size = Size::Exact(*size),
             Entry::Punch { lblk, len } => {
                 self.set(*lblk, *len, None, lsn);
             }
@@ -268,12 +269,17 @@ impl Overlay {
 /// Whether entry `e` changes what logical block `lblk` reads (its block, or by a size change
 /// the zeros past end of file inside it).
 pub(crate) fn touches(e: &Entry, lblk: u64) -> bool {
+    touches_range(e, lblk, 1)
+}
+
+/// Whether entry `e` changes what any logical block of `[lblk, lblk + len)` reads.
+pub(crate) fn touches_range(e: &Entry, lblk: u64, len: u64) -> bool {
+    let end = lblk.saturating_add(len);
+    let overlaps = |s: u64, l: u64| s < end && lblk < s.saturating_add(l);
     match e {
-        Entry::Write { runs, .. } => runs
-            .iter()
-            .any(|r| (r.lblk..r.lblk + r.len).contains(&lblk)),
-        Entry::Truncate { size } => lblk >= size / BLOCK_SIZE,
-        Entry::Punch { lblk: s, len } => (*s..s + len).contains(&lblk),
+        Entry::Write { runs, .. } => runs.iter().any(|r| overlaps(r.lblk, r.len)),
+        Entry::Truncate { size } | Entry::Resize { size } => end > size / BLOCK_SIZE,
+        Entry::Punch { lblk: s, len } => overlaps(*s, *len),
     }
 }
 
@@ -318,6 +324,7 @@ mod tests {
                     self.floor = Some(self.floor.map_or(f, |x| x.min(f)));
                     self.size = Some(*size);
                 }
+                Entry::Resize { size } => self.size = Some(*size),
                 Entry::Punch { lblk, len } => {
                     for b in *lblk..lblk + len {
                         self.blocks.insert(b, None);
@@ -345,6 +352,7 @@ mod tests {
                 }
             ),
             1 => (0..SPACE * BLOCK_SIZE).prop_map(|size| Entry::Truncate { size }),
+            1 => (0..SPACE * BLOCK_SIZE).prop_map(|size| Entry::Resize { size }),
             1 => (0..SPACE, 1..8u64).prop_map(|(lblk, len)| Entry::Punch { lblk, len }),
         ]
     }

@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use pmfs_core::layout::BLOCK_SIZE;
 use pmfs_core::pm::PmRegion;
 
 use super::Volume;
@@ -10,6 +11,7 @@ use super::ino::{Ino, OpenMode, OpenNode};
 use crate::error::{Error, Result};
 use crate::format::MOUNT_STATE_OFF;
 use crate::fs::Fs;
+use crate::fs::data::MapPin;
 use crate::inode::{Kind, field};
 
 /// A data-only client of a HashFS pool that another process owns (see [`Volume::attach`]).
@@ -119,6 +121,60 @@ impl Client {
         self.fs.m().load_u64(MOUNT_STATE_OFF).unwrap_or(0)
     }
 
+    /// Puts regular file `ino` in *mapped mode* and returns the pieces of the pool that hold
+    /// its bytes `[offset, min(offset + len, size rounded up to a block))`, every hole in that
+    /// range allocated first (zeroed blocks). `offset` must be a multiple of the block size
+    /// (4096, the page size).
+    ///
+    /// While the returned pin (or another) lives, every process updates the file's mapped
+    /// blocks *in place*: writes, hole punches and shrinking `set_len`s leave every block where
+    /// it is, so a mapping of the pieces (`mmap` of the pool file) stays the file, and sees
+    /// `write`s of any process as they land, as `read`s see stores into the mapping. In
+    /// exchange those updates are not atomic: a reader may see one half done, and a crash may
+    /// leave one torn (see the engine's data path documentation).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unaligned `offset`; the errors of opening the file.
+    pub fn map(&self, ino: Ino, offset: u64, len: u64) -> Result<FileMap> {
+        if !offset.is_multiple_of(BLOCK_SIZE) {
+            return Err(Error::InvalidArgument("mapping at an unaligned offset"));
+        }
+        let node = self.open_ino(
+            ino,
+            OpenMode {
+                read: true,
+                ..OpenMode::default()
+            },
+        )?;
+        let end = offset
+            .saturating_add(len)
+            .min(node.size()?.div_ceil(BLOCK_SIZE) * BLOCK_SIZE)
+            .max(offset);
+        let (pin, runs) = self.fs.map_file(
+            node.node(),
+            offset / BLOCK_SIZE,
+            (end - offset) / BLOCK_SIZE,
+        )?;
+        let mut pieces: Vec<MapPiece> = Vec::with_capacity(runs.len());
+        for r in runs {
+            let piece = MapPiece {
+                file_off: r.lblk * BLOCK_SIZE,
+                pool_off: r.pblk.offset().0,
+                len: r.len * BLOCK_SIZE,
+            };
+            match pieces.last_mut() {
+                Some(p)
+                    if p.file_off + p.len == piece.file_off
+                        && p.pool_off + p.len == piece.pool_off =>
+                {
+                    p.len += piece.len;
+                }
+                _ => pieces.push(piece),
+            }
+        }
+        Ok(FileMap { pin, pieces })
+    }
+
     /// Whether inode `ino` is the live regular file it names.
     pub fn is_live(&self, ino: Ino) -> bool {
         let h = ino.handle();
@@ -127,6 +183,38 @@ impl Client {
             .load(self.fs.m(), h.ino, field::STATE)
             .is_ok_and(|s| s == h.live_state())
     }
+}
+
+/// A range of a file in mapped mode: the pin that keeps it there and the pool pieces that
+/// hold its bytes (see [`Client::map`]).
+#[derive(Debug)]
+pub struct FileMap {
+    pin: MapPin,
+    pieces: Vec<MapPiece>,
+}
+
+impl FileMap {
+    /// The pieces, in file order, contiguous in the file, each contiguous in the pool.
+    pub fn pieces(&self) -> &[MapPiece] {
+        &self.pieces
+    }
+
+    /// The pin alone, to keep for as long as the pieces are mapped.
+    pub fn into_pin(self) -> MapPin {
+        self.pin
+    }
+}
+
+/// Bytes `[file_off, file_off + len)` of a file live at `[pool_off, pool_off + len)` of the
+/// pool file. Offsets and lengths are multiples of the block size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapPiece {
+    /// Offset in the file.
+    pub file_off: u64,
+    /// Offset in the pool file.
+    pub pool_off: u64,
+    /// Bytes.
+    pub len: u64,
 }
 
 #[cfg(test)]

@@ -66,12 +66,50 @@
 //!
 //! A write is durable and atomic when it returns: after a crash each update is wholly present
 //! or absent, and mount recovery digests every log (see [`super`]).
+//!
+//! # Mapped files
+//!
+//! A process that maps a file's blocks straight from the pool ([`Fs::map_file`], for `mmap`
+//! in the preload library) needs them to stay the file's: copy-on-write would move every
+//! written block away from the mapping. So a file has a *mapped mode*, the inode's `MAPS`
+//! count (the device-number word, which regular files do not use). While it is nonzero, every
+//! update of the file in any process leaves the blocks the file maps where they are:
+//!
+//! - a write (and a growing `set_len`, an allocation) stages fresh blocks only for holes. It
+//!   commits an entry whose other runs map blocks to themselves (which digests skip), then
+//!   writes its bytes *in place*, with zeros over the bytes at or after the old size that it
+//!   does not write, and fences. If any entry committed since its snapshot touches one of its
+//!   blocks, it plans again: its runs name the blocks the file has at its commit;
+//! - a shrinking `set_len` commits a `Resize` (the size only, the blocks stay, as fallocate
+//!   with KEEP_SIZE leaves them), then zeroes from the new end to the end of the old last
+//!   block in place; a hole punch zeroes in place and unmaps nothing.
+//!
+//! The protocol, across processes with nothing but the pool:
+//!
+//! - a *mapper* raises `MAPS`, then commits an empty write (a barrier), then allocates the
+//!   holes of its range and reads the file's runs;
+//! - an update that moves or unmaps blocks (a copy-on-write commit, a `Truncate`, a
+//!   `Punch`) reads `MAPS` after it has seen the tail it commits at, and plans again in
+//!   mapped mode if it is nonzero. A commit after the barrier saw the barrier, and so the
+//!   count; one before it is in the mapper's view;
+//! - an in-place writer joins the mode only from a nonzero count and holds its share until
+//!   its bytes are in place. No block it names can be moved meanwhile (no copy-on-write
+//!   commit can happen while the count is up), and it writes only after its commit, whose
+//!   check proved the blocks were still the file's.
+//!
+//! The pin ([`MapPin`]) also holds a pin on the log, so the owner does not free an unlinked
+//! file while it is mapped. Mount resets every `MAPS` count: no mapping survives the owner.
+//!
+//! In mapped mode updates are neither atomic nor isolated: a reader may see a write half
+//! done, and a crash may leave one torn (as with `mmap` on any file system), and a size
+//! change may be seen before the bytes it covers are written.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLockReadGuard, RwLockWriteGuard};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
-use pmfs_core::log::{Commit, Digest, ENTRIES_PER_BLOCK, Entry, HeadWord, Log};
+use pmfs_core::log::{Commit, Digest, ENTRIES_PER_BLOCK, Entry, HeadWord, Log, Position};
+use pmfs_core::pm::Media;
 use pmfs_core::traits::{AllocHint, AllocKind, BlockAllocator, Extent, Run};
 use pmfs_mapping::hashfs::{HashFs, HashFsFile};
 
@@ -81,7 +119,7 @@ use crate::error::{Error, Result};
 use crate::fs::MAX_FILE_SIZE;
 use crate::inode::{Handle, Kind, field};
 use crate::mapping::{MapFile, handle};
-use crate::overlay::{Overlay, Src, touches};
+use crate::overlay::{Overlay, Src, touches, touches_range};
 use crate::parts::{Pm, Stager};
 
 /// A file's log as this engine opens it.
@@ -207,6 +245,131 @@ enum Attempt {
     /// Committed at this LSN.
     Committed(u64),
     Replan,
+}
+
+/// How a copy-on-write update runs (see [`Fs::cow_update`]).
+#[derive(Clone, Copy, Debug)]
+struct Update {
+    /// Re-plan when the size moved under a commit attempt (an append).
+    append: bool,
+    /// Leave the digest to a later batch (see [`DIGEST_AFTER_ENTRIES`]).
+    lazy: bool,
+    /// In mapped mode, stage fresh blocks for the holes of the segments (a punch leaves them).
+    holes: bool,
+}
+
+impl Update {
+    const WRITE: Update = Update {
+        append: false,
+        lazy: true,
+        holes: true,
+    };
+    const NOW: Update = Update {
+        append: false,
+        lazy: false,
+        holes: true,
+    };
+}
+
+/// Adds one to (`up`) or takes one from the counter word at `at`, by CAS; `from_nonzero`
+/// refuses to raise a zero counter (returns false then). A counter never goes below zero.
+fn count_step(m: &Pm, at: PmOff, up: bool, from_nonzero: bool) -> Result<bool> {
+    let mut cur = m.load_u64(at)?;
+    loop {
+        let new = match (up, cur) {
+            (true, 0) if from_nonzero => return Ok(false),
+            (true, c) => c + 1,
+            (false, c) => c.saturating_sub(1),
+        };
+        match m.cas_u64(at, cur, new)? {
+            Ok(_) => return Ok(true),
+            Err(seen) => cur = seen,
+        }
+    }
+}
+
+/// One more (or one less) open handle in the pins of the log head word at `root`.
+fn log_pin_step(m: &Pm, root: PmOff, up: bool) -> Result<()> {
+    let mut cur = m.load_u64(root)?;
+    loop {
+        let hw = HeadWord(cur);
+        let pins = if up {
+            hw.pins() + 1
+        } else {
+            hw.pins().saturating_sub(1)
+        };
+        if pins > pmfs_core::log::MAX_PINS {
+            return Err(Error::Unsupported("too many open handles on one log"));
+        }
+        match m.cas_u64(root, cur, hw.with_pins(pins).0)? {
+            Ok(_) => return Ok(()),
+            Err(seen) => cur = seen,
+        }
+    }
+}
+
+/// A writer's share of a file's mapped mode (see the module documentation), taken before its
+/// snapshot and given back once its bytes are in place.
+struct MapHold<'f> {
+    fs: &'f Fs,
+    ino: u32,
+}
+
+impl Drop for MapHold<'_> {
+    fn drop(&mut self) {
+        // A count left behind only keeps the file in mapped mode until the next mount.
+        let _ = count_step(
+            self.fs.media(),
+            self.fs.inodes.field(self.ino, field::MAPS),
+            false,
+            false,
+        );
+    }
+}
+
+/// Keeps a file in mapped mode, and its log pinned (so the owner does not free it when it is
+/// unlinked), while a process maps its blocks: see [`Fs::map_file`]. Dropping it gives both
+/// back. It touches nothing but those two words of the pool, so a `fork` child that inherited
+/// a mapping can take its own ([`MapPin::inherit`]) and drop it without the parent's state.
+pub struct MapPin {
+    media: Pm,
+    maps: PmOff,
+    log: PmOff,
+}
+
+impl std::fmt::Debug for MapPin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MapPin")
+            .field("maps", &self.maps)
+            .field("log", &self.log)
+            .finish()
+    }
+}
+
+impl MapPin {
+    /// One more pin on the same file, for a process that inherited the mapping (a `fork`
+    /// child).
+    ///
+    /// # Errors
+    /// Media errors, or [`Error::Unsupported`] if the file's log has the most pins it can hold.
+    pub fn inherit(&self) -> Result<MapPin> {
+        log_pin_step(&self.media, self.log, true)?;
+        count_step(&self.media, self.maps, true, false)?;
+        Ok(MapPin {
+            media: self.media.clone(),
+            maps: self.maps,
+            log: self.log,
+        })
+    }
+}
+
+impl Drop for MapPin {
+    fn drop(&mut self) {
+        // Leftovers only keep the file in mapped mode (and an unlinked one allocated) until
+        // the owner's next mount.
+        let _ = count_step(&self.media, self.maps, false, false);
+        let _ = log_pin_step(&self.media, self.log, false);
+    }
 }
 
 /// Whether process `pid` still runs (the digest cursor's liveness test).
@@ -678,6 +841,164 @@ impl Fs {
         }
     }
 
+    /// The file's mapped-mode count.
+    fn maps(&self, ino: u32) -> Result<u64> {
+        self.inodes.load(self.m(), ino, field::MAPS)
+    }
+
+    /// Joins the file's mapped mode if it is in it (a count taken only from a nonzero one).
+    fn map_hold(&self, ino: u32) -> Result<Option<MapHold<'_>>> {
+        let at = self.inodes.field(ino, field::MAPS);
+        Ok(count_step(self.media(), at, true, true)?.then_some(MapHold { fs: self, ino }))
+    }
+
+    /// Splits the segments of a mapped-mode update: the blocks the file maps now become
+    /// `(run, segment)` pairs to write in place (their runs map them to themselves); the holes
+    /// stay segments to stage fresh blocks for, unless `holes` is false (then they are left).
+    #[allow(clippy::type_complexity)]
+    fn split_mapped<'b>(
+        &self,
+        ov: Option<&Overlay>,
+        f: &MapFile,
+        segs: &[Seg<'b>],
+        holes: bool,
+    ) -> Result<(Vec<Seg<'b>>, Vec<(Run, Seg<'b>)>)> {
+        let sub = |sg: &Seg<'b>, lblk: u64, len: u64| {
+            let (lo, hi) = (lblk * BS, (lblk + len) * BS);
+            let from = sg.from.clamp(lo, hi);
+            let to = sg.to.clamp(from, hi);
+            Seg {
+                lblk,
+                len,
+                from,
+                to,
+                data: sg
+                    .data
+                    .filter(|_| to > from)
+                    .map(|d| &d[(from - sg.from) as usize..(to - sg.from) as usize]),
+            }
+        };
+        let (mut cow, mut own) = (Vec::new(), Vec::new());
+        let mut runs = Vec::new();
+        for sg in segs {
+            runs.clear();
+            self.runs_in(ov, f, sg.lblk, sg.len, &mut runs)?;
+            let end = sg.lblk + sg.len;
+            let mut at = sg.lblk;
+            for r in &runs {
+                let (rs, re) = (r.lblk.max(at), (r.lblk + r.len).min(end));
+                if rs >= re {
+                    continue;
+                }
+                if rs > at && holes {
+                    cow.push(sub(sg, at, rs - at));
+                }
+                let run = Run {
+                    lblk: rs,
+                    pblk: BlockNo(r.pblk.0 + (rs - r.lblk)),
+                    len: re - rs,
+                };
+                own.push((run, sub(sg, rs, re - rs)));
+                at = re;
+            }
+            if end > at && holes {
+                cow.push(sub(sg, at, end - at));
+            }
+        }
+        Ok((cow, own))
+    }
+
+    /// Writes the in-place part of a committed mapped-mode update: each segment's new bytes,
+    /// and zeros over the bytes of its blocks at or after `size` (the size it was planned at)
+    /// that it does not write. Durable on return.
+    fn write_in_place(&self, own: &[(Run, Seg<'_>)], size: u64) -> Result<()> {
+        let m = self.m();
+        for (r, sg) in own {
+            let (rs, re) = (r.lblk * BS, (r.lblk + r.len) * BS);
+            let at = |o: u64| r.pblk.offset() + (o - rs);
+            if sg.from < sg.to {
+                match sg.data {
+                    Some(d) => m.write_nt(at(sg.from), d)?,
+                    None => m.fill_nt(at(sg.from), sg.to - sg.from, 0)?,
+                }
+            }
+            for (a, b) in [(rs, sg.from), (sg.to, re)] {
+                let a = a.max(size);
+                if a < b {
+                    m.fill_nt(at(a), b - a, 0)?;
+                }
+            }
+        }
+        m.fence();
+        Ok(())
+    }
+
+    /// Commits `e` (a truncation or a punch, which unmap blocks) at the tail unless the file
+    /// is in mapped mode, checked after the tail was seen; returns whether it committed.
+    fn commit_unless_mapped(&self, ino: u32, s: &Shared, e: &Entry) -> Result<bool> {
+        let mut prepared = s.log.prepare(e)?;
+        let mut since = s.log.tail()?;
+        loop {
+            if self.maps(ino)? > 0 {
+                return Ok(false);
+            }
+            match prepared.try_commit(since)? {
+                Commit::Done(_) => return Ok(true),
+                Commit::Moved { prepared: p, tail } => {
+                    prepared = p;
+                    since = tail;
+                }
+            }
+        }
+    }
+
+    /// Puts `n`'s file in mapped mode and returns the runs backing its logical blocks
+    /// `[lblk, lblk + len)` after staging blocks for every hole among them, with the pin that
+    /// keeps them the file's: while any pin lives, every update of the file in any process
+    /// leaves its mapped blocks where they are (see the module documentation).
+    pub fn map_file(&self, n: &Node, lblk: u64, len: u64) -> Result<(MapPin, Vec<Run>)> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let ino = n.h.ino;
+        let s = self.shared(n, true)?.ok_or(Error::Corrupt {
+            what: "file log",
+            at: self.inodes.field(ino, field::LOG),
+        })?;
+        let maps = self.inodes.field(ino, field::MAPS);
+        let root = self.inodes.field(ino, field::LOG);
+        log_pin_step(self.media(), root, true)?;
+        let pin = MapPin {
+            media: self.media().clone(),
+            maps,
+            log: root,
+        };
+        count_step(self.media(), maps, true, false)?;
+        // The barrier: every update committed after it saw the count, and so leaves mapped
+        // blocks in place; every one before it is in the view below.
+        let barrier = Entry::Write {
+            runs: Vec::new(),
+            extend_to: 0,
+        };
+        s.log.prepare(&barrier)?.commit()?;
+        self.after_commit(n, &s, self.node_map(n)?, None, None)?;
+        if len > 0 {
+            self.allocate(n, lblk * BS, len * BS, true)?;
+        }
+        let runs = self.data_runs(n, lblk, len)?;
+        // Nothing unmaps a block of a file in mapped mode: a hole here is a bug.
+        let covered = runs
+            .iter()
+            .try_fold(lblk, |at, r| (r.lblk == at).then_some(at + r.len));
+        if covered != Some(lblk + len) {
+            return Err(Error::Corrupt {
+                what: "a hole left in a mapped range",
+                at: root,
+            });
+        }
+        Ok((pin, runs))
+    }
+
     /// Gives staged blocks back.
     fn unstage(&self, runs: &[Run]) -> Result<()> {
         match &self.stage {
@@ -728,16 +1049,14 @@ impl Fs {
 
     /// Commits one copy-on-write update of `n` (see the module documentation): `plan` gives
     /// the segments and the size to extend to from the current size (`None`: nothing to do).
-    /// `append` re-plans when the size moved under a commit attempt.
-    /// `lazy` leaves the digest to a later batch (see [`DIGEST_AFTER_ENTRIES`]).
+    /// In mapped mode the segments' mapped blocks are written in place instead.
     fn cow_update<'b>(
         &self,
         n: &Node,
-        append: bool,
-        lazy: bool,
+        how: Update,
         plan: &mut Plan<'_, 'b>,
     ) -> Result<Option<u64>> {
-        self.cow_update_with(n, append, lazy, plan, &mut |_| Ok(()))
+        self.cow_update_with(n, how, plan, &mut |_| Ok(()))
     }
 
     /// [`cow_update`](Fs::cow_update), calling `before_commit` with the staged runs right before
@@ -745,8 +1064,7 @@ impl Fs {
     fn cow_update_with<'b>(
         &self,
         n: &Node,
-        append: bool,
-        lazy: bool,
+        how: Update,
         plan: &mut Plan<'_, 'b>,
         before_commit: &mut dyn FnMut(&[Run]) -> Result<()>,
     ) -> Result<Option<u64>> {
@@ -760,6 +1078,8 @@ impl Fs {
         // allocated: digest them and try once more.
         let mut digested = false;
         loop {
+            // Mapped mode: joined before the snapshot, left once the bytes are in place.
+            let hold = self.map_hold(n.h.ino)?;
             let since = s.log.tail()?;
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
             self.catch_up(n.h.ino, &s, &mut ov, since.lsn())?;
@@ -767,6 +1087,13 @@ impl Fs {
             let Some((segs, extend_to)) = plan(self, Some(&ov), f, size)? else {
                 return Ok(None);
             };
+            let (segs, own) = match hold {
+                Some(_) => self.split_mapped(Some(&ov), f, &segs, how.holes)?,
+                None => (segs, Vec::new()),
+            };
+            if segs.is_empty() && own.is_empty() && extend_to == 0 {
+                return Ok(None);
+            }
             let mut runs: Vec<Run> = Vec::new();
             let mut partials: Vec<Partial> = Vec::new();
             let staged = (|| -> Result<()> {
@@ -836,7 +1163,11 @@ impl Fs {
                 return Err(e);
             }
             let entry = Entry::Write {
-                runs: runs.clone(),
+                runs: runs
+                    .iter()
+                    .chain(own.iter().map(|(r, _)| r))
+                    .copied()
+                    .collect(),
                 extend_to,
             };
             match self.commit_cow(
@@ -848,12 +1179,17 @@ impl Fs {
                 &entry,
                 &partials,
                 size,
-                append,
+                how.append,
+                hold.is_some(),
                 &mut scratch,
             ) {
                 Ok(Attempt::Committed(lsn)) => {
+                    if hold.is_some() {
+                        self.write_in_place(&own, size)?;
+                    }
+                    drop(hold);
                     let blocks = runs.iter().map(|r| r.len).sum();
-                    self.after_commit(n, &s, f, Some((lsn, &entry)), lazy.then_some(blocks))?;
+                    self.after_commit(n, &s, f, Some((lsn, &entry)), how.lazy.then_some(blocks))?;
                     return Ok(Some(size));
                 }
                 Ok(Attempt::Replan) => {
@@ -869,23 +1205,36 @@ impl Fs {
         }
     }
 
-    /// The commit loop of [`cow_update`](Fs::cow_update).
+    /// The commit loop of [`cow_update`](Fs::cow_update). `mapped`: the update was planned in
+    /// mapped mode, and must plan again if any newer entry touches one of its blocks; else it
+    /// must plan again (in mapped mode) once the file is in mapped mode.
     #[allow(clippy::too_many_arguments)]
     fn commit_cow(
         &self,
         n: &Node,
         s: &Shared,
         f: &MapFile,
-        mut since: pmfs_core::log::Position,
+        mut since: Position,
         mut folded: u64,
         entry: &Entry,
         partials: &[Partial],
         planned_size: u64,
         append: bool,
+        mapped: bool,
         scratch: &mut Vec<u8>,
     ) -> Result<Attempt> {
         let mut prepared = s.log.prepare(entry)?;
+        let Entry::Write { runs: mine, .. } = entry else {
+            return Err(Error::InvalidArgument(
+                "a copy-on-write commit of a non-write",
+            ));
+        };
         loop {
+            // After the tail was seen: a mapper raised the count before committing its barrier
+            // entry, which every commit after it has seen.
+            if !mapped && self.maps(n.h.ino)? > 0 {
+                return Ok(Attempt::Replan);
+            }
             let attempt = match prepared.try_commit(since) {
                 Ok(a) => a,
                 // Another thread's compaction reclaimed the log blocks `since` points into.
@@ -898,6 +1247,7 @@ impl Fs {
                     // The entries committed since our copies' view, read from the log: other
                     // threads may have folded the overlay past them meanwhile.
                     let mut truncated = false;
+                    let mut clash = false;
                     let mut dirty = vec![false; partials.len()];
                     let mut newer = s.log.iter_from_lsn(folded)?;
                     // Entries compacted away unseen may have changed a partial block or
@@ -907,10 +1257,14 @@ impl Fs {
                     }
                     for item in newer.by_ref() {
                         let (_, e) = item?;
-                        truncated |= matches!(e, Entry::Truncate { .. });
+                        truncated |= matches!(e, Entry::Truncate { .. } | Entry::Resize { .. });
+                        clash |= mapped && mine.iter().any(|r| touches_range(&e, r.lblk, r.len));
                         for (d, p) in dirty.iter_mut().zip(partials) {
                             *d |= touches(&e, p.lblk);
                         }
+                    }
+                    if clash {
+                        return Ok(Attempt::Replan);
                     }
                     let checked = newer.position().lsn();
                     let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
@@ -1152,6 +1506,7 @@ impl Fs {
                 }
                 self.inodes.store(m, ino, field::MAPPED_END, from)?;
             }
+            Entry::Resize { size } => self.inodes.store(m, ino, field::SIZE, *size)?,
             Entry::Punch { lblk, len } => {
                 self.map.remove(f, *lblk, *len)?;
             }
@@ -1183,7 +1538,11 @@ impl Fs {
         }
         let len = buf.len() as u64;
         let mut landed = 0;
-        self.cow_update(n, at.is_none(), true, &mut |fs, ov, f, size| {
+        let how = Update {
+            append: at.is_none(),
+            ..Update::WRITE
+        };
+        self.cow_update(n, how, &mut |fs, ov, f, size| {
             let off = at.unwrap_or(size);
             let end = off
                 .checked_add(len)
@@ -1239,20 +1598,30 @@ impl Fs {
             .ilock(n.h.ino)
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        let size = self.size_of(n)?;
-        if len == size {
-            return self.touch_times(n.h.ino);
-        }
-        if len < size {
+        let ino = n.h.ino;
+        loop {
+            let size = self.size_of(n)?;
+            if len == size {
+                return self.touch_times(ino);
+            }
+            if len > size {
+                break;
+            }
             let s = self.shared(n, true)?.ok_or(Error::Corrupt {
                 what: "file log",
-                at: self.inodes.field(n.h.ino, field::LOG),
+                at: self.inodes.field(ino, field::LOG),
             })?;
-            self.touch_times(n.h.ino)?;
-            s.log.prepare(&Entry::Truncate { size: len })?.commit()?;
-            return self.after_commit(n, &s, self.node_map(n)?, None, None);
+            self.touch_times(ino)?;
+            // Each refuses when the mode changed (or the size moved) under it: look again.
+            if self.maps(ino)? > 0 {
+                if self.shrink_mapped(n, &s, len)? {
+                    return Ok(());
+                }
+            } else if self.commit_unless_mapped(ino, &s, &Entry::Truncate { size: len })? {
+                return self.after_commit(n, &s, self.node_map(n)?, None, None);
+            }
         }
-        self.cow_update(n, false, false, &mut |fs, ov, f, size| {
+        self.cow_update(n, Update::NOW, &mut |fs, ov, f, size| {
             if len <= size {
                 return Ok(None);
             }
@@ -1260,6 +1629,53 @@ impl Fs {
             Ok(Some((segs, len)))
         })?;
         Ok(())
+    }
+
+    /// Shrinks a file in mapped mode to `len` bytes: a `Resize` (the blocks stay), committed at
+    /// the tail the size was read at, then zeros in place from `len` to the end of the old last
+    /// block, so that growing the file again reads zeros there. Returns false, having done
+    /// nothing, if the file left mapped mode, is not longer than `len` or the tail moved.
+    fn shrink_mapped(&self, n: &Node, s: &Shared, len: u64) -> Result<bool> {
+        let ino = n.h.ino;
+        let Some(hold) = self.map_hold(ino)? else {
+            return Ok(false);
+        };
+        let f = self.node_map(n)?;
+        let since = s.log.tail()?;
+        let mut runs = Vec::new();
+        let size = {
+            let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
+            self.catch_up(ino, s, &mut ov, since.lsn())?;
+            let size = ov.size(self.digested_size(ino)?);
+            if len < size {
+                let first = len / BS;
+                self.runs_in(Some(&ov), f, first, size.div_ceil(BS) - first, &mut runs)?;
+            }
+            size
+        };
+        if len >= size {
+            return Ok(false);
+        }
+        match s
+            .log
+            .prepare(&Entry::Resize { size: len })?
+            .try_commit(since)?
+        {
+            Commit::Done(_) => {}
+            Commit::Moved { .. } => return Ok(false),
+        }
+        let m = self.m();
+        for r in &runs {
+            let (rs, re) = (r.lblk * BS, (r.lblk + r.len) * BS);
+            let a = rs.max(len);
+            if a < re {
+                m.fill_nt(r.pblk.offset() + (a - rs), re - a, 0)?;
+            }
+        }
+        m.fence();
+        drop(hold);
+        self.after_commit(n, s, f, None, None)?;
+        Ok(true)
     }
 
     /// Maps zeroed blocks over every hole of `[offset, offset + len)` and, unless `keep_size`,
@@ -1281,7 +1697,7 @@ impl Fs {
             .unwrap_or_else(|e| e.into_inner());
         let first = offset / BS;
         let last = end.div_ceil(BS);
-        self.cow_update(n, false, false, &mut |fs, ov, f, size| {
+        self.cow_update(n, Update::NOW, &mut |fs, ov, f, size| {
             let mut runs = Vec::new();
             fs.runs_in(ov, f, first, last - first, &mut runs)?;
             let mut segs = Vec::new();
@@ -1318,6 +1734,29 @@ impl Fs {
         Ok(())
     }
 
+    /// A hole punch in mapped mode: `[offset, end)` is zeroed in place, and no block is
+    /// unmapped (holes stay holes).
+    fn zero_mapped(&self, n: &Node, offset: u64, end: u64) -> Result<()> {
+        let how = Update {
+            holes: false,
+            ..Update::NOW
+        };
+        self.cow_update(n, how, &mut |_, _, _, _| {
+            let first = offset / BS;
+            Ok(Some((
+                vec![Seg {
+                    lblk: first,
+                    len: (end - 1) / BS - first + 1,
+                    from: offset,
+                    to: end,
+                    data: None,
+                }],
+                0,
+            )))
+        })?;
+        self.touch_times(n.h.ino)
+    }
+
     /// Deallocates `[offset, offset + len)` clamped to the file: the range reads as zeros,
     /// the size does not change. The partial edge blocks are copied with the range zeroed
     /// (one update), then the whole blocks are punched (a second one).
@@ -1333,6 +1772,9 @@ impl Fs {
         let end = offset.saturating_add(len).min(size);
         if offset >= end {
             return Ok(());
+        }
+        if self.maps(n.h.ino)? > 0 {
+            return self.zero_mapped(n, offset, end);
         }
         let whole_from = offset.div_ceil(BS);
         let whole_to = end / BS;
@@ -1365,8 +1807,7 @@ impl Fs {
         };
         let edges = self.cow_update_with(
             n,
-            false,
-            false,
+            Update::NOW,
             &mut |fs, ov, f, _| {
                 let mut segs = Vec::new();
                 let mut edge = |b: u64| -> Result<()> {
@@ -1403,13 +1844,15 @@ impl Fs {
                 at: self.inodes.field(n.h.ino, field::LOG),
             })?;
             self.touch_times(n.h.ino)?;
-            s.log
-                .prepare(&Entry::Punch {
-                    lblk: whole_from,
-                    len: whole_to - whole_from,
-                })?
-                .commit()?;
-            self.after_commit(n, &s, self.node_map(n)?, None, None)?;
+            let punch = Entry::Punch {
+                lblk: whole_from,
+                len: whole_to - whole_from,
+            };
+            if self.commit_unless_mapped(n.h.ino, &s, &punch)? {
+                self.after_commit(n, &s, self.node_map(n)?, None, None)?;
+            } else {
+                self.zero_mapped(n, whole_from * BS, whole_to * BS)?;
+            }
         } else {
             self.touch_times(n.h.ino)?;
         }

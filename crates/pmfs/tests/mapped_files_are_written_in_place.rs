@@ -1,0 +1,338 @@
+//! A file in mapped mode (`Client::map`) keeps its blocks where they are: the pool pieces the
+//! mapper got stay the file's bytes through writes, unaligned and extending ones, hole punches
+//! and shrinking `set_len`s of any process, and bytes stored into those pieces are what reads
+//! return. Once the last pin is gone (or after a remount) writes copy on write again. The pool
+//! file is read and written with `pread`/`pwrite`, which see the same page cache pages that an
+//! `mmap` of it maps.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pmfs::{Client, FileMap, Ino, MappingKind, OpenMode, OpenNode, Options, Volume};
+
+const BS: u64 = 4096;
+
+const RW: OpenMode = OpenMode {
+    read: true,
+    write: true,
+    truncate: false,
+};
+
+struct Pool {
+    path: PathBuf,
+}
+
+impl Pool {
+    fn new(tag: &str) -> Pool {
+        let dir = if std::path::Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let path = dir.join(format!("pmfs-mapped-{tag}-{}.pool", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        Pool { path }
+    }
+
+    fn options() -> Options {
+        Options {
+            size: 32 << 20,
+            inodes: Some(256),
+            ..Options::with_mapping(MappingKind::HashFs)
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The bytes the pieces of `m` hold for file range `[off, off + len)`, read from the pool file.
+fn through_pieces(pool: &File, m: &FileMap, off: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    for p in m.pieces() {
+        let (a, b) = (
+            off.max(p.file_off),
+            (off + len as u64).min(p.file_off + p.len),
+        );
+        if a < b {
+            pool.read_exact_at(
+                &mut out[(a - off) as usize..(b - off) as usize],
+                p.pool_off + (a - p.file_off),
+            )
+            .unwrap();
+        }
+    }
+    out
+}
+
+/// Stores `data` at file offset `off` through the pieces of `m`.
+fn store_through_pieces(pool: &File, m: &FileMap, off: u64, data: &[u8]) {
+    let mut done = 0;
+    for p in m.pieces() {
+        let (a, b) = (
+            off.max(p.file_off),
+            (off + data.len() as u64).min(p.file_off + p.len),
+        );
+        if a < b {
+            pool.write_all_at(
+                &data[(a - off) as usize..(b - off) as usize],
+                p.pool_off + (a - p.file_off),
+            )
+            .unwrap();
+            done += b - a;
+        }
+    }
+    assert_eq!(done, data.len() as u64, "the store is inside the pieces");
+}
+
+fn read_all(f: &OpenNode) -> Vec<u8> {
+    let mut buf = vec![0u8; f.size().unwrap() as usize];
+    let n = f.read_at(&mut buf, 0).unwrap();
+    assert_eq!(n, buf.len());
+    buf
+}
+
+fn setup(pool: &Pool) -> (Volume, Ino, Client) {
+    let owner = Volume::create(&pool.path, &Pool::options()).unwrap();
+    owner.write("/f", b"").unwrap();
+    let ino = owner.lookup(owner.root(), b"f").unwrap().ino;
+    let client = Volume::attach(&pool.path).unwrap();
+    (owner, ino, client)
+}
+
+fn finish(owner: Volume, client: Client, pool: &Pool) {
+    drop(client);
+    owner.close().unwrap();
+    let region = Arc::new(pmfs_core::pm::PmRegion::open(&pool.path).unwrap());
+    let report = pmfs::fsck::check(region).unwrap();
+    assert!(report.is_clean(), "fsck: {report:?}");
+}
+
+#[test]
+fn writes_of_any_process_land_in_the_mapped_blocks() {
+    let pool = Pool::new("writes");
+    let (owner, ino, client) = setup(&pool);
+    let writer = client.open_ino(ino, RW).unwrap();
+    // A sparse file: data, a hole, a partial last block.
+    writer.write_at(&[1u8; 5000], 0).unwrap();
+    writer.write_at(&[2u8; 100], 4 * BS).unwrap();
+    let size = 4 * BS + 100;
+
+    let m = client.map(ino, 0, 1 << 20).unwrap();
+    let covered: u64 = m.pieces().iter().map(|p| p.len).sum();
+    assert_eq!(covered, 5 * BS, "the range up to the end of the last block");
+    assert_eq!(m.pieces()[0].file_off, 0);
+    let pf = File::options()
+        .read(true)
+        .write(true)
+        .open(&pool.path)
+        .unwrap();
+    let mut want = read_all(&writer);
+    assert_eq!(want.len() as u64, size);
+    assert_eq!(through_pieces(&pf, &m, 0, want.len()), want);
+    assert!(want[5000..4 * BS as usize].iter().all(|&b| b == 0), "hole");
+
+    // The owner's and the client's writes, unaligned and across blocks, land in place.
+    let owner_f = owner.open_ino(ino, RW).unwrap();
+    owner_f.write_at(&[3u8; 3000], 3000).unwrap();
+    writer.write_at(&[4u8; 10], 4095).unwrap();
+    want[3000..6000].fill(3);
+    want[4095..4105].fill(4);
+    assert_eq!(read_all(&owner_f), want);
+    assert_eq!(through_pieces(&pf, &m, 0, want.len()), want);
+
+    // A write that extends the file inside its last mapped block zeroes nothing it keeps.
+    writer.write_at(&[5u8; 50], size + 200).unwrap();
+    want.resize((size + 250) as usize, 0);
+    want[(size + 200) as usize..].fill(5);
+    assert_eq!(read_all(&writer), want);
+    assert_eq!(through_pieces(&pf, &m, 0, want.len()), want);
+
+    // Stores into the pieces are what reads return, in either process.
+    store_through_pieces(&pf, &m, 100, b"stored through the mapping");
+    want[100..126].copy_from_slice(b"stored through the mapping");
+    assert_eq!(read_all(&owner_f), want);
+    assert_eq!(read_all(&writer), want);
+
+    drop((owner_f, writer, m));
+    finish(owner, client, &pool);
+}
+
+#[test]
+fn punching_and_shrinking_a_mapped_file_keep_its_blocks() {
+    let pool = Pool::new("shrink");
+    let (owner, ino, client) = setup(&pool);
+    let f = client.open_ino(ino, RW).unwrap();
+    f.write_at(&[7u8; 4 * BS as usize], 0).unwrap();
+    let m = client.map(ino, 0, 4 * BS).unwrap();
+    let pf = File::options()
+        .read(true)
+        .write(true)
+        .open(&pool.path)
+        .unwrap();
+
+    f.punch_hole(1000, 2 * BS).unwrap();
+    let mut want = vec![7u8; 4 * BS as usize];
+    want[1000..1000 + 2 * BS as usize].fill(0);
+    assert_eq!(read_all(&f), want);
+    assert_eq!(through_pieces(&pf, &m, 0, want.len()), want);
+
+    // Shrinking zeroes the cut bytes in place; growing again reads zeros there.
+    f.set_len(BS + 10).unwrap();
+    assert_eq!(f.size().unwrap(), BS + 10);
+    assert!(
+        through_pieces(&pf, &m, BS + 10, (3 * BS - 10) as usize)
+            .iter()
+            .all(|&b| b == 0)
+    );
+    f.set_len(3 * BS).unwrap();
+    want.truncate((BS + 10) as usize);
+    want.resize(3 * BS as usize, 0);
+    assert_eq!(read_all(&f), want);
+    // The blocks are still the mapped ones: a write shows through the pieces.
+    f.write_at(b"again", 2 * BS).unwrap();
+    want[2 * BS as usize..2 * BS as usize + 5].copy_from_slice(b"again");
+    assert_eq!(through_pieces(&pf, &m, 0, want.len()), want);
+
+    drop((f, m));
+    finish(owner, client, &pool);
+}
+
+#[test]
+fn mapping_a_sparse_range_allocates_zeroed_blocks() {
+    let pool = Pool::new("sparse");
+    let (owner, ino, client) = setup(&pool);
+    let f = client.open_ino(ino, RW).unwrap();
+    f.set_len(8 * BS).unwrap();
+    let m = client.map(ino, 2 * BS, 4 * BS).unwrap();
+    let covered: u64 = m.pieces().iter().map(|p| p.len).sum();
+    assert_eq!(covered, 4 * BS);
+    assert_eq!(m.pieces()[0].file_off, 2 * BS);
+    let pf = File::open(&pool.path).unwrap();
+    assert!(
+        through_pieces(&pf, &m, 2 * BS, 4 * BS as usize)
+            .iter()
+            .all(|&b| b == 0)
+    );
+    assert!(client.map(ino, 100, BS).is_err(), "unaligned offset");
+    drop((f, m));
+    finish(owner, client, &pool);
+}
+
+#[test]
+fn writes_copy_on_write_again_once_the_last_pin_is_gone() {
+    let pool = Pool::new("unpin");
+    let (owner, ino, client) = setup(&pool);
+    let f = client.open_ino(ino, RW).unwrap();
+    f.write_at(&[1u8; BS as usize], 0).unwrap();
+    let pf = File::open(&pool.path).unwrap();
+
+    let first = client.map(ino, 0, BS).unwrap();
+    let second = client.map(ino, 0, BS).unwrap();
+    assert_eq!(first.pieces(), second.pieces());
+    drop(first);
+    f.write_at(b"pinned", 0).unwrap();
+    assert_eq!(&through_pieces(&pf, &second, 0, 6), b"pinned");
+    drop(second);
+    // Copy on write: the old block keeps its bytes, the file moves.
+    let old = client.map(ino, 0, BS).unwrap();
+    let old_piece = old.pieces()[0];
+    drop(old);
+    f.write_at(b"moved!", 0).unwrap();
+    let mut b = [0u8; 6];
+    pf.read_exact_at(&mut b, old_piece.pool_off).unwrap();
+    assert_eq!(&b, b"pinned");
+    let mut r = [0u8; 6];
+    f.read_at(&mut r, 0).unwrap();
+    assert_eq!(&r, b"moved!");
+    drop(f);
+    finish(owner, client, &pool);
+}
+
+#[test]
+fn a_pin_left_by_a_dead_mapper_is_reset_at_mount() {
+    let pool = Pool::new("leak");
+    let (owner, ino, client) = setup(&pool);
+    let f = client.open_ino(ino, RW).unwrap();
+    f.write_at(&[1u8; BS as usize], 0).unwrap();
+    let m = client.map(ino, 0, BS).unwrap();
+    let piece = m.pieces()[0];
+    // As if the mapper were killed: its pin is never given back.
+    std::mem::forget(m.into_pin());
+    drop(f);
+    drop(client);
+    owner.close().unwrap();
+
+    let owner = Volume::open(&pool.path).unwrap();
+    let client = Volume::attach(&pool.path).unwrap();
+    let f = client.open_ino(ino, RW).unwrap();
+    f.write_at(b"after", 0).unwrap();
+    let pf = File::open(&pool.path).unwrap();
+    let mut b = [0u8; 5];
+    pf.read_exact_at(&mut b, piece.pool_off).unwrap();
+    assert_eq!(
+        b, [1u8; 5],
+        "the write copied on write, the old block is untouched"
+    );
+    drop(f);
+    finish(owner, client, &pool);
+}
+
+#[test]
+fn mapping_races_writers_without_losing_or_relocating_bytes() {
+    let pool = Pool::new("race");
+    let (owner, ino, client) = setup(&pool);
+    let client = Arc::new(client);
+    const BLOCKS: u64 = 16;
+    let f = client.open_ino(ino, RW).unwrap();
+    f.write_at(&vec![0u8; (BLOCKS * BS) as usize], 0).unwrap();
+    drop(f);
+    let pf = Arc::new(File::open(&pool.path).unwrap());
+    // Each writer owns some blocks and writes a counter into them over and over, unaligned;
+    // the mapper maps and unmaps, checking while pinned that a fresh write of its own shows
+    // through the pieces (in place) and that reads and pieces agree.
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let client = client.clone();
+            std::thread::spawn(move || {
+                let f = client.open_ino(ino, RW).unwrap();
+                for i in 0..400u64 {
+                    let blk = w + 2 * (i % (BLOCKS / 2 - 1));
+                    f.write_at(&i.to_le_bytes(), blk * BS + 1000).unwrap();
+                }
+            })
+        })
+        .collect();
+    let f = client.open_ino(ino, RW).unwrap();
+    for round in 0..60u64 {
+        let m = client.map(ino, 0, BLOCKS * BS).unwrap();
+        let mark = format!("round {round:04}");
+        // The last block is the mapper's own.
+        let at = (BLOCKS - 1) * BS + 7;
+        f.write_at(mark.as_bytes(), at).unwrap();
+        assert_eq!(through_pieces(&pf, &m, at, mark.len()), mark.as_bytes());
+        drop(m);
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    let m = client.map(ino, 0, BLOCKS * BS).unwrap();
+    assert_eq!(
+        through_pieces(&pf, &m, 0, (BLOCKS * BS) as usize),
+        read_all(&f)
+    );
+    for w in 0..2u64 {
+        let blk = w + 2 * (399 % (BLOCKS / 2 - 1));
+        let mut b = [0u8; 8];
+        f.read_at(&mut b, blk * BS + 1000).unwrap();
+        assert_eq!(u64::from_le_bytes(b), 399, "writer {w}'s last write");
+    }
+    drop((f, m));
+    let client = Arc::into_inner(client).unwrap();
+    finish(owner, client, &pool);
+}
