@@ -1078,9 +1078,10 @@ impl Fs {
         // allocated: digest them and try once more.
         let mut digested = false;
         loop {
-            // Mapped mode: joined before the snapshot, left once the bytes are in place.
-            let hold = self.map_hold(n.h.ino)?;
             let since = s.log.tail()?;
+            // Mapped mode: joined before the commit, left once the bytes are in place. Read
+            // after the tail was seen, the count also serves the first commit attempt.
+            let hold = self.map_hold(n.h.ino)?;
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
             self.catch_up(n.h.ino, &s, &mut ov, since.lsn())?;
             let size = ov.size(self.digested_size(n.h.ino)?);
@@ -1229,10 +1230,11 @@ impl Fs {
                 "a copy-on-write commit of a non-write",
             ));
         };
+        let mut first = true;
         loop {
-            // After the tail was seen: a mapper raised the count before committing its barrier
-            // entry, which every commit after it has seen.
-            if !mapped && self.maps(n.h.ino)? > 0 {
+            // After the tail was seen (by the caller for the first attempt): a mapper raised
+            // the count before committing its barrier entry, which every later commit has seen.
+            if !mapped && !std::mem::take(&mut first) && self.maps(n.h.ino)? > 0 {
                 return Ok(Attempt::Replan);
             }
             let attempt = match prepared.try_commit(since) {
