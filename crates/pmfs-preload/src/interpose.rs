@@ -321,21 +321,20 @@ pub unsafe extern "C" fn creat64(path: *const c_char, mode: libc::mode_t) -> c_i
     fd
 }
 
-/// `close`: forwarded, then the entry forgotten (Linux releases the descriptor even when
-/// close reports an error).
+/// `close`: the entry forgotten first (Linux releases the descriptor even when close reports
+/// an error), then forwarded. A served description's last descriptor thus releases its node,
+/// and the node's pin, before the kernel tells the daemon: the daemon frees a file unlinked
+/// meanwhile at that release only if no process pins it.
 ///
 /// # Safety
 /// The C function's contract.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    // SAFETY: forwarded under the same contract.
-    let r = unsafe { real::close(fd) };
     if let Ok(i) = usize::try_from(fd) {
-        let saved = crate::errno();
         closed(i, i);
-        crate::set_errno(saved);
     }
-    r
+    // SAFETY: forwarded under the same contract.
+    unsafe { real::close(fd) }
 }
 
 /// `close_range`: forwarded, then the closed entries forgotten (not with
