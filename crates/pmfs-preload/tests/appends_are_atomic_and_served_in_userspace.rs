@@ -10,36 +10,14 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::process::Command;
 
-use common::{Mounted, TempDir, With, compile, counters, library, sh_ok, tree};
+use common::{Mounted, TempDir, compile, counters, library, runs_agree};
 
 #[test]
 fn appends_give_the_kernels_results_and_offsets() {
-    let work = TempDir::new("append");
-    let exe = compile("append", work.path());
-    let m = Mounted::new("append", "256M", "hashfs");
-    let stats = work.path().join("stats");
-    let run = |dir: &Path, with: With<'_>| {
-        std::fs::create_dir(dir).unwrap();
-        let out = sh_ok(dir, &exe.display().to_string(), with);
-        (String::from_utf8(out).unwrap(), tree(dir))
-    };
-    let (local, local_files) = run(&work.path().join("local"), With::Kernel);
-    let (kernel, kernel_files) = run(&m.path().join("kernel"), With::Kernel);
-    let (library, library_files) = run(&m.path().join("library"), With::Library(&stats));
-
-    assert_eq!(kernel, library, "the library changed a result");
-    assert_eq!(local, library, "pmfs results differ from local ones");
-    assert!(
-        kernel_files == library_files,
-        "the library changed the file"
-    );
-    assert!(local_files == library_files, "the pmfs file differs");
+    let ((library, _), c, m) = runs_agree("append", str::to_owned);
     assert!(!library.contains("errno"), "{library}");
-
-    let c = counters(&stats);
     assert_eq!(c.processes, 1, "{c:?}");
     // 7 writes, a writev, a pwrite, a pwritev and 5 more writes append; the in-place
     // writes, ftruncate and the reads are served too.

@@ -10,14 +10,12 @@
 
 mod common;
 
-use std::path::Path;
-
-use common::{Mounted, TempDir, With, compile, counters, sh_ok, tree};
+use common::runs_agree;
 
 /// `fallocate(FALLOC_FL_KEEP_SIZE)` past EOF: the pmfs daemon answers EOPNOTSUPP, a local file
 /// system allocates. The only line allowed to differ from the local run.
-fn without_keep_size(transcript: &[u8]) -> String {
-    String::from_utf8_lossy(transcript)
+fn without_keep_size(transcript: &str) -> String {
+    transcript
         .lines()
         .filter(|l| !l.starts_with("fallocate keep size"))
         .collect::<Vec<_>>()
@@ -26,33 +24,8 @@ fn without_keep_size(transcript: &[u8]) -> String {
 
 #[test]
 fn descriptor_calls_give_the_same_results_with_and_without_the_library() {
-    let work = TempDir::new("descriptors");
-    let exe = compile("descriptors", work.path());
-    let m = Mounted::new("descriptors", "256M", "hashfs");
-    let stats = work.path().join("stats");
-    let run = |dir: &Path, with: With<'_>| {
-        std::fs::create_dir(dir).unwrap();
-        let out = sh_ok(dir, &exe.display().to_string(), with);
-        (out, tree(dir))
-    };
-    let (local, local_files) = run(&work.path().join("local"), With::Kernel);
-    let (kernel, kernel_files) = run(&m.path().join("kernel"), With::Kernel);
-    let (library, library_files) = run(&m.path().join("library"), With::Library(&stats));
-
-    assert_eq!(
-        String::from_utf8_lossy(&kernel),
-        String::from_utf8_lossy(&library),
-        "the library changed a result"
-    );
-    assert_eq!(without_keep_size(&local), without_keep_size(&library));
-    assert!(kernel_files == library_files, "the library changed a file");
-    assert!(
-        local_files == library_files,
-        "pmfs files differ from local ones"
-    );
-    assert_eq!(library_files.len(), 3);
-
-    let c = counters(&stats);
+    let ((_, files), c, m) = runs_agree("descriptors", without_keep_size);
+    assert_eq!(files.len(), 3);
     // The program and its exec'd image report; fork children leave with _exit.
     assert_eq!(c.processes, 2, "{c:?}");
     // Opened with open(): f, f again with O_APPEND, threads, stream; plus the descriptor the

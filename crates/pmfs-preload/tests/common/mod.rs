@@ -147,6 +147,11 @@ impl Mounted {
         &self.mnt
     }
 
+    /// The pool file.
+    pub fn pool(&self) -> &Path {
+        &self.pool
+    }
+
     /// Unmounts, requiring a clean daemon exit and a clean `pmfs fsck`: the processes that used
     /// the library left no pin, staged block or orphan behind.
     pub fn unmount_and_fsck(mut self) {
@@ -354,6 +359,40 @@ pub fn bytes(seed: u64, n: usize) -> Vec<u8> {
             (s >> 24) as u8
         })
         .collect()
+}
+
+/// What a program printed, and the files it left by relative path.
+pub type Run = (String, Vec<(String, Vec<u8>)>);
+
+/// Compiles `tests/programs/{name}.c` and runs it three times, each in a new directory: in a
+/// local directory without the library, on a fresh HashFS mount without it, and on the mount
+/// under it. Asserts that the library changed no result and no file, and that the pmfs runs
+/// match the local one (their transcripts compared through `comparable`, which may drop lines
+/// a local file system answers differently). Returns the library's run, its counters, and the
+/// mount.
+pub fn runs_agree(name: &str, comparable: impl Fn(&str) -> String) -> (Run, Counters, Mounted) {
+    let work = TempDir::new(name);
+    let exe = compile(name, work.path());
+    let m = Mounted::new(name, "256M", "hashfs");
+    let stats = work.path().join("stats");
+    let run = |dir: PathBuf, with: With<'_>| {
+        fs::create_dir(&dir).unwrap();
+        let out = sh_ok(&dir, &exe.display().to_string(), with);
+        (String::from_utf8_lossy(&out).into_owned(), tree(&dir))
+    };
+    let (local, local_files) = run(work.path().join("local"), With::Kernel);
+    let (kernel, kernel_files) = run(m.path().join("kernel"), With::Kernel);
+    let (library, library_files) = run(m.path().join("library"), With::Library(&stats));
+
+    assert_eq!(kernel, library, "the library changed a result");
+    assert_eq!(
+        comparable(&local),
+        comparable(&library),
+        "pmfs results differ from local ones"
+    );
+    assert!(kernel_files == library_files, "the library changed a file");
+    assert!(local_files == library_files, "pmfs files differ");
+    ((library, library_files), counters(&stats), m)
 }
 
 /// Every regular file under `root` with its bytes, by relative path.

@@ -18,11 +18,6 @@
 
 static long offset(int fd) { return (long)lseek(fd, 0, SEEK_CUR); }
 
-static long size_of(int fd) {
-    struct stat st;
-    return fstat(fd, &st) < 0 ? -1 : (long)st.st_size;
-}
-
 static void sum_of(int fd, const char *what) {
     long n = size_of(fd);
     unsigned char *b = calloc(1, (size_t)n + 1);

@@ -27,19 +27,6 @@ __attribute__((constructor)) static void early(void) {
     close(fd);
 }
 
-static long size_of(int fd) {
-    struct stat st;
-    return fstat(fd, &st) < 0 ? -1 : (long)st.st_size;
-}
-
-static void sum_at(int fd, const char *what, off_t off, size_t n) {
-    unsigned char *b = calloc(1, n);
-    ssize_t r = pread(fd, b, n, off);
-    printf("%-28s = %zd sum %lx\n", what, r, r > 0 ? fnv(b, (size_t)r) : 0UL);
-    fflush(stdout);
-    free(b);
-}
-
 struct job {
     int fd, id;
 };
