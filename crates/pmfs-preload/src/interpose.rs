@@ -2,7 +2,8 @@
 //!
 //! Data calls (the read/write family, `lseek`, sync, truncate, allocate, `fstat`, `mmap`)
 //! note whether their descriptor is a pmfs file; on a pmfs file served in userspace (module
-//! `served`) they are answered there when they can be, else forwarded. Calls that make, copy or
+//! `served`) they are answered there when they can be, else forwarded. `munmap`, `msync` and
+//! `mremap` forward and keep the table of mappings served from the pool (module `mapped`). Calls that make, copy or
 //! remove descriptors forward first and then update the descriptor table from the result.
 //! What the program sees is what the kernel path would give it.
 //!
@@ -16,6 +17,7 @@ use core::ffi::{c_char, c_int, c_long, c_uint, c_void};
 
 use libc::{FILE, iovec, off_t, size_t, ssize_t};
 
+use crate::mapped::{self, MapCall};
 use crate::served::{self, Served};
 use crate::{closed, duplicated, note_data_call, opened, real};
 
@@ -197,45 +199,114 @@ pub unsafe extern "C" fn statx(
     r
 }
 
-/// `mmap`: forwarded (mapped through the kernel); a pmfs file's description is left to the
-/// kernel from then on, whose page cache backs the mapping.
+/// `mmap` of a pmfs file: a shared mapping of a description served in userspace maps the
+/// file's blocks straight from the pool (module `mapped`); any other is forwarded, and the
+/// description left to the kernel from then on, whose page cache backs the mapping. A
+/// `MAP_FIXED` mapping replaces what the table of served mappings knew of the range.
 ///
 /// # Safety
-/// The C function's contract.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn mmap(
-    addr: *mut c_void,
-    len: size_t,
-    prot: c_int,
-    flags: c_int,
-    fd: c_int,
-    off: off_t,
+/// The C function's contract, for the call's arguments.
+unsafe fn map_file(
+    call: MapCall,
+    forward: unsafe fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void,
 ) -> *mut c_void {
-    if flags & libc::MAP_ANONYMOUS == 0 && note_data_call(fd) {
-        served::mapped(fd);
+    if call.flags & libc::MAP_ANONYMOUS == 0 && note_data_call(call.fd) {
+        if call.wants_pool()
+            && let Some(p) = served::with(call.fd, |s| s.map(&call))
+        {
+            return core::ptr::without_provenance_mut(p as usize);
+        }
+        served::mapped(call.fd);
     }
     // SAFETY: forwarded under the same contract.
-    unsafe { real::mmap(addr, len, prot, flags, fd, off) }
+    let p = unsafe {
+        forward(
+            core::ptr::without_provenance_mut(call.addr),
+            call.len,
+            call.prot,
+            call.flags,
+            call.fd,
+            call.off,
+        )
+    };
+    if call.flags & libc::MAP_FIXED != 0 && p != libc::MAP_FAILED {
+        mapped::replaced(p as usize, call.len);
+    }
+    p
 }
 
-/// `mmap64`: as [`mmap`].
+/// `mmap` and `mmap64`, through `map_file`.
+macro_rules! map_calls {
+    ($(fn $name:ident => $forward:path;)*) => {$(
+        #[doc = concat!("`", stringify!($name), "`: see `map_file`.")]
+        ///
+        /// # Safety
+        /// The C function's contract.
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name(
+            addr: *mut c_void,
+            len: size_t,
+            prot: c_int,
+            flags: c_int,
+            fd: c_int,
+            off: off_t,
+        ) -> *mut c_void {
+            let call = MapCall {
+                addr: addr as usize,
+                len,
+                prot,
+                flags,
+                fd,
+                off,
+            };
+            // SAFETY: the caller's arguments, under the same contract.
+            unsafe { map_file(call, $forward) }
+        }
+    )*};
+}
+
+map_calls! {
+    fn mmap => real::mmap;
+    fn mmap64 => real::mmap64;
+}
+
+/// `munmap`: forwarded; the pool segments in the range are forgotten, and a served mapping's
+/// pin released with its last one (module `mapped`).
 ///
 /// # Safety
 /// The C function's contract.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn mmap64(
-    addr: *mut c_void,
-    len: size_t,
-    prot: c_int,
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    // SAFETY: the caller's arguments, under the same contract.
+    unsafe { mapped::munmap(addr, len) }
+}
+
+/// `msync`: forwarded; pool segments in the range are flushed from the CPU caches too.
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> c_int {
+    // SAFETY: the caller's arguments, under the same contract.
+    unsafe { mapped::msync(addr, len, flags) }
+}
+
+/// `mremap` (variadic in C: the new address is read as the fifth argument, where the C
+/// calling convention of Linux puts it): forwarded, and pool segments followed when they
+/// shrink or move; growing one fails (module `mapped`).
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: size_t,
+    new_len: size_t,
     flags: c_int,
-    fd: c_int,
-    off: off_t,
+    new_addr: *mut c_void,
 ) -> *mut c_void {
-    if flags & libc::MAP_ANONYMOUS == 0 && note_data_call(fd) {
-        served::mapped(fd);
-    }
-    // SAFETY: forwarded under the same contract.
-    unsafe { real::mmap64(addr, len, prot, flags, fd, off) }
+    // SAFETY: the caller's arguments, under the same contract.
+    unsafe { mapped::mremap(old, old_len, new_len, flags, new_addr) }
 }
 
 /// `open` (variadic in C: the mode is read as the third argument, where the C calling

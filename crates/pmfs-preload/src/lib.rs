@@ -27,21 +27,40 @@
 //!   of processes never overwrite each other, and `write` leaves the offset after them.
 //! - **The mount going away** (module `liveness`): once the daemon a process attached next to
 //!   died, or its mount was detached (`fusermount3 -u -z`), calls served in userspace fail
-//!   with `EIO` and the process never writes to the pool again (its pins are left for the
+//!   with `EIO` (a shared `mmap` of a served description too), its served mappings are made
+//!   private, and the process never writes to the pool again (its pins are left for the
 //!   owner's next mount to sweep). A clean unmount is seen at once (the pool's mount-state
 //!   word, one load per call); a killed daemon or a detached mount within 10 ms (a probe of
 //!   the daemon's `/proc/<pid>/stat` and of mountinfo, at most every 10 ms). Attaching needs
 //!   the daemon: the holder of the pool's `flock` in `/proc/locks`.
-//! - **Left to the kernel on pmfs files**: descriptions that were `mmap`ped (released from userspace at the `mmap`: the kernel's
-//!   page cache backs the mapping; the kernel is made to refresh the size first),
-//!   `preadv2`/`pwritev2`, other `lseek` and `fallocate` modes, and calls the kernel must
+//! - **Mapped files** (module `mapped`): `mmap`/`mmap64` with `MAP_SHARED` (or
+//!   `MAP_SHARED_VALIDATE`) of a served description maps the file's blocks straight from the
+//!   pool: the engine puts the file in *mapped mode* (while any process maps it, every process
+//!   writes it in place) and names the pool pieces that hold the range; the caller's range is
+//!   first mapped through the kernel from its own descriptor (the kernel checks the call and
+//!   gives the exact errno), then each piece of the pool file is mapped over it
+//!   (`MAP_FIXED`). Stores through the mapping are what `read` returns in any process, and
+//!   `write`s of any process (served in userspace or through the daemon) appear in it at once;
+//!   holes in the range are allocated (zeroed) first. The description stays served in
+//!   userspace. `munmap` and `MAP_FIXED` mappings over it follow it (the file's pin is
+//!   released with the last page), `msync` also flushes the CPU caches over it, `mremap`
+//!   shrinking or moving it is followed, a `fork` child takes pins of its own, and exit and
+//!   exec make the pages private before releasing the pins. Once the mount is found gone the
+//!   mapping is made private (`MAP_PRIVATE` of the same bytes), so later stores stay in the
+//!   process. These calls count as served.
+//! - **Left to the kernel on pmfs files**: descriptions mapped any other way (`MAP_PRIVATE`,
+//!   `PROT_EXEC`, `MAP_SYNC` and other flags, a range of more than 16384 pool pieces) are
+//!   released from userspace at the `mmap`: the kernel's page cache backs the mapping; the
+//!   kernel is made to refresh the size first. So is a description whose shared mapping
+//!   reaches past the end of file (its pages within the file still come from the pool). So
+//!   are `preadv2`/`pwritev2`, other `lseek` and `fallocate` modes, and calls the kernel must
 //!   reject (wrong access mode, negative offsets, zero lengths), for the exact errno.
 //! - **Interposition** of every call above plus `open`/`open64`/`openat`/`openat64`/`creat`/
 //!   `creat64`, `close`, `close_range`, `closefrom`, `dup`/`dup2`/`dup3`, `fcntl`/`fcntl64`
 //!   (`F_DUPFD`, `F_DUPFD_CLOEXEC`, `F_SETFL`'s `O_APPEND` followed; the rest forwarded),
-//!   `fclose`, `freopen(64)`, `mmap(64)`, `_exit`/`_Exit` and `execve`/`execv`/`execvp`/
-//!   `execvpe`/`fexecve`/`execl`/`execlp`/`execle` (which release the process's open nodes
-//!   first; the variadic `execl*` through a small x86-64 trampoline that gathers the
+//!   `fclose`, `freopen(64)`, `mmap(64)`, `munmap`, `msync`, `mremap`, `_exit`/`_Exit` and
+//!   `execve`/`execv`/`execvp`/`execvpe`/`fexecve`/`execl`/`execlp`/`execle` (which release
+//!   the process's open nodes and mappings first; the variadic `execl*` through a small x86-64 trampoline that gathers the
 //!   argument list into an array for `execv*`). Everything not served goes to
 //!   the next definition (`dlsym(RTLD_NEXT)`, resolved lazily; raw system calls while that is
 //!   not possible, see module `real`), so calls made before the library initialised (another
@@ -65,9 +84,22 @@
 //!   (coreutils do) and for collecting the lines of every process of a pipeline.
 //!
 //! ## What does not work yet
-//! - `mmap` of pmfs files maps through the kernel (no direct mapping of the pool); `munmap`
-//!   and `msync` are not interposed. A file mapped by *another* process is not told about
-//!   userspace writes (its mapping sees them only after the kernel re-reads the size/mtime).
+//! - Mapped files: a mapping that reaches past the end of file takes the kernel path for its
+//!   description, and its pages past the end stay the kernel's (they see only what the
+//!   kernel's page cache knows). Growing a served mapping with `mremap` fails with `ENOMEM`,
+//!   `MREMAP_DONTUNMAP` on one with `EINVAL`. Protection changed by `mprotect` is not followed:
+//!   a mapping made private (mount gone, exit, exec) gets the protection it was mapped with.
+//!   Writes to a mapped file are in place, hence not atomic against a concurrent reader or a
+//!   crash (the engine's mapped mode), and stores through a mapping change no `mtime`. A
+//!   process that only stores through a mapping and makes no call on the mount's files never
+//!   finds the mount gone: its stores keep reaching the pool. `munmap` is not async-signal
+//!   safe here (a signal handler calling it while its thread is in the library's `mmap`,
+//!   `munmap`, `msync` or `mremap` leaves the table as it was). The mapping table is a
+//!   spin-locked vector: these calls serialise while any served mapping exists. A file
+//!   unlinked while served mappings of it remain after its last `close` is freed only at the
+//!   owner's next mount (the daemon frees it at that close only if no process pins it).
+//! - A file mapped through the kernel by *another* process is not told about userspace
+//!   writes (its mapping sees them only after the kernel re-reads the size/mtime).
 //! - Calls made in the first 10 ms after the daemon was killed or the mount detached still
 //!   reach the pool (valid log commits, recovered by the owner's next mount); a call already
 //!   running when it happens finishes. Descriptors classified after that get the kernel's
@@ -79,10 +111,11 @@
 //!   `fork` child or parent) is not seen: this process keeps the mode it last knew.
 //! - A buffer the kernel would answer `EFAULT` for crashes the caller instead.
 //! - A process that ends by `exit_group` without libc, or by a signal, leaves its files' log
-//!   pins in the pool until the owner's next mount (files unlinked meanwhile stay orphans
-//!   until then; see `Volume::attach`); so does `exec` through `execl*` on architectures
-//!   other than x86-64 (not interposed there). A failed exec leaves its pmfs descriptors on
-//!   the kernel path.
+//!   and mapping pins in the pool until the owner's next mount (files unlinked meanwhile stay
+//!   orphans until then, mapped ones stay in mapped mode; see `Volume::attach`); so does
+//!   `exec` through `execl*` on architectures other than x86-64 (not interposed there). A
+//!   failed exec leaves its pmfs descriptors on the kernel path and its served mappings
+//!   private copies.
 //! - A `vfork` child that writes to a descriptor it redirected before `exec` would use the
 //!   parent's entry for that number.
 //! - Descriptors at or above 65536 are not recorded (kernel path); more than 16 pmfs mounts in
@@ -99,6 +132,7 @@
 pub(crate) mod fdtable;
 pub mod interpose;
 pub(crate) mod liveness;
+pub(crate) mod mapped;
 pub(crate) mod mounts;
 pub(crate) mod real;
 pub(crate) mod served;
@@ -168,8 +202,14 @@ fn init() -> bool {
             STATS.store(true, Ordering::Release);
         }
         OWNER_PID.store(getpid(), Ordering::Relaxed);
-        // SAFETY: registers a plain function without arguments to run in fork children.
-        unsafe { libc::pthread_atfork(None, None, Some(in_fork_child)) };
+        // SAFETY: registers plain functions without arguments to run around fork.
+        unsafe {
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_in_parent),
+                Some(in_fork_child),
+            )
+        };
     }
     STATE.store(if on { ON } else { OFF }, Ordering::Release);
     on
@@ -189,7 +229,16 @@ fn getpid() -> i32 {
     unsafe { libc::syscall(libc::SYS_getpid) as i32 }
 }
 
+extern "C" fn before_fork() {
+    mapped::before_fork();
+}
+
+extern "C" fn after_fork_in_parent() {
+    mapped::after_fork_in_parent();
+}
+
 extern "C" fn in_fork_child() {
+    mapped::after_fork_in_child();
     OWNER_PID.store(getpid(), Ordering::Relaxed);
     PMFS_FDS.store(0, Ordering::Relaxed);
     PMFS_CALLS.store(0, Ordering::Relaxed);
@@ -250,9 +299,9 @@ fn classify_keeping_errno(fd: c_int) -> (Kind, u64) {
     k
 }
 
-/// A pmfs regular file, another open file, or `Unknown` if `fd` is not open; and its inode
-/// number.
-fn classify(fd: c_int) -> (Kind, u64) {
+/// `statx` of the file open at `fd` (with `flags` besides `AT_EMPTY_PATH`, asking for
+/// `mask`), as a raw system call; `None` with `errno` set if it fails.
+pub(crate) fn statx_fd(fd: c_int, flags: c_int, mask: u32) -> Option<libc::statx> {
     let mut stx = core::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: an empty NUL-terminated path with AT_EMPTY_PATH, and a statx buffer.
     let r = unsafe {
@@ -260,14 +309,23 @@ fn classify(fd: c_int) -> (Kind, u64) {
             libc::SYS_statx,
             fd,
             c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
-            libc::STATX_TYPE | libc::STATX_INO,
+            libc::AT_EMPTY_PATH | flags,
+            mask,
             stx.as_mut_ptr(),
         )
     };
-    let (mode, dev, ino) = if r == 0 {
-        // SAFETY: statx filled the buffer.
-        let s = unsafe { stx.assume_init() };
+    // SAFETY: statx filled the buffer when it succeeded.
+    (r == 0).then(|| unsafe { stx.assume_init() })
+}
+
+/// A pmfs regular file, another open file, or `Unknown` if `fd` is not open; and its inode
+/// number.
+fn classify(fd: c_int) -> (Kind, u64) {
+    let (mode, dev, ino) = if let Some(s) = statx_fd(
+        fd,
+        libc::AT_STATX_DONT_SYNC,
+        libc::STATX_TYPE | libc::STATX_INO,
+    ) {
         (
             u32::from(s.stx_mode),
             libc::makedev(s.stx_dev_major, s.stx_dev_minor),
@@ -311,10 +369,11 @@ fn opened(fd: c_int) {
     }
 }
 
-/// The process is about to end or exec: release its userspace nodes (and the pins they hold
-/// in the pool). Not in a `vfork` child, whose memory is the parent's.
+/// The process is about to end or exec: release its userspace nodes and mappings (and the
+/// pins they hold in the pool). Not in a `vfork` child, whose memory is the parent's.
 fn leaving() {
     if STATE.load(Ordering::Acquire) == ON && owns_table() {
+        mapped::release_all();
         served::release_all();
     }
 }

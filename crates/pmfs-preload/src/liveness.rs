@@ -15,6 +15,9 @@
 //!   daemon serves only the descriptors still open and exits with the last), is seen by the
 //!   first call made `PROBE_NS` or more after it.
 //!
+//! The first call that finds the mount gone also makes the process's mappings of its files
+//! private (module `mapped`), so stores into them stop reaching the pool too.
+//!
 //! Everything is read with raw system calls into fixed buffers: probes run inside arbitrary
 //! calls of the program, signal handlers included.
 
@@ -142,7 +145,7 @@ pub(crate) fn gone(m: usize, state: u64) -> bool {
         return true;
     }
     if state != STATE_AT_ATTACH[m].load(Ordering::Relaxed) {
-        GONE[m].store(true, Ordering::Release);
+        went_away(m);
         return true;
     }
     let t = now();
@@ -157,11 +160,19 @@ pub(crate) fn gone(m: usize, state: u64) -> bool {
     let alive =
         started(pid) == Some(OWNER_START[m].load(Ordering::Relaxed)) && mounts::still_mounted(m);
     if !alive {
-        GONE[m].store(true, Ordering::Release);
+        went_away(m);
     }
     NEXT_PROBE[m].store(t + PROBE_NS, Ordering::Release);
     PROBING[m].store(false, Ordering::Release);
     !alive
+}
+
+/// Mount `m` is found gone: for good, and its files' mappings stop reaching the pool (module
+/// `mapped`).
+fn went_away(m: usize) {
+    if !GONE[m].swap(true, Ordering::AcqRel) {
+        crate::mapped::mount_gone(m);
+    }
 }
 
 /// In a fork child: a parent thread that was probing does not exist here.

@@ -172,8 +172,9 @@ fn slot_value(slot: &AtomicUsize) -> Option<usize> {
 use libc::{
     AT_FDCWD, O_CREAT, O_TRUNC, O_WRONLY, SYS_close, SYS_close_range, SYS_dup, SYS_dup3,
     SYS_fallocate, SYS_fcntl, SYS_fdatasync, SYS_fstat, SYS_fsync, SYS_ftruncate, SYS_lseek,
-    SYS_mmap, SYS_openat, SYS_pread64, SYS_preadv, SYS_preadv2, SYS_pwrite64, SYS_pwritev,
-    SYS_pwritev2, SYS_read, SYS_readv, SYS_statx, SYS_write, SYS_writev, syscall,
+    SYS_mmap, SYS_mremap, SYS_msync, SYS_munmap, SYS_openat, SYS_pread64, SYS_preadv, SYS_preadv2,
+    SYS_pwrite64, SYS_pwritev, SYS_pwritev2, SYS_read, SYS_readv, SYS_statx, SYS_write, SYS_writev,
+    syscall,
 };
 
 syscall_backed! {
@@ -234,6 +235,9 @@ syscall_backed! {
         -> *mut c_void = syscall(SYS_mmap, addr, len, prot, flags, fd, off);
     fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int,
         off: off_t) -> *mut c_void = syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+    fn munmap(addr: *mut c_void, len: size_t) -> c_int = syscall(SYS_munmap, addr, len);
+    fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> c_int =
+        syscall(SYS_msync, addr, len, flags);
     fn close(fd: c_int) -> c_int = syscall(SYS_close, fd);
     fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int =
         syscall(SYS_close_range, first, last, flags);
@@ -262,6 +266,9 @@ syscall_backed_variadic! {
         syscall(SYS_openat, dirfd, path, flags, mode);
     fn fcntl(fd: c_int, cmd: c_int; arg: c_long) -> c_int = syscall(SYS_fcntl, fd, cmd, arg);
     fn fcntl64(fd: c_int, cmd: c_int; arg: c_long) -> c_int = syscall(SYS_fcntl, fd, cmd, arg);
+    fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int;
+        new_addr: *mut c_void) -> *mut c_void =
+        syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
 }
 
 libc_only! {

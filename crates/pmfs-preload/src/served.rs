@@ -16,8 +16,13 @@
 //!   Linux too) use the engine's atomic append ([`OpenNode::append`]): the bytes land at the
 //!   end of file as the log says when the update commits, so appenders in several processes
 //!   never overwrite each other; `write` then sets the kernel's offset right after them.
-//! - **Left to the kernel**: descriptions that were ever `mmap`ped (the kernel's
-//!   page cache of the mapping would not see userspace writes), `preadv2`/`pwritev2`,
+//! - **Mapped files**: a shared mapping of a served description maps the file's blocks
+//!   straight from the pool (module `mapped`) and the description stays served: the file is
+//!   written in place while it is mapped, so the mapping and `read`/`write` in any process
+//!   see the same bytes.
+//! - **Left to the kernel**: descriptions mapped any other way (`MAP_PRIVATE`, executable
+//!   pages, a mapping reaching past the end of file, …: the kernel's page cache of such a
+//!   mapping would not see userspace writes), `preadv2`/`pwritev2`,
 //!   `SEEK_DATA`/`SEEK_HOLE`, fallocate modes other than 0, `KEEP_SIZE` and punch hole, and
 //!   every call whose arguments the kernel must reject (wrong access mode, negative
 //!   offsets): the kernel gives the exact errno.
@@ -43,6 +48,7 @@ use pmfs::{Client, Ino, OpenMode, OpenNode};
 
 use crate::fdtable::TABLE_FDS;
 use crate::liveness;
+use crate::mapped::MapCall;
 use crate::mounts::{self, MAX_PMFS};
 
 /// An open file description served in userspace.
@@ -397,9 +403,8 @@ pub(crate) fn peek<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option
     use_object(fd, |s| if gone(s.mount) { None } else { f(s) })
 }
 
-/// `fd` is being mapped: its description goes to the kernel from now on (its node is
-/// released), and the kernel
-/// learns the file's size first (it faults in the mapping against the size it last asked the
+/// `fd` is being mapped through the kernel: its description goes to the kernel from now on
+/// (its node is released), and the kernel learns the file's size first (it faults in the mapping against the size it last asked the
 /// daemon for, which misses extensions written in userspace since: touching pages past it
 /// would raise SIGBUS).
 pub(crate) fn mapped(fd: c_int) {
@@ -689,6 +694,16 @@ impl Served {
     /// The file's size as the log says now.
     pub(crate) fn size(&self) -> Option<u64> {
         self.node().size().ok()
+    }
+
+    /// `mmap` of the file with `MAP_SHARED`, from the pool (module `mapped`); `None` for the
+    /// kernel path, which also answers the access modes it must refuse.
+    pub(crate) fn map(&self, call: &MapCall) -> Option<isize> {
+        if !self.read || (call.prot & libc::PROT_WRITE != 0 && !self.write) {
+            return None;
+        }
+        let client = client(self.mount)?;
+        crate::mapped::map(client, self.mount, self.node().ino(), self.write, call)
     }
 }
 
