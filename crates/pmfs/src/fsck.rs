@@ -12,16 +12,18 @@
 //! - the tree: every directory is named exactly once, by the directory its parent pointer
 //!   names, and is reachable from the root; every file's link count equals its names;
 //! - blocks: every block a mapping or a file's log reports lies in the data region and is
-//!   owned once, each log's chain is readable, no file maps blocks past both its end and its
+//!   owned once, each log's chain and entries are readable as mount's recovery reads them and
+//!   its digest cursor lies within it, no file maps blocks past both its end and its
 //!   `MAPPED_END` word, and used + free equals the data region (no leak). A cleanly closed
 //!   volume has every log digested, so the blocks of undigested entries are not counted.
 //!
 //! [`repair`] mounts the volume (which runs crash recovery when needed), then fixes what can
 //! be fixed without guessing: it restores a damaged superblock copy, drops entries naming
-//! dead inodes, corrects link counts and parent pointers, frees orphans, links unreachable
-//! objects into `/lost+found`, trims blocks past end of file and rebuilds the allocator. It
-//! reports what it found before, what it did and what remains (damaged pages, blocks owned
-//! twice).
+//! dead inodes, corrects link counts and parent pointers, moves a digest cursor that damage
+//! left beyond its log's tail back to the tail (before mounting: the mount digests every log),
+//! frees orphans, links unreachable objects into `/lost+found`, trims blocks past end of file
+//! and rebuilds the allocator. It reports what it found before, what it did and what remains
+//! (damaged pages, blocks owned twice).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -170,6 +172,8 @@ struct Model {
     reachable: HashSet<u32>,
     owners: HashMap<u64, u32>,
     beyond_eof: Vec<(Handle, u64, u64)>,
+    /// Files whose digest cursor lies beyond their log's tail: (inode, tail LSN).
+    cursor_beyond_tail: Vec<(u32, u64)>,
 }
 
 struct Checker<'a> {
@@ -508,6 +512,32 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// Checks inode `ino`'s log as mount's recovery would read it (chain and entries) and
+    /// that its digest cursor lies within it, then adds its blocks to `out` ([`log_blocks`]).
+    fn file_log(&mut self, ino: u32, out: &mut Vec<Extent>) -> Result<()> {
+        let m = self.fs.m();
+        let root = self.fs.inodes.field(ino, field::LOG);
+        if m.load_u64(root)? == 0 {
+            return Ok(());
+        }
+        let log = pmfs_core::log::inspect(m, root)?;
+        let cursor = self.fs.inodes.field(ino, field::DIGEST);
+        let applied = pmfs_core::log::cursor_lsn(m, cursor)?;
+        if applied > log.tail {
+            self.problem(
+                ProblemKind::FileLog,
+                cursor,
+                Some(ino),
+                format!(
+                    "digest cursor at LSN {applied} beyond the log tail at LSN {}",
+                    log.tail
+                ),
+            );
+            self.model.cursor_beyond_tail.push((ino, log.tail));
+        }
+        log_blocks(self.fs, ino, out)
+    }
+
     fn blocks(&mut self) -> Result<()> {
         let fs = self.fs;
         let data = fs.geo.data_extent();
@@ -529,7 +559,7 @@ impl Checker<'_> {
                 continue;
             }
             if info.kind == Some(Kind::File)
-                && let Err(e) = log_blocks(fs, ino, &mut owned)
+                && let Err(e) = self.file_log(ino, &mut owned)
             {
                 self.problem(
                     ProblemKind::FileLog,
@@ -662,8 +692,24 @@ pub fn check(media: Arc<dyn Media>) -> Result<Report> {
 
 /// Repairs the volume on `media` (see the module documentation).
 pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
-    let before = check(media.clone())?;
     let mut actions = Vec::new();
+    let before = {
+        let (fs, src, clean) = Fs::open_for_check(media.clone())?;
+        let (before, model) = examine(&fs, src, clean)?;
+        // Before mounting, which digests every log: a cursor beyond its log's tail (damage
+        // took entries the mapping already holds) goes back to the tail, where the next
+        // commit lands.
+        for &(ino, tail) in &model.cursor_beyond_tail {
+            let cursor = fs.inodes.field(ino, field::DIGEST);
+            if let Some(was) = pmfs_core::log::clamp_cursor(fs.m(), cursor, tail)? {
+                actions.push(format!(
+                    "moved the digest cursor of inode {ino} from LSN {was} back to the log \
+                     tail at LSN {tail}"
+                ));
+            }
+        }
+        before
+    };
     if before.is_clean() {
         return Ok(Repair {
             after: before.clone(),
@@ -858,8 +904,7 @@ fn fix(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
 }
 
 /// Adds the blocks of inode `ino`'s log to `out` when the volume's allocator hands them out
-/// (HashFS reports a file's log blocks with its mapping already). Reading the chain checks
-/// every block header.
+/// (HashFS reports a file's log blocks with its mapping already).
 fn log_blocks(fs: &Fs, ino: u32, out: &mut Vec<Extent>) -> Result<()> {
     let root = fs.inodes.field(ino, field::LOG);
     if fs.alloc.is_none() || fs.m().load_u64(root)? == 0 {

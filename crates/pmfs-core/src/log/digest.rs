@@ -102,6 +102,40 @@ pub fn reset_holder<M: Media + ?Sized>(media: &M, cursor: PmOff) -> Result<Optio
     Ok(Some(c.holder))
 }
 
+/// The LSN stored in the cursor word at `cursor`, read from the media alone (for checkers):
+/// every entry below it is applied.
+///
+/// # Errors
+/// [`Error::Corrupt`] for a cursor word with its top bit set; bad offsets; media errors.
+pub fn cursor_lsn<M: Media + ?Sized>(media: &M, cursor: PmOff) -> Result<u64> {
+    check_root(media, cursor)?;
+    Ok(load_cursor(media, cursor)?.1.lsn)
+}
+
+/// Moves the cursor word at `cursor` back to `tail`, durably, when damage cost the log the
+/// entries between them (the cursor says they were applied, so the mapping holds them; but the
+/// next commit lands at `tail` and must be digested). Returns the LSN it replaced, `None` when
+/// the cursor was not beyond `tail`. For repair, with nobody using the log.
+///
+/// # Errors
+/// As [`cursor_lsn`].
+pub fn clamp_cursor<M: Media + ?Sized>(media: &M, cursor: PmOff, tail: u64) -> Result<Option<u64>> {
+    check_root(media, cursor)?;
+    let (_, c) = load_cursor(media, cursor)?;
+    if c.lsn <= tail {
+        return Ok(None);
+    }
+    media.store_u64_persist(
+        cursor,
+        Cursor {
+            lsn: tail,
+            holder: 0,
+        }
+        .encode(),
+    )?;
+    Ok(Some(c.lsn))
+}
+
 /// The cursor while one [`Log::digest`] call holds it; lets it go on drop (error or unwind)
 /// at the LSN reached, unless someone took it over.
 struct Held<'m, M: Media> {
@@ -164,8 +198,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
     /// # Errors
     /// [`Error::Corrupt`] for a cursor word with its top bit set; bad offsets; media errors.
     pub fn digested(&self, cursor: PmOff) -> Result<u64> {
-        check_root(&self.media, cursor)?;
-        Ok(load_cursor(&self.media, cursor)?.1.lsn)
+        cursor_lsn(&self.media, cursor)
     }
 
     /// Replays from the first entry whose LSN is at least `lsn` (from the head when `lsn` lies

@@ -228,6 +228,8 @@
 //! digest:  mount: reset_holder(media, cursor); then, after writes:
 //!          log.digest(cursor, pid, &|h| pid_alive(h), &mut |lsn, e| apply(e))
 //!          log.compact_applied(cursor)  (drops the blocks every entry of which is applied)
+//! check:   r = inspect(media, root); cursor_lsn(media, cursor) <= r.tail, else damage took
+//!          applied entries: repair with clamp_cursor(media, cursor, r.tail)
 //! ```
 //!
 //! # Limits
@@ -268,12 +270,13 @@ use gc::Retired;
 
 pub use append::{Commit, Prepared};
 pub use digest::{
-    ApplyBatch, CURSOR_HOLDER_BITS, CURSOR_LSN_BITS, Digest, MAX_HOLDER, init_cursor, reset_holder,
+    ApplyBatch, CURSOR_HOLDER_BITS, CURSOR_LSN_BITS, Digest, MAX_HOLDER, clamp_cursor, cursor_lsn,
+    init_cursor, reset_holder,
 };
 pub use entry::{Entry, MAX_RUN_LEN};
 pub use format::{ENTRIES_PER_BLOCK, HeadWord, INLINE_MAX_LEN, LOG_VERSION, MAX_PINS};
 pub use gc::Compaction;
-pub use recover::{Recovery, owned_blocks, recover};
+pub use recover::{Recovery, inspect, owned_blocks, recover};
 pub use replay::Replay;
 
 /// Largest region a log may live in (indirect entries address segments in 48 bits of words).

@@ -10,16 +10,18 @@ use crate::error::{Error, Result};
 use crate::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use crate::pm::Media;
 
-/// What [`recover`] found and repaired.
+/// What [`recover`] found and repaired, or [`inspect`] found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Recovery {
     /// Blocks in the chain.
     pub blocks: u64,
     /// Committed entries (all decoded and validated).
     pub entries: u64,
-    /// Non-zero slots after the tail that were zeroed: stores of a commit or reservation that
-    /// never became part of the durable prefix.
+    /// Non-zero slots after the tail that were zeroed ([`inspect`]: that [`recover`] would
+    /// zero): stores of a commit or reservation that never became part of the durable prefix.
     pub discarded: u64,
+    /// The LSN of the tail: every committed entry lies below it.
+    pub tail: u64,
 }
 
 fn chain_at<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<(Chain<'_, M>, Walk)> {
@@ -37,19 +39,9 @@ fn chain_at<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<(Chain<'_, M>, 
     Ok((chain, walk))
 }
 
-/// Repairs the log whose head word is at `root` after a crash; run it once per log at mount,
-/// before any handle opens it, with nobody else using the log.
-///
-/// It validates the whole chain and every entry, zeroes whatever follows the first empty slot
-/// of the tail block (after a crash, cache lines written back early can leave committed-looking
-/// words beyond a hole; they were never part of the durable prefix and would otherwise be
-/// taken for entries once the hole is filled), persists that, and resets the head word's count
-/// of open handles.
-///
-/// # Errors
-/// [`Error::Corrupt`] for a damaged chain or entry, [`Error::InvalidArgument`] if the head word
-/// holds no log.
-pub fn recover<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<Recovery> {
+/// Validates the whole chain and every entry of the log at `root` and counts, without
+/// writing, the slots beyond the tail that [`recover`] zeroes. Returns the walk at the tail.
+fn survey<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<(Recovery, Walk)> {
     let (chain, mut walk) = chain_at(media, root)?;
     let mut r = Recovery {
         blocks: 1,
@@ -66,6 +58,7 @@ pub fn recover<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<Recovery> {
         }
         r.blocks += 1;
     }
+    r.tail = walk.lsn();
     if !walk.at_end() {
         if chain.next(walk.block)?.is_some() {
             return Err(Error::Corrupt {
@@ -74,16 +67,43 @@ pub fn recover<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<Recovery> {
             });
         }
         for s in walk.slot + 1..SLOTS_PER_BLOCK {
-            let at = slot_off(walk.block, s);
-            if media.load_u64(at)? != 0 {
-                media.store_u64(at, 0)?;
+            if media.load_u64(slot_off(walk.block, s))? != 0 {
                 r.discarded += 1;
             }
         }
-        if r.discarded > 0 {
-            let from = slot_off(walk.block, walk.slot);
-            media.flush(from, (SLOTS_PER_BLOCK - walk.slot) * SLOT_BYTES)?;
+    }
+    Ok((r, walk))
+}
+
+/// Checks the log whose head word is at `root` as [`recover`] would, without writing: for
+/// checkers, on a volume nobody uses.
+///
+/// # Errors
+/// As [`recover`].
+pub fn inspect<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<Recovery> {
+    survey(media, root).map(|(r, _)| r)
+}
+
+/// Repairs the log whose head word is at `root` after a crash; run it once per log at mount,
+/// before any handle opens it, with nobody else using the log.
+///
+/// It validates the whole chain and every entry, zeroes whatever follows the first empty slot
+/// of the tail block (after a crash, cache lines written back early can leave committed-looking
+/// words beyond a hole; they were never part of the durable prefix and would otherwise be
+/// taken for entries once the hole is filled), persists that, and resets the head word's count
+/// of open handles.
+///
+/// # Errors
+/// [`Error::Corrupt`] for a damaged chain or entry, [`Error::InvalidArgument`] if the head word
+/// holds no log.
+pub fn recover<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<Recovery> {
+    let (r, walk) = survey(media, root)?;
+    if r.discarded > 0 {
+        for s in walk.slot + 1..SLOTS_PER_BLOCK {
+            media.store_u64(slot_off(walk.block, s), 0)?;
         }
+        let from = slot_off(walk.block, walk.slot);
+        media.flush(from, (SLOTS_PER_BLOCK - walk.slot) * SLOT_BYTES)?;
     }
     let hw = HeadWord(media.load_u64(root)?);
     media.store_u64(root, hw.with_pins(0).0)?;
