@@ -66,6 +66,10 @@ pub trait Media: Send + Sync {
     /// Hints that the line at `off` will be read soon. Out-of-bounds hints are ignored.
     fn prefetch(&self, _off: PmOff) {}
 
+    /// Hints that `[off, off + len)` will be copied out soon (into the mid-level cache: a
+    /// block or two ahead of a copy). Out-of-bounds hints are ignored.
+    fn prefetch_range(&self, _off: PmOff, _len: u64) {}
+
     /// Whether flushes are needed at all: `false` on platforms whose caches are inside the
     /// persistence domain (eADR), where only fences order stores.
     fn needs_flush(&self) -> bool {
@@ -170,6 +174,9 @@ macro_rules! forward_media {
             }
             fn prefetch(&self, off: PmOff) {
                 (**self).prefetch(off)
+            }
+            fn prefetch_range(&self, off: PmOff, len: u64) {
+                (**self).prefetch_range(off, len)
             }
             fn needs_flush(&self) -> bool {
                 (**self).needs_flush()

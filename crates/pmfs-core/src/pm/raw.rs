@@ -71,7 +71,7 @@ impl RawRegion {
     pub(crate) fn read(&self, off: PmOff, buf: &mut [u8]) -> Result<()> {
         let p = self.ptr(off, buf.len() as u64)?;
         // SAFETY: `p..p+len` is in bounds and mapped; `buf` is a distinct DRAM buffer.
-        unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) };
+        unsafe { persist::copy_cached(buf.as_mut_ptr(), p, buf.len()) };
         Ok(())
     }
 
@@ -133,6 +133,12 @@ impl RawRegion {
             persist::prefetch(p);
         }
     }
+
+    pub(crate) fn prefetch_range(&self, off: PmOff, len: u64) {
+        if let Ok(p) = self.ptr(off, len) {
+            persist::prefetch_range(p, len as usize);
+        }
+    }
 }
 
 /// Implements [`Media`] for a type with a `raw()` accessor returning its [`RawRegion`].
@@ -171,6 +177,9 @@ macro_rules! media_via_raw {
             }
             fn prefetch(&self, off: PmOff) {
                 self.raw().prefetch(off)
+            }
+            fn prefetch_range(&self, off: PmOff, len: u64) {
+                self.raw().prefetch_range(off, len)
             }
             fn needs_flush(&self) -> bool {
                 $crate::pm::persist::needs_flush()

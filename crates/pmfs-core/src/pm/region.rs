@@ -648,6 +648,10 @@ impl super::Media for PmRegion {
         self.raw.prefetch(off)
     }
 
+    fn prefetch_range(&self, off: PmOff, len: u64) {
+        self.raw.prefetch_range(off, len)
+    }
+
     fn needs_flush(&self) -> bool {
         persist::needs_flush()
     }

@@ -362,6 +362,33 @@ pub unsafe fn copy_nt(dst: *mut u8, src: &[u8]) {
     unsafe { copy_nt_on(active_path(), needs_flush(), dst, src.as_ptr(), src.len()) }
 }
 
+/// Copies `len` bytes from `src` (the media) to `dst` (a DRAM buffer) through the cache: a
+/// read. With AVX-512 on the active path, whole lines move in 64-byte vectors, four lines at a
+/// time; that keeps more loads in flight than `memcpy` does for a block whose lines are not
+/// cached yet, and together with [`prefetch_range`] on the blocks that come next it reads
+/// blocks scattered over the media at close to the bandwidth of one contiguous copy.
+///
+/// # Safety
+/// `dst` valid for `len` bytes of writes, `src` for `len` bytes of reads, no overlap.
+#[inline]
+pub unsafe fn copy_cached(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded from the caller; the vector copy moves `body` bytes, a multiple of the
+    // line, and the rest follows it inside the same ranges.
+    unsafe {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        if len >= CACHED_VECTOR_MIN && active_path().copy == CopyKind::Avx512 {
+            let body = len & !(LINE - 1);
+            x86::copy_cached_avx512(dst, src, body);
+            std::ptr::copy_nonoverlapping(src.add(body), dst.add(body), len - body);
+            return;
+        }
+        std::ptr::copy_nonoverlapping(src, dst, len);
+    }
+}
+
+/// Reads shorter than this take `memcpy` in [`copy_cached`].
+const CACHED_VECTOR_MIN: usize = 1024;
+
 /// Sets `len` bytes at `dst` to `byte` so that they are durable after the next [`fence`].
 ///
 /// # Safety
@@ -477,6 +504,27 @@ unsafe fn stream_fill(kind: CopyKind, dst: *mut u8, len: usize, byte: u8) {
         let _ = (kind, dst, len, byte);
         unreachable!("only the portable copy kind exists on this target");
     }
+}
+
+/// Prefetches the lines of `[addr, addr + len)` into the mid-level cache (a hint; never
+/// faults): for a copy that reaches them soon, such as the next block of a read whose blocks
+/// lie apart, where the hardware prefetcher does not follow.
+#[inline]
+pub fn prefetch_range(addr: *const u8, len: usize) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        let first = addr as usize & !(LINE - 1);
+        let end = (addr as usize).saturating_add(len);
+        for line in (first..end).step_by(LINE) {
+            // SAFETY: prefetch is a hint that does not fault on any address.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                    line as *const i8,
+                )
+            };
+        }
+    }
+    let _ = (addr, len);
 }
 
 /// Prefetches the line at `addr` into the cache (a hint; never faults).

@@ -78,6 +78,15 @@ impl Bufs {
         self.check(dst_off, src);
     }
 
+    /// [`copy_cached`] on `path`.
+    fn read_copy(&mut self, path: DispatchPath, len: usize, src_off: usize, dst_off: usize) {
+        let src = &self.src[self.src_base + src_off..self.src_base + src_off + len];
+        let dst = self.dst[self.dst_base + dst_off..].as_mut_ptr();
+        // SAFETY: as in `copy`.
+        with_path(path, || unsafe { copy_cached(dst, src.as_ptr(), len) }).unwrap();
+        self.check(dst_off, src);
+    }
+
     fn fill(&mut self, path: DispatchPath, flush: bool, len: usize, dst_off: usize, byte: u8) {
         let dst = self.dst[self.dst_base + dst_off..].as_mut_ptr();
         // SAFETY: as in `copy`.
@@ -126,6 +135,14 @@ proptest! {
     }
 
     #[test]
+    fn copy_cached_equals_plain_copy(len in 0usize..=8192, src_off in 0usize..64,
+                                     dst_off in 0usize..64) {
+        for path in DispatchPath::available() {
+            Bufs::new(len, len as u64 + 3).read_copy(path, len, src_off, dst_off);
+        }
+    }
+
+    #[test]
     fn fill_nt_equals_plain_fill(len in 0usize..=8192, dst_off in 0usize..64,
                                  byte in any::<u8>(), flush in any::<bool>()) {
         for path in DispatchPath::available() {
@@ -141,10 +158,10 @@ proptest! {
     }
 }
 
-/// Sizes around every boundary of the copy: empty, inside one line, the threshold, a line
-/// more or less than the unrolled block, and page-sized.
-const EDGE_SIZES: [usize; 16] = [
-    0, 1, 7, 63, 64, 65, 255, 256, 257, 319, 320, 511, 577, 1023, 4096, 4159,
+/// Sizes around every boundary of the copies: empty, inside one line, the threshold, a line
+/// more or less than the unrolled block, the vector threshold of reads, and page-sized.
+const EDGE_SIZES: [usize; 18] = [
+    0, 1, 7, 63, 64, 65, 255, 256, 257, 319, 320, 511, 577, 1023, 1024, 1087, 4096, 4159,
 ];
 
 #[test]
@@ -161,6 +178,8 @@ fn every_alignment_pair_on_every_copy_path() {
                 for dst_off in 0..LINE {
                     b.reset();
                     b.copy(path, true, len, src_off, dst_off);
+                    b.reset();
+                    b.read_copy(path, len, src_off, dst_off);
                 }
                 b.reset();
                 b.fill(path, true, len, src_off, len as u8);

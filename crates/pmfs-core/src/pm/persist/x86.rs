@@ -8,7 +8,7 @@ use std::arch::asm;
 use std::arch::x86_64::{
     __cpuid_count, __get_cpuid_max, __m128i, __m256i, __m512i, _mm_loadu_si128, _mm_set1_epi8,
     _mm_stream_si128, _mm256_loadu_si256, _mm256_set1_epi8, _mm256_stream_si256,
-    _mm512_loadu_si512, _mm512_set1_epi8, _mm512_stream_si512,
+    _mm512_loadu_si512, _mm512_set1_epi8, _mm512_storeu_si512, _mm512_stream_si512,
 };
 
 use super::{CopyKind, FlushKind, LINE};
@@ -130,6 +130,35 @@ unsafe fn copy_avx512(dst: *mut u8, src: *const u8, len: usize) {
         }
         while n > 0 {
             _mm512_stream_si512(d, _mm512_loadu_si512(s));
+            (d, s, n) = (d.add(1), s.add(1), n - 1);
+        }
+    }
+}
+
+/// Copies `len` bytes (whole lines) from `src` to `dst` with cached 64-byte loads and
+/// stores, four lines ([`UNROLL`]) at a time.
+///
+/// # Safety
+/// `dst` valid for `len` bytes of writes, `src` for `len` bytes of reads, no overlap, `len` a
+/// multiple of 64, and the CPU has AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn copy_cached_avx512(dst: *mut u8, src: *const u8, len: usize) {
+    let (mut d, mut s, mut n) = (dst.cast::<__m512i>(), src.cast::<__m512i>(), len / LINE);
+    // SAFETY: `n` counts the lines left, so every access stays inside the caller's ranges;
+    // loads and stores are unaligned.
+    unsafe {
+        while n >= UNROLL {
+            // Named loads: an array of vectors here is spilled to the stack.
+            let (a, b) = (_mm512_loadu_si512(s), _mm512_loadu_si512(s.add(1)));
+            let (c, e) = (_mm512_loadu_si512(s.add(2)), _mm512_loadu_si512(s.add(3)));
+            _mm512_storeu_si512(d, a);
+            _mm512_storeu_si512(d.add(1), b);
+            _mm512_storeu_si512(d.add(2), c);
+            _mm512_storeu_si512(d.add(3), e);
+            (d, s, n) = (d.add(UNROLL), s.add(UNROLL), n - UNROLL);
+        }
+        while n > 0 {
+            _mm512_storeu_si512(d, _mm512_loadu_si512(s));
             (d, s, n) = (d.add(1), s.add(1), n - 1);
         }
     }
