@@ -422,6 +422,49 @@ fn check_root<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<()> {
     Ok(())
 }
 
+/// Counts one more open handle in the head word at `root`, as [`Log::open`] does, without
+/// opening one: for a holder that keeps the log (and the file it belongs to) from being freed
+/// with nothing but the media, such as a mapping of the file's blocks. [`unpin`] gives it
+/// back.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if the head word holds no log, [`Error::Unsupported`] if
+/// [`MAX_PINS`] handles are open; bad offsets; media errors.
+pub fn pin<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<()> {
+    check_root(media, root)?;
+    let mut cur = media.load_u64(root)?;
+    loop {
+        let hw = HeadWord(cur);
+        if hw.head().is_none() {
+            return Err(Error::InvalidArgument("no log at this head word"));
+        }
+        if hw.pins() == MAX_PINS {
+            return Err(Error::Unsupported("too many open handles on one log"));
+        }
+        match media.cas_u64(root, cur, hw.with_pins(hw.pins() + 1).0)? {
+            Ok(_) => return Ok(()),
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+/// Counts one open handle less in the head word at `root` (never below zero): the end of a
+/// [`pin`], or of a handle.
+///
+/// # Errors
+/// Bad offsets; media errors.
+pub fn unpin<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<()> {
+    check_root(media, root)?;
+    let mut cur = media.load_u64(root)?;
+    loop {
+        let hw = HeadWord(cur);
+        match media.cas_u64(root, cur, hw.with_pins(hw.pins().saturating_sub(1)).0)? {
+            Ok(_) => return Ok(()),
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
 impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
     /// Creates an empty log whose head word is at `root` (which must hold 0) and opens it.
     /// The first block comes from `alloc`, as will every block the log grows by.
@@ -467,21 +510,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
     /// [`Error::InvalidArgument`] if the head word holds no log, [`Error::Unsupported`] if too
     /// many handles are open, [`Error::Corrupt`] on a damaged chain.
     pub fn open(media: M, root: PmOff, alloc: StdArc<A>) -> Result<Self> {
-        check_root(&media, root)?;
-        let mut cur = media.load_u64(root)?;
-        loop {
-            let hw = HeadWord(cur);
-            if hw.head().is_none() {
-                return Err(Error::InvalidArgument("no log at this head word"));
-            }
-            if hw.pins() == MAX_PINS {
-                return Err(Error::Unsupported("too many open handles on one log"));
-            }
-            match media.cas_u64(root, cur, hw.with_pins(hw.pins() + 1).0)? {
-                Ok(_) => break,
-                Err(actual) => cur = actual,
-            }
-        }
+        pin(&media, root)?;
         // From here on, dropping the handle unpins.
         let log = Self::assemble(media, root, alloc);
         log.init_hint()?;
@@ -541,15 +570,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         } else {
             Ok(())
         };
-        let mut cur = self.media.load_u64(self.root)?;
-        loop {
-            let hw = HeadWord(cur);
-            let new = hw.with_pins(hw.pins().saturating_sub(1));
-            match self.media.cas_u64(self.root, cur, new.0)? {
-                Ok(_) => break,
-                Err(actual) => cur = actual,
-            }
-        }
+        unpin(&self.media, self.root)?;
         reclaimed.and(freed)
     }
 

@@ -291,26 +291,6 @@ fn count_step(m: &Pm, at: PmOff, up: bool, from_nonzero: bool) -> Result<bool> {
     }
 }
 
-/// One more (or one less) open handle in the pins of the log head word at `root`.
-fn log_pin_step(m: &Pm, root: PmOff, up: bool) -> Result<()> {
-    let mut cur = m.load_u64(root)?;
-    loop {
-        let hw = HeadWord(cur);
-        let pins = if up {
-            hw.pins() + 1
-        } else {
-            hw.pins().saturating_sub(1)
-        };
-        if pins > pmfs_core::log::MAX_PINS {
-            return Err(Error::Unsupported("too many open handles on one log"));
-        }
-        match m.cas_u64(root, cur, hw.with_pins(pins).0)? {
-            Ok(_) => return Ok(()),
-            Err(seen) => cur = seen,
-        }
-    }
-}
-
 /// A writer's share of a file's mapped mode (see the module documentation), taken before its
 /// snapshot and given back once its bytes are in place.
 struct MapHold<'f> {
@@ -356,7 +336,7 @@ impl MapPin {
     /// # Errors
     /// Media errors, or [`Error::Unsupported`] if the file's log has the most pins it can hold.
     pub fn inherit(&self) -> Result<MapPin> {
-        log_pin_step(&self.media, self.log, true)?;
+        pmfs_core::log::pin(&*self.media, self.log)?;
         count_step(&self.media, self.maps, true, false)?;
         Ok(MapPin {
             media: self.media.clone(),
@@ -371,7 +351,7 @@ impl Drop for MapPin {
         // Leftovers only keep the file in mapped mode (and an unlinked one allocated) until
         // the owner's next mount.
         let _ = count_step(&self.media, self.maps, false, false);
-        let _ = log_pin_step(&self.media, self.log, false);
+        let _ = pmfs_core::log::unpin(&*self.media, self.log);
     }
 }
 
@@ -987,7 +967,7 @@ impl Fs {
         })?;
         let maps = self.inodes.field(ino, field::MAPS);
         let root = self.inodes.field(ino, field::LOG);
-        log_pin_step(self.media(), root, true)?;
+        pmfs_core::log::pin(self.m(), root)?;
         let pin = MapPin {
             media: self.media().clone(),
             maps,
