@@ -100,7 +100,10 @@ pub fn recover<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<Recovery> {
     let (r, walk) = survey(media, root)?;
     if r.discarded > 0 {
         for s in walk.slot + 1..SLOTS_PER_BLOCK {
-            media.store_u64(slot_off(walk.block, s), 0)?;
+            let at = slot_off(walk.block, s);
+            if media.load_u64(at)? != 0 {
+                media.store_u64(at, 0)?;
+            }
         }
         let from = slot_off(walk.block, walk.slot);
         media.flush(from, (SLOTS_PER_BLOCK - walk.slot) * SLOT_BYTES)?;
