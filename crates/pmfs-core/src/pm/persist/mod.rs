@@ -1,4 +1,5 @@
-//! Persistence primitives: cache-line write-back, store fence, non-temporal copy and fill.
+//! Persistence primitives: cache-line write-back, store fence, non-temporal copy and fill;
+//! and the copy and prefetch hints that reads out of the media use.
 //!
 //! # Dispatch
 //! The instructions are chosen once per process, at the first use, from CPUID:
@@ -21,6 +22,10 @@
 //! cached stores followed by a flush of their lines, because a partial line cannot be streamed
 //! in one store and a streaming store that only fills part of a line costs a read of the rest.
 //! Either way the bytes are durable after the next [`fence`].
+//!
+//! Reads go the other way, through the cache: [`copy_cached`] moves whole lines with unrolled
+//! AVX-512 loads and stores when the active path has AVX-512, and [`prefetch_range`] hints the
+//! blocks a read copies next into the mid-level cache.
 //!
 //! On targets other than x86-64, and under Miri (`cfg(miri)`), a portable path is used: plain
 //! copies, no cache-line instruction, a sequentially consistent fence. It keeps every caller
