@@ -159,21 +159,14 @@ impl Pool {
                 _ => open_error(path, e),
             })?;
         let made = lock(&file, path).and_then(|()| {
-            const STEP: u64 = 64 << 20;
-            let mut done = 0;
-            while done < size {
-                let n = STEP.min(size - done);
-                nix::fcntl::posix_fallocate(&file, done as i64, n as i64).map_err(|e| {
+            pmfs_core::pm::preallocate(&file, 0, size, &mut |done| progress(done, size)).map_err(
+                |e| {
                     Error::new(format!(
-                        "{}: cannot allocate {size} bytes: {}",
-                        shown(path),
-                        io::Error::from(e)
+                        "{}: cannot allocate {size} bytes: {e}",
+                        shown(path)
                     ))
-                })?;
-                done += n;
-                progress(done, size);
-            }
-            Ok(())
+                },
+            )
         });
         if let Err(e) = made {
             let _ = std::fs::remove_file(path);

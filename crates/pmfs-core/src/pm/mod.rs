@@ -17,4 +17,4 @@ mod region;
 
 pub use heap::HeapRegion;
 pub use media::{Media, MediaExt};
-pub use region::{Backend, MIN_POOL_SIZE, PmRegion};
+pub use region::{Backend, MIN_POOL_SIZE, PmRegion, preallocate};

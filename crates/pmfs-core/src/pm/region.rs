@@ -199,6 +199,31 @@ impl MmapArea {
         // SAFETY: advice on our own mapping; it does not change its contents.
         unsafe { libc::madvise(self.base.cast(), self.len, libc::MADV_HUGEPAGE) == 0 }
     }
+
+    /// Allocates and faults in the file's pages behind `[from, to)` of the mapping
+    /// (`MADV_POPULATE_WRITE`); falls back to `posix_fallocate` where the kernel does not know
+    /// the advice.
+    fn populate(&self, file: &File, from: u64, to: u64) -> Result<()> {
+        debug_assert!(from <= to && to <= self.len as u64);
+        // SAFETY: advice on a range of our own mapping; populating writes no bytes.
+        let r = unsafe {
+            libc::madvise(
+                self.base.add(from as usize).cast(),
+                (to - from) as usize,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINVAL) => allocate(file, from, to),
+            // The file system is full (the fault would raise SIGBUS) or memory ran out.
+            Some(libc::EFAULT | libc::ENOMEM | libc::ENOSPC) => Err(Error::NoSpace),
+            _ => Err(e.into()),
+        }
+    }
 }
 
 impl Drop for MmapArea {
@@ -260,8 +285,56 @@ fn check_size(size: u64) -> Result<usize> {
         ))
 }
 
-/// Makes `file` at least `[0, to)` long with real blocks behind `[from, to)`, so that stores
-/// to the mapping never fault on a full file system.
+/// The step in which [`preallocate`] allocates and reports progress.
+const PREALLOCATE_STEP: u64 = 64 << 20;
+
+/// Gives the pool file `file` memory (tmpfs) or blocks (any other file system) behind
+/// `[from, to)`, extending it to `to` bytes, so that stores to a mapping never fault on a full
+/// file system. `progress(done)` is called after each step of at most 64 MiB with the bytes of
+/// `[from, to)` done so far.
+///
+/// On tmpfs the memory is allocated by faulting in a temporary mapping after `MADV_HUGEPAGE`:
+/// `posix_fallocate` would back the file with 4 KiB pages, and a pool read at random then pays
+/// a TLB miss on nearly every block. Where the tmpfs allows transparent huge pages (mounted with
+/// `huge=advise`, `always` or `within_size`, or `shmem_enabled` set to `force`) the pool gets
+/// 2 MiB pages, which every later mapping of the file maps whole; else 4 KiB pages, as with
+/// `posix_fallocate`.
+///
+/// `from` and `to` must be multiples of the block size. Fails with [`Error::NoSpace`] if the
+/// file system (or memory) is full; the file may then be longer than before.
+pub fn preallocate(file: &File, from: u64, to: u64, progress: &mut dyn FnMut(u64)) -> Result<()> {
+    if from > to || !from.is_multiple_of(BLOCK_SIZE) || !to.is_multiple_of(BLOCK_SIZE) {
+        return Err(Error::InvalidArgument(
+            "preallocation needs a block-aligned range",
+        ));
+    }
+    if from == to {
+        return Ok(());
+    }
+    let area = if on_tmpfs(file) {
+        if file.metadata()?.len() < to {
+            file.set_len(to)?;
+        }
+        let (area, _) = MmapArea::map(file, check_size(to)?)?;
+        area.advise_huge();
+        Some(area)
+    } else {
+        None
+    };
+    let mut at = from;
+    while at < to {
+        let end = to.min((at + PREALLOCATE_STEP) / PREALLOCATE_STEP * PREALLOCATE_STEP);
+        match &area {
+            Some(area) => area.populate(file, at, end)?,
+            None => allocate(file, at, end)?,
+        }
+        at = end;
+        progress(at - from);
+    }
+    Ok(())
+}
+
+/// Makes `file` at least `[0, to)` long with real blocks behind `[from, to)`.
 fn allocate(file: &File, from: u64, to: u64) -> Result<()> {
     let (off, len) = (
         libc::off_t::try_from(from).map_err(|_| Error::InvalidArgument("pool too large"))?,
@@ -293,12 +366,8 @@ impl PmRegion {
     /// Creates the pool file `path` with `size` bytes (zeroed, allocated) and maps it with
     /// [`Backend::Mmap`].
     ///
-    /// On tmpfs the file is extended sparsely and its memory allocated by populating the
-    /// mapping, after `MADV_HUGEPAGE`: `posix_fallocate` would back it with 4 KiB pages, and
-    /// a pool read at random then pays a TLB miss on nearly every block. Where the kernel
-    /// allows transparent huge pages for shared memory (`shmem_enabled` = `advise`, `always`
-    /// or `within_size`) the pool gets 2 MiB pages; else the same 4 KiB pages as before, but
-    /// already faulted in.
+    /// The file's memory or blocks are allocated by [`preallocate`], which on tmpfs asks for
+    /// 2 MiB pages.
     ///
     /// Fails with [`Error::PoolExists`] if the file exists, [`Error::PoolTooSmall`] or
     /// [`Error::PoolSizeUnaligned`] for a bad size, [`Error::NoSpace`] if the file system is
@@ -330,14 +399,8 @@ impl PmRegion {
                 io::ErrorKind::AlreadyExists => Error::PoolExists(path.to_owned()),
                 _ => Error::Io(e),
             })?;
-        let made = if backend == Backend::Mmap && on_tmpfs(&file) {
-            file.set_len(size)
-                .map_err(Error::from)
-                .and_then(|()| Self::map(file, path.to_owned(), size, backend))
-                .and_then(|r| r.populate().map(|()| r))
-        } else {
-            allocate(&file, 0, size).and_then(|()| Self::map(file, path.to_owned(), size, backend))
-        };
+        let made = preallocate(&file, 0, size, &mut |_| {})
+            .and_then(|()| Self::map(file, path.to_owned(), size, backend));
         if made.is_err() {
             let _ = std::fs::remove_file(path);
         }
@@ -396,7 +459,7 @@ impl PmRegion {
         if new_size == old {
             return Ok(());
         }
-        allocate(&self.file, old, new_size)?;
+        preallocate(&self.file, old, new_size, &mut |_| {})?;
         let (map, map_sync, huge_pages) = map_file(&self.file, &self.path, len, self.backend())?;
         // SAFETY: as in `map`: the new mapping covers `new_size` bytes and is owned by `self`
         // from the next statement on. The old mapping is dropped after `raw` stops pointing
@@ -406,24 +469,6 @@ impl PmRegion {
         self.map_sync = map_sync;
         self.huge_pages = huge_pages;
         Ok(())
-    }
-
-    /// Allocates and faults in every page of the mapping (`MADV_POPULATE_WRITE`); falls back
-    /// to `posix_fallocate` where the kernel does not know the advice.
-    fn populate(&self) -> Result<()> {
-        let (base, len) = (self.raw.base(), self.raw.len());
-        // SAFETY: advice on exactly our own mapping; populating writes no bytes.
-        let r = unsafe { libc::madvise(base.cast(), len as usize, libc::MADV_POPULATE_WRITE) };
-        if r == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINVAL) => allocate(&self.file, 0, len),
-            // The file system is full (the fault would raise SIGBUS) or memory ran out.
-            Some(libc::EFAULT | libc::ENOMEM | libc::ENOSPC) => Err(Error::NoSpace),
-            _ => Err(e.into()),
-        }
     }
 
     /// The pool file's path.

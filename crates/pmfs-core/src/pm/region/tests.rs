@@ -390,3 +390,104 @@ fn threads_mapping_pools_at_once_each_see_their_own() {
         std::fs::remove_file(p).unwrap();
     }
 }
+
+#[test]
+fn preallocate_extends_allocates_and_reports_progress() {
+    for dir in ["/dev/shm", std::env::temp_dir().to_str().unwrap()] {
+        let path = PathBuf::from(format!(
+            "{dir}/pmfs-prealloc-test-{}.pool",
+            std::process::id()
+        ));
+        let pool = TempPool(path);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&pool.0)
+            .unwrap();
+        let mut seen = Vec::new();
+        preallocate(&file, 0, 130 * MIB, &mut |done| seen.push(done)).unwrap();
+        assert_eq!(seen, [64 * MIB, 128 * MIB, 130 * MIB], "{dir}");
+        let meta = file.metadata().unwrap();
+        assert_eq!(meta.len(), 130 * MIB, "{dir}");
+        assert!(
+            std::os::unix::fs::MetadataExt::blocks(&meta) * 512 >= 130 * MIB,
+            "{dir}"
+        );
+
+        // Growing from an offset inside a step reports bytes of the range only.
+        seen.clear();
+        preallocate(&file, 130 * MIB, 200 * MIB, &mut |done| seen.push(done)).unwrap();
+        assert_eq!(seen, [62 * MIB, 70 * MIB], "{dir}");
+        assert_eq!(file.metadata().unwrap().len(), 200 * MIB, "{dir}");
+
+        preallocate(&file, 8192, 8192, &mut |_| panic!("no step")).unwrap();
+        for (from, to) in [(1, 8192), (0, 4097), (8192, 4096)] {
+            assert!(matches!(
+                preallocate(&file, from, to, &mut |_| {}),
+                Err(Error::InvalidArgument(_))
+            ));
+        }
+        assert_eq!(file.metadata().unwrap().len(), 200 * MIB, "{dir}");
+    }
+}
+
+/// Whether the tmpfs at `/dev/shm` may allocate transparent huge pages for a mapping advised
+/// `MADV_HUGEPAGE`, by its mount options.
+fn dev_shm_allows_huge_pages() -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines()
+        .rfind(|l| l.split(' ').nth(4) == Some("/dev/shm"))
+        .is_some_and(|l| {
+            ["huge=advise", "huge=always", "huge=within_size"]
+                .iter()
+                .any(|o| l.contains(o))
+        })
+}
+
+/// The bytes of `[base, base+len)` that `/proc/self/smaps` reports mapped with PMD-sized pages.
+fn pmd_mapped_bytes(base: usize, len: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    let mut total = 0;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ')
+            && let Some((lo, hi)) = range.split_once('-')
+            && let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        {
+            inside = lo >= base && hi <= base + len;
+        } else if inside && let Some(kb) = line.strip_prefix("ShmemPmdMapped:") {
+            total += kb
+                .trim()
+                .trim_end_matches(" kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+                * 1024;
+        }
+    }
+    total
+}
+
+#[test]
+fn a_pool_on_a_huge_page_tmpfs_is_mapped_with_huge_pages() {
+    // Created, closed and opened again (as `pmfs mkfs` then `pmfs mount` do): the memory
+    // allocated at creation stays in 2 MiB pages, and the new mapping maps them whole. On a
+    // /dev/shm mounted without `huge=`, the kernel allocates 4 KiB pages, and the check is
+    // that none are PMD-mapped.
+    let pool = TempPool::new();
+    drop(PmRegion::create(&pool.0, 8 * MIB).unwrap());
+    let r = PmRegion::open(&pool.0).unwrap();
+    // Fault every page in (a read touches each 4 KiB page's first byte).
+    for off in (0..8 * MIB).step_by(4096) {
+        r.load_u64(PmOff(off)).unwrap();
+    }
+    let base = r.raw.base() as usize;
+    let mapped = pmd_mapped_bytes(base, 8 * MIB as usize);
+    if dev_shm_allows_huge_pages() {
+        assert!(r.huge_pages());
+        assert_eq!(mapped, 8 * MIB);
+    } else {
+        assert_eq!(mapped, 0);
+    }
+}
