@@ -25,6 +25,7 @@ pub(crate) trait Mapper: Send + Sync {
     fn kind(&self) -> MappingKind;
     fn open_file(&self, id: FileId) -> Result<MapFile>;
     fn lookup(&self, f: &MapFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
+    fn prefetch(&self, f: &MapFile, lblk: u64);
     fn insert(&self, f: &MapFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
     fn insert_at(&self, f: &MapFile, run: Run) -> Result<()>;
     fn remove(&self, f: &MapFile, lblk: u64, len: u64) -> Result<u64>;
@@ -56,6 +57,12 @@ where
 
     fn lookup(&self, f: &MapFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
         Ok(FileMapping::lookup(self, handle(f)?, lblk, len, out)?)
+    }
+
+    fn prefetch(&self, f: &MapFile, lblk: u64) {
+        if let Ok(h) = handle(f) {
+            FileMapping::prefetch(self, h, lblk);
+        }
     }
 
     fn insert(&self, f: &MapFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {

@@ -77,6 +77,14 @@ pub trait FileMapping: Send + Sync {
     /// Appends to `out` the runs of `[lblk, lblk + len)` that are mapped.
     fn lookup(&self, file: &Self::File, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
 
+    /// Hints into the CPU cache the lines a [`lookup`](FileMapping::lookup) of `lblk` reads
+    /// first, so that a caller with other work to do before the lookup overlaps their misses
+    /// with it. Only a hint: it changes nothing and cannot fail. The default does nothing (a
+    /// tree's upper levels stay cached; the hash tables' slots are where lookups miss).
+    fn prefetch(&self, file: &Self::File, lblk: u64) {
+        let _ = (file, lblk);
+    }
+
     /// Allocates and maps `[lblk, lblk + len)`, appending the new runs to `out`.
     fn insert(&self, file: &Self::File, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
 

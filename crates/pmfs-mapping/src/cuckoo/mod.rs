@@ -1138,6 +1138,12 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
         self.lookup_range(file, lblk, end, out)
     }
 
+    fn prefetch(&self, file: &CuckooFile, lblk: u64) {
+        let (b1, b2) = self.buckets_of(file.seeds, lblk);
+        self.media.prefetch(self.bucket_off(b1));
+        self.media.prefetch(self.bucket_off(b2));
+    }
+
     fn insert(&self, file: &CuckooFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
         if len == 0 {
             return Ok(());

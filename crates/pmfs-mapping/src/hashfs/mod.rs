@@ -904,6 +904,11 @@ impl<M: Media> FileMapping for HashFs<M> {
         self.lookup_range(file, lblk, end, out, true)
     }
 
+    fn prefetch(&self, file: &HashFsFile, lblk: u64) {
+        self.media
+            .prefetch(self.slot_off(self.home(file.seed, lblk)));
+    }
+
     fn insert(&self, file: &HashFsFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
         if len == 0 {
             return Ok(());

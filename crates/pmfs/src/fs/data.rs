@@ -699,6 +699,8 @@ impl Fs {
     pub fn read_at(&self, n: &Node, buf: &mut [u8], off: u64) -> Result<usize> {
         let _il = self.tree_read_lock(n.h.ino);
         let f = self.node_map(n)?;
+        // The first block's lookup misses on the hash tables: start it before the log work.
+        self.map.prefetch(f, off / BS);
         let s = self.shared(n, false)?;
         let mut runs = Vec::new();
         loop {

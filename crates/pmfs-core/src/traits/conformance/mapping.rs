@@ -259,7 +259,7 @@ pub enum Op {
         /// Number of blocks.
         len: u64,
     },
-    /// Look up `[lblk, lblk + len)`.
+    /// Look up `[lblk, lblk + len)`, after hinting it with `prefetch` (and past it).
     Lookup {
         /// File index.
         file: usize,
@@ -678,6 +678,10 @@ impl<'s, F: FileMapping> Machine<'s, F> {
                 self.insert(file, lblk, len)
             }
             Op::Lookup { file, lblk, len } => {
+                // Hinted first, as the engine does: hints anywhere must change nothing.
+                for at in [lblk, lblk.saturating_add(len), u64::MAX] {
+                    self.s.mapping.prefetch(self.handle(file), at);
+                }
                 let got = normalize(&self.lookup(file, lblk, len)?);
                 let want = model_runs(&self.models[file], lblk, len);
                 ensure!(
