@@ -433,8 +433,17 @@ fn preallocate_extends_allocates_and_reports_progress() {
 }
 
 /// Whether the tmpfs at `/dev/shm` may allocate transparent huge pages for a mapping advised
-/// `MADV_HUGEPAGE`, by its mount options.
+/// `MADV_HUGEPAGE`: by its mount options, unless the kernel-wide `shmem_enabled` setting
+/// overrides every mount (`deny` or `force`).
 fn dev_shm_allows_huge_pages() -> bool {
+    let global = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+        .unwrap_or_default();
+    if global.contains("[deny]") {
+        return false;
+    }
+    if global.contains("[force]") {
+        return true;
+    }
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     info.lines()
         .rfind(|l| l.split(' ').nth(4) == Some("/dev/shm"))
