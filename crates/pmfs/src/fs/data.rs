@@ -849,9 +849,10 @@ impl Fs {
     }
 
     /// Joins the file's mapped mode if it is in it (a count taken only from a nonzero one).
+    /// The hold exists only once the count was taken: dropping one gives a share back.
     fn map_hold(&self, ino: u32) -> Result<Option<MapHold<'_>>> {
         let at = self.inodes.field(ino, field::MAPS);
-        Ok(count_step(self.media(), at, true, true)?.then_some(MapHold { fs: self, ino }))
+        Ok(count_step(self.media(), at, true, true)?.then(|| MapHold { fs: self, ino }))
     }
 
     /// Splits the segments of a mapped-mode update: the blocks the file maps now become
