@@ -130,6 +130,32 @@ mod bits {
         })
     }
 
+    /// Length of the longest run of clear bits in `[a, b)` where both are multiples of 64,
+    /// a word at a time: runs across word boundaries from the words' trailing and leading
+    /// zeros, runs inside a word by shifting it against itself (only for a word whose clear
+    /// bits could beat the longest run so far).
+    pub(super) fn longest_zero_run(w: &[u64], a: u64, b: u64) -> u64 {
+        let mut best = 0;
+        let mut open = 0;
+        for &x in &w[(a / 64) as usize..(b / 64) as usize] {
+            if x == 0 {
+                open += 64;
+                continue;
+            }
+            best = best.max(open + u64::from(x.trailing_zeros()));
+            if u64::from(x.count_zeros()) > best {
+                let (mut y, mut n) = (!x, 0);
+                while y != 0 {
+                    y &= y >> 1;
+                    n += 1;
+                }
+                best = best.max(n);
+            }
+            open = u64::from(x.leading_zeros());
+        }
+        best.max(open)
+    }
+
     /// Number of set bits in `[a, b)` where both are multiples of 64.
     pub(super) fn count_words(w: &[u64], a: u64, b: u64) -> u64 {
         w[(a / 64) as usize..(b / 64) as usize]
@@ -259,10 +285,7 @@ impl GroupState {
         } else if used == PAGE {
             0
         } else {
-            bits::zero_runs(&self.bits, a, b)
-                .map(|(_, l)| l)
-                .max()
-                .unwrap_or(0)
+            bits::longest_zero_run(&self.bits, a, b)
         };
         self.page_largest[p as usize] = largest as u16;
     }
@@ -595,6 +618,7 @@ pub struct GroupSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn bit_helpers_agree_with_a_naive_scan() {
@@ -618,6 +642,28 @@ mod tests {
         assert!(bits::all(&w, 30, 70, true));
         assert!(!bits::all(&w, 29, 70, true));
         assert_eq!(bits::count_words(&w, 0, 128), 17 + 40 + 1);
+        assert_eq!(bits::longest_zero_run(&w, 0, 256), 155);
+        assert_eq!(bits::longest_zero_run(&w, 0, 128), 30);
+        assert_eq!(bits::longest_zero_run(&w, 128, 256), 128);
+    }
+
+    proptest! {
+        #[test]
+        fn longest_zero_run_is_the_longest_of_the_runs(
+            words in proptest::collection::vec(
+                prop_oneof![
+                    Just(0u64),
+                    Just(u64::MAX),
+                    any::<u64>(),
+                    (0..64u32, 0..64u32).prop_map(|(a, b)| 1u64 << a | 1u64 << b),
+                ],
+                1..10,
+            )
+        ) {
+            let end = 64 * words.len() as u64;
+            let naive = bits::zero_runs(&words, 0, end).map(|(_, l)| l).max().unwrap_or(0);
+            prop_assert_eq!(bits::longest_zero_run(&words, 0, end), naive);
+        }
     }
 
     #[test]
