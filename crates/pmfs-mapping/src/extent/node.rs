@@ -124,7 +124,11 @@ pub(crate) fn encode_node(level: u8, entries: &[Entry]) -> Vec<u8> {
 
 /// The encoded bytes of consecutive entries.
 pub(crate) fn encode_entries(entries: &[Entry]) -> Vec<u8> {
-    entries.iter().flat_map(|e| e.encode()).collect()
+    let mut v = Vec::with_capacity(ENTRY_BYTES as usize * entries.len());
+    for e in entries {
+        v.extend_from_slice(&e.encode());
+    }
+    v
 }
 
 /// A file's root: the root node and the number of levels. Stored in the file's root word as
@@ -222,23 +226,34 @@ impl Node {
         Entry::decode(b, self.level == 0, at)
     }
 
-    /// Reads live entries `[from, to)`.
+    /// Reads live entries `[from, to)` with one read of the media.
     pub fn entries<M: Media + ?Sized>(
         &self,
         media: &M,
         from: usize,
         to: usize,
     ) -> Result<Vec<Entry>> {
-        (from..to).map(|i| self.entry(media, i)).collect()
+        debug_assert!(from <= to && to <= self.nr);
+        let mut raw = [0u8; (BLOCK_SIZE - HEADER_BYTES) as usize];
+        let raw = &mut raw[..(to - from) * ENTRY_BYTES as usize];
+        media.read(self.entry_off(from), raw)?;
+        let leaf = self.level == 0;
+        let mut out = Vec::with_capacity(to - from);
+        for (k, b) in raw.chunks_exact(ENTRY_BYTES as usize).enumerate() {
+            let bytes = b.try_into().unwrap_or_default();
+            out.push(Entry::decode(bytes, leaf, self.entry_off(from + k))?);
+        }
+        Ok(out)
     }
 
     /// Binary search: the last live entry whose key is `<= key`, or `None` if every key is
-    /// greater (or the node is empty).
+    /// greater (or the node is empty). Reads only key words: callers read and validate the
+    /// entry they go on with.
     pub fn search<M: Media + ?Sized>(&self, media: &M, key: u64) -> Result<Option<usize>> {
         let (mut lo, mut hi) = (0usize, self.nr);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if self.entry(media, mid)?.key <= key {
+            if media.load_u64(self.entry_off(mid))? <= key {
                 lo = mid + 1;
             } else {
                 hi = mid;
