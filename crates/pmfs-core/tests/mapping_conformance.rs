@@ -115,6 +115,12 @@ fn replayed_insert_at_refusals_and_copy_on_write_overwrites() {
             lblk: 1,
             len: 1,
         },
+        // The same in one call, over a range with a hole.
+        Op::Replace {
+            file: 0,
+            lblk: 6,
+            len: 8,
+        },
         Op::Lookup {
             file: 0,
             lblk: 0,
@@ -146,6 +152,8 @@ enum Flaw {
     InsertAtOverwrites,
     /// `insert_at` ignores the given blocks and allocates its own.
     InsertAtAllocates,
+    /// `replace` reports no blocks freed.
+    ReplaceMiscounts,
 }
 
 /// A deliberately broken mapping with one [`Flaw`]. The suite must notice each.
@@ -199,6 +207,14 @@ impl pmfs_core::traits::FileMapping for Broken {
     }
     fn remove(&self, f: &Self::File, lblk: u64, len: u64) -> pmfs_core::Result<u64> {
         self.inner.remove(f, lblk, len)
+    }
+    fn replace(&self, f: &Self::File, run: pmfs_core::traits::Run) -> pmfs_core::Result<u64> {
+        let freed = self.inner.replace(f, run)?;
+        Ok(if self.flaw == Flaw::ReplaceMiscounts {
+            0
+        } else {
+            freed
+        })
     }
     fn remove_file(&self, f: &Self::File) -> pmfs_core::Result<()> {
         self.inner.remove_file(f)
@@ -334,4 +350,37 @@ fn the_random_suite_finds_an_insert_at_that_overwrites() {
     let msg = found.expect_err("the suite accepted an insert_at that overwrites mapped blocks");
     let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(msg.contains("insert_at"), "unexpected failure: {msg}");
+}
+
+#[test]
+fn suite_rejects_a_replace_that_miscounts_the_blocks_it_freed() {
+    let into_hole = [Op::Replace {
+        file: 0,
+        lblk: 3,
+        len: 4,
+    }];
+    let subject = broken_subject(Flaw::ReplaceMiscounts);
+    run_ops(&subject, &SuiteConfig::default(), &into_hole).unwrap();
+    let over_mapped = [
+        Op::Insert {
+            file: 0,
+            lblk: 3,
+            len: 4,
+        },
+        Op::Replace {
+            file: 0,
+            lblk: 5,
+            len: 4,
+        },
+    ];
+    let err = run_ops(
+        &broken_subject(Flaw::ReplaceMiscounts),
+        &SuiteConfig::default(),
+        &over_mapped,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("reported 0 blocks freed, model had 2"),
+        "unexpected failure: {err}"
+    );
 }

@@ -1,6 +1,7 @@
 //! Every mutating extent-tree call is atomic across a crash: for every post-crash image the
 //! crash simulator produces during inserts (of allocated or of caller-given blocks) that split
-//! nodes and grow the root, the remove-then-`insert_at` of a copy-on-write apply, removes that
+//! nodes and grow the root, the remove-then-`insert_at` of a copy-on-write apply and the same
+//! apply in one `replace` (inside a leaf, splitting it, across leaves), removes that
 //! merge nodes and shrink the tree, punched holes, truncates and whole-file removal, opening
 //! and recovering yields exactly the state before or after the call in progress (after, once
 //! it returned), with a consistent set of owned blocks and a tree that keeps working.
@@ -149,6 +150,44 @@ fn copy_on_write_remove_then_insert_at_over_mapped_ranges_is_atomic() {
 }
 
 #[test]
+fn replace_in_one_call_is_atomic_inside_a_leaf_and_across_leaves() {
+    use CrashOp::*;
+    let setup = [
+        Insert(0, 0, 4),
+        Insert(0, 10, 4),
+        Insert(0, 20, 4),
+        Insert(0, 30, 4),
+        Insert(1, 0, 6),
+    ];
+    let ops = [
+        Replace(0, 11, 2), // the middle of an extent: one becomes three, the full leaf splits
+        Replace(0, 14, 2), // into the hole right after it: merges with the new block before
+        Replace(0, 2, 9),  // across an extent's tail, a hole and the next extent's head
+        Replace(0, 24, 10), // across a leaf boundary: remove and insert in one transaction
+        Replace(0, 60, 3), // past everything: a plain insert
+        Replace(1, 0, 6),  // a whole file rewritten
+        Replace(2, 5, 2),  // an empty file gets its first leaf
+    ];
+    assert_eq!(height_after(false, &setup[..4]), 1);
+    run(Explorer::new(9), 3, false, &setup, &ops);
+}
+
+#[test]
+fn fragmented_replaces_that_split_leaves_and_grow_the_root_are_atomic() {
+    use CrashOp::*;
+    let setup = [Insert(0, 0, 12)];
+    let ops = [
+        Replace(0, 1, 1),
+        Replace(0, 4, 1),
+        Replace(0, 7, 1),
+        Replace(0, 3, 3),
+        Replace(0, 10, 5),
+    ];
+    assert!(height_after(true, &setup) >= 2);
+    run(Explorer::new(10), 1, true, &setup, &ops);
+}
+
+#[test]
 fn removes_that_merge_and_shrink_are_atomic() {
     use CrashOp::*;
     let setup = [Insert(0, 0, 40)];
@@ -269,8 +308,12 @@ impl<F: FileMapping> FileMapping for TwoStepInsert<F> {
 }
 
 #[test]
-fn the_checker_rejects_an_insert_or_insert_at_done_in_two_steps() {
-    for op in [CrashOp::Insert(0, 0, 4), CrashOp::InsertAt(0, 0, 4)] {
+fn the_checker_rejects_an_insert_insert_at_or_replace_done_in_two_steps() {
+    for op in [
+        CrashOp::Insert(0, 0, 4),
+        CrashOp::InsertAt(0, 0, 4),
+        CrashOp::Replace(0, 0, 4),
+    ] {
         the_checker_rejects(op);
     }
 }

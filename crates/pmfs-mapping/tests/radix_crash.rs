@@ -1,6 +1,7 @@
 //! Every mutating radix-tree call is atomic across a crash: for every post-crash image the
 //! crash simulator produces while levels are added on top (by `insert`, or by `insert_at` of
-//! caller-given blocks, also as the remove-then-`insert_at` of a copy-on-write apply), removed
+//! caller-given blocks, also as the remove-then-`insert_at` or the `replace` of a copy-on-write
+//! apply), removed
 //! again, leaves are filled across their boundaries, large ranges are truncated and files
 //! removed, opening and recovering yields exactly the state before or after the call in
 //! progress (after, once it returned), with a consistent set of owned blocks and a tree that
@@ -109,6 +110,23 @@ fn insert_at_of_given_blocks_that_adds_levels_is_atomic() {
     assert_eq!(height_after(&[setup.as_slice(), &ops[..2]].concat()), 3);
     assert_eq!(height_after(&[setup.as_slice(), &ops[..7]].concat()), 4);
     run(Explorer::new(15), 1, false, &setup, &ops);
+}
+
+#[test]
+fn replace_in_one_call_is_atomic_over_mapped_blocks_holes_and_new_levels() {
+    use CrashOp::*;
+    let setup = [Insert(0, 0, 6), Insert(0, 508, 4)];
+    let ops = [
+        Replace(0, 2, 2),      // inside a leaf: the old blocks freed, new ones mapped
+        Replace(0, 4, 6),      // half mapped, half hole
+        Replace(0, 505, 10),   // across the leaf's end, over blocks and holes: a new level
+        Replace(0, L2 + 3, 2), // past everything: a new level and a fresh path
+        Replace(1, 7, 3),      // an empty file
+    ];
+    assert_eq!(height_after(&setup), 1);
+    assert_eq!(height_after(&[setup.as_slice(), &ops[..3]].concat()), 2);
+    assert_eq!(height_after(&[setup.as_slice(), &ops[..4]].concat()), 3);
+    run(Explorer::new(16), 2, false, &setup, &ops);
 }
 
 #[test]

@@ -27,8 +27,8 @@ pub(crate) trait Mapper: Send + Sync {
     fn lookup(&self, f: &MapFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
     fn prefetch(&self, f: &MapFile, lblk: u64);
     fn insert(&self, f: &MapFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
-    fn insert_at(&self, f: &MapFile, run: Run) -> Result<()>;
     fn remove(&self, f: &MapFile, lblk: u64, len: u64) -> Result<u64>;
+    fn replace(&self, f: &MapFile, run: Run) -> Result<u64>;
     fn remove_file(&self, f: &MapFile) -> Result<()>;
     fn owned_blocks(&self, f: &MapFile, visit: &mut dyn FnMut(Extent)) -> Result<()>;
     fn recover(&self) -> Result<()>;
@@ -69,12 +69,12 @@ where
         Ok(FileMapping::insert(self, handle(f)?, lblk, len, out)?)
     }
 
-    fn insert_at(&self, f: &MapFile, run: Run) -> Result<()> {
-        Ok(FileMapping::insert_at(self, handle(f)?, run)?)
-    }
-
     fn remove(&self, f: &MapFile, lblk: u64, len: u64) -> Result<u64> {
         Ok(FileMapping::remove(self, handle(f)?, lblk, len)?)
+    }
+
+    fn replace(&self, f: &MapFile, run: Run) -> Result<u64> {
+        Ok(FileMapping::replace(self, handle(f)?, run)?)
     }
 
     fn remove_file(&self, f: &MapFile) -> Result<()> {

@@ -58,6 +58,8 @@ pub struct FileId {
 ///   that are not also allocators (all but HashFS) take data blocks and node blocks from the
 ///   [`BlockAllocator`](crate::traits::BlockAllocator) they were built with.
 /// - [`remove`](FileMapping::remove) unmaps every mapped block of a range and frees it.
+/// - [`replace`](FileMapping::replace) maps a range to given blocks over whatever it mapped,
+///   freeing the blocks it replaces.
 /// - Every mutating call is atomic across a crash: after [`recover`](FileMapping::recover),
 ///   the structure equals its state before or after the call.
 /// - Calls on different files may run concurrently; on one file, lookups may run concurrently
@@ -97,8 +99,26 @@ pub trait FileMapping: Send + Sync {
     fn insert_at(&self, file: &Self::File, run: Run) -> Result<()>;
 
     /// Unmaps and frees every mapped block of `[lblk, lblk + len)`; returns how many blocks
-    /// were freed.
+    /// were freed. A structure that must split a node to cut a range out of the middle of an
+    /// extent may fail with [`Error::NoSpace`](crate::Error::NoSpace) when no block is free;
+    /// it then changes nothing.
     fn remove(&self, file: &Self::File, lblk: u64, len: u64) -> Result<u64>;
+
+    /// Maps `[run.lblk, run.lblk + run.len)` to `[run.pblk, ..)` whatever was mapped there
+    /// before, and frees the blocks it replaces; returns how many it freed. The run's blocks
+    /// come from where [`insert_at`](FileMapping::insert_at)'s do. This is the apply step of a
+    /// copy-on-write commit.
+    ///
+    /// The default is [`remove`](FileMapping::remove), then `insert_at`: two calls, each
+    /// atomic, so a crash or an error between them leaves the range unmapped (the engine's
+    /// apply is idempotent and redoes it). Structures that can do both in one atomic call
+    /// override it; then a failed call changes nothing. Either way, on error the run's blocks
+    /// are not mapped and stay the caller's.
+    fn replace(&self, file: &Self::File, run: Run) -> Result<u64> {
+        let freed = self.remove(file, run.lblk, run.len)?;
+        self.insert_at(file, run)?;
+        Ok(freed)
+    }
 
     /// Unmaps and frees all of a file's blocks, including the structure's own nodes, and
     /// resets its root word.

@@ -193,6 +193,38 @@ struct Step {
     hi: u64,
 }
 
+/// The leaf entries that map `data` in order from logical block `lblk` (no longer than
+/// [`MAX_EXTENT_LEN`] each).
+fn leaf_entries(lblk: u64, data: &[Extent]) -> Vec<Entry> {
+    let mut entries = Vec::with_capacity(data.len());
+    let mut l = lblk;
+    for e in data {
+        let mut done = 0;
+        while done < e.len {
+            let n = (e.len - done).min(MAX_EXTENT_LEN);
+            entries.push(Entry::extent(l, e.start.0 + done, n));
+            l += n;
+            done += n;
+        }
+    }
+    entries
+}
+
+/// What [`cut_leaf`](ExtentTree::cut_leaf) found.
+#[derive(Clone, Copy, Debug)]
+struct Cut {
+    /// The first extent overlapping the range.
+    i0: usize,
+    /// One past the last.
+    i1: usize,
+    /// The part of the first one before the range.
+    left: Option<Entry>,
+    /// The part of the last one after the range.
+    right: Option<Entry>,
+    /// Data blocks inside the range.
+    count: u64,
+}
+
 /// The blocks a call takes and gives up, and the live counts nodes had before the call first
 /// changed them.
 #[derive(Debug, Default)]
@@ -690,12 +722,25 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         if entries.is_empty() {
             return Ok(());
         }
-        let (_, mut pending) = self.splice(tx, ctx, leaf.node, pos, pos, &entries)?;
-        for k in (0..path.len() - 1).rev() {
+        let (_, pending) = self.splice(tx, ctx, leaf.node, pos, pos, &entries)?;
+        self.push_up(tx, ctx, root_off, root, &path, pending)
+    }
+
+    /// Puts the index entries of the new right siblings of the leaf at the end of `path` into
+    /// its ancestors, splitting them as needed, up to a new root.
+    fn push_up(
+        &self,
+        tx: &mut Tx<'_, M>,
+        ctx: &mut OpCtx,
+        root_off: PmOff,
+        root: Root,
+        path: &[Step],
+        mut pending: Vec<Entry>,
+    ) -> Result<()> {
+        for step in path[..path.len() - 1].iter().rev() {
             if pending.is_empty() {
-                break;
+                return Ok(());
             }
-            let step = path[k];
             pending = self
                 .splice(tx, ctx, step.node, step.idx + 1, step.idx + 1, &pending)?
                 .1;
@@ -705,6 +750,31 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
             tx.store_u64(root_off, new_root.pack())?;
         }
         Ok(())
+    }
+
+    /// Runs `body` as one transaction of `file` with the call's `ctx`: on success commits and
+    /// frees the blocks the call gave up; on failure rolls back and frees the blocks it
+    /// allocated.
+    fn transact<T>(
+        &self,
+        file: &ExtentFile,
+        mut ctx: OpCtx,
+        body: impl FnOnce(&mut Tx<'_, M>, &mut OpCtx) -> Result<T>,
+    ) -> Result<T> {
+        let mut tx = self.undo.begin(&self.media, file.id.ino);
+        let out = match body(&mut tx, &mut ctx) {
+            Ok(out) => out,
+            Err(e) => {
+                let _ = tx.abort();
+                self.invalidate(file);
+                let _ = ctx.ledger.finish_aborted(&*self.alloc);
+                return Err(e);
+            }
+        };
+        tx.commit()?;
+        self.invalidate(file);
+        ctx.ledger.finish_committed(&*self.alloc)?;
+        Ok(out)
     }
 
     /// Maps `[lblk, lblk + len)` to data blocks that `data` says where to take from, in one
@@ -746,27 +816,152 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
                 .alloc_data(&*self.alloc, len, goal, |e| self.inside(e))?,
             Data::Given(e) => vec![e],
         };
-        let mut entries = Vec::with_capacity(data.len());
-        let mut l = lblk;
-        for e in &data {
-            let mut done = 0;
-            while done < e.len {
-                let n = (e.len - done).min(MAX_EXTENT_LEN);
-                entries.push(Entry::extent(l, e.start.0 + done, n));
-                l += n;
-                done += n;
+        let entries = leaf_entries(lblk, &data);
+        self.transact(file, ctx, |tx, ctx| {
+            self.insert_tx(tx, ctx, file.id.root, root, lblk, b, entries)
+        })?;
+        Ok(data)
+    }
+
+    /// Cuts `[a, b)` out of the extents of `leaf` (covering `[lo, hi)`), validating them: the
+    /// extents it overlaps are `[i0, i1)`, their blocks inside the range are released, and
+    /// what is left of them is `left` (the part before `a`) and `right` (after `b`).
+    fn cut_leaf(
+        &self,
+        ctx: &mut OpCtx,
+        leaf: &Node,
+        (lo, hi): (u64, u64),
+        a: u64,
+        b: u64,
+    ) -> Result<Cut> {
+        let m = &self.media;
+        let i0 = match leaf.search(m, a)? {
+            Some(i) if leaf.entry(m, i)?.end() > a => i,
+            Some(i) => i + 1,
+            None => 0,
+        };
+        let mut cut = Cut {
+            i0,
+            i1: i0,
+            left: None,
+            right: None,
+            count: 0,
+        };
+        let mut prev = lo;
+        while cut.i1 < leaf.nr {
+            let e = leaf.entry(m, cut.i1)?;
+            if e.key >= b {
+                break;
+            }
+            if e.key < prev || e.end() > hi {
+                return Err(Error::Corrupt {
+                    what: "extent leaf order",
+                    at: leaf.entry_off(cut.i1),
+                });
+            }
+            self.check_data(&e, leaf.entry_off(cut.i1))?;
+            prev = e.end();
+            if e.key < a {
+                cut.left = Some(Entry::extent(e.key, e.block, a - e.key));
+            }
+            if e.end() > b {
+                cut.right = Some(Entry::extent(b, e.block + (b - e.key), e.end() - b));
+            }
+            let s = e.key.max(a);
+            let t = e.end().min(b);
+            cut.count += t - s;
+            ctx.ledger
+                .release(Extent::new(BlockNo(e.block + (s - e.key)), t - s));
+            cut.i1 += 1;
+        }
+        Ok(cut)
+    }
+
+    /// The body of a replace of `[a, b)` by `entries`, inside its transaction. Returns the
+    /// number of data blocks unmapped.
+    #[allow(clippy::too_many_arguments)]
+    fn replace_tx(
+        &self,
+        tx: &mut Tx<'_, M>,
+        ctx: &mut OpCtx,
+        root_off: PmOff,
+        root: Option<Root>,
+        a: u64,
+        b: u64,
+        entries: Vec<Entry>,
+    ) -> Result<u64> {
+        if let Some(root) = root {
+            let mut path = Vec::new();
+            self.descend(root, a, &mut path)?;
+            let leaf = path[path.len() - 1];
+            if b <= leaf.hi {
+                return self.replace_in_leaf(tx, ctx, root_off, root, &path, a, b, &entries);
             }
         }
-        let mut tx = self.undo.begin(&self.media, file.id.ino);
-        if let Err(e) = self.insert_tx(&mut tx, &mut ctx, file.id.root, root, lblk, b, entries) {
-            let _ = tx.abort();
-            self.invalidate(file);
-            let _ = ctx.ledger.finish_aborted(&*self.alloc);
-            return Err(e);
+        let count = match root {
+            Some(root) => self.remove_tx(tx, ctx, root_off, root, a, b)?,
+            None => 0,
+        };
+        let root = Root::unpack(self.media.load_u64(root_off)?, root_off)?;
+        self.insert_tx(tx, ctx, root_off, root, a, b, entries)?;
+        Ok(count)
+    }
+
+    /// A replace of `[a, b)` inside the range of the leaf `path` ends in: one splice of the
+    /// leaf replaces the extents the range overlaps by what is left of them and `entries`,
+    /// merged with the neighbours they continue physically.
+    #[allow(clippy::too_many_arguments)]
+    fn replace_in_leaf(
+        &self,
+        tx: &mut Tx<'_, M>,
+        ctx: &mut OpCtx,
+        root_off: PmOff,
+        root: Root,
+        path: &[Step],
+        a: u64,
+        b: u64,
+        entries: &[Entry],
+    ) -> Result<u64> {
+        let m = &self.media;
+        let Step { node, lo, hi, .. } = path[path.len() - 1];
+        let Cut {
+            mut i0,
+            mut i1,
+            mut left,
+            mut right,
+            count,
+        } = self.cut_leaf(ctx, &node, (lo, hi), a, b)?;
+        let continues = |p: &Entry, n: &Entry| {
+            p.end() == n.key && p.block + p.len == n.block && p.len + n.len <= MAX_EXTENT_LEN
+        };
+        if let (None, Some(first)) = (left, entries.first())
+            && i0 > 0
+        {
+            let p = node.entry(m, i0 - 1)?;
+            if continues(&p, first) {
+                left = Some(p);
+                i0 -= 1;
+            }
         }
-        tx.commit()?;
-        self.invalidate(file);
-        Ok(data)
+        if let (None, Some(last)) = (right, entries.last())
+            && i1 < node.nr
+        {
+            let n = node.entry(m, i1)?;
+            if continues(last, &n) {
+                right = Some(n);
+                i1 += 1;
+            }
+        }
+        let mut repl = Vec::with_capacity(entries.len() + 2);
+        for e in left.iter().chain(entries).chain(right.iter()) {
+            match repl.last_mut() {
+                Some(p) if continues(p, e) => p.len += e.len,
+                _ => repl.push(*e),
+            }
+        }
+        let (_, pending) = self.splice(tx, ctx, node, i0, i1, &repl)?;
+        self.push_up(tx, ctx, root_off, root, path, pending)?;
+        Ok(count)
     }
 
     /// Records every block of the subtree at `block` (nodes and data) for release; returns the
@@ -832,43 +1027,13 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         let m = &self.media;
         let node = self.read_node(block, level)?;
         if level == 0 {
-            let i0 = match node.search(m, a)? {
-                Some(i) if node.entry(m, i)?.end() > a => i,
-                Some(i) => i + 1,
-                None => 0,
-            };
-            let mut repl = Vec::new();
-            let mut i1 = i0;
-            let mut prev = lo;
-            while i1 < node.nr {
-                let e = node.entry(m, i1)?;
-                if e.key >= b {
-                    break;
-                }
-                if e.key < prev || e.end() > hi {
-                    return Err(Error::Corrupt {
-                        what: "extent leaf order",
-                        at: node.entry_off(i1),
-                    });
-                }
-                self.check_data(&e, node.entry_off(i1))?;
-                prev = e.end();
-                if e.key < a {
-                    repl.push(Entry::extent(e.key, e.block, a - e.key));
-                }
-                if e.end() > b {
-                    repl.push(Entry::extent(b, e.block + (b - e.key), e.end() - b));
-                }
-                let s = e.key.max(a);
-                let t = e.end().min(b);
-                *count += t - s;
-                ctx.ledger
-                    .release(Extent::new(BlockNo(e.block + (s - e.key)), t - s));
-                i1 += 1;
-            }
+            let cut = self.cut_leaf(ctx, &node, (lo, hi), a, b)?;
+            *count += cut.count;
+            let (i0, i1) = (cut.i0, cut.i1);
             if i0 == i1 {
                 return Ok((node.nr, Vec::new()));
             }
+            let repl: Vec<Entry> = cut.left.into_iter().chain(cut.right).collect();
             return self.splice(tx, ctx, node, i0, i1, &repl);
         }
         if node.nr == 0 {
@@ -1099,21 +1264,30 @@ impl<M: Media, A: BlockAllocator> FileMapping for ExtentTree<M, A> {
         let Some(root) = self.root(file)? else {
             return Ok(0);
         };
-        let mut ctx = OpCtx::default();
-        let mut tx = self.undo.begin(&self.media, file.id.ino);
-        let count = match self.remove_tx(&mut tx, &mut ctx, file.id.root, root, lblk, b) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = tx.abort();
-                self.invalidate(file);
-                let _ = ctx.ledger.finish_aborted(&*self.alloc);
-                return Err(e);
-            }
-        };
-        tx.commit()?;
-        self.invalidate(file);
-        ctx.ledger.finish_committed(&*self.alloc)?;
-        Ok(count)
+        self.transact(file, OpCtx::default(), |tx, ctx| {
+            self.remove_tx(tx, ctx, file.id.root, root, lblk, b)
+        })
+    }
+
+    fn replace(&self, file: &ExtentFile, run: Run) -> Result<u64> {
+        if run.len == 0 {
+            return Ok(0);
+        }
+        let b = run
+            .lblk
+            .checked_add(run.len)
+            .ok_or(Error::InvalidArgument("logical range overflows"))?;
+        if !self.inside(run.extent()) {
+            return Err(Error::InvalidArgument(
+                "blocks outside the tree's data area",
+            ));
+        }
+        let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
+        let root = self.root(file)?;
+        let entries = leaf_entries(run.lblk, &[run.extent()]);
+        self.transact(file, OpCtx::default(), |tx, ctx| {
+            self.replace_tx(tx, ctx, file.id.root, root, run.lblk, b, entries)
+        })
     }
 
     fn remove_file(&self, file: &ExtentFile) -> Result<()> {

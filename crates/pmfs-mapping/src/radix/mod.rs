@@ -83,6 +83,8 @@ enum Data {
     Allocate,
     /// The caller's blocks (`insert_at`).
     Given(Extent),
+    /// The caller's blocks, mapped over whatever the range maps (`replace`).
+    Over(Extent),
 }
 
 /// Magic of the radix tree's meta area.
@@ -388,7 +390,8 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
         Ok(node)
     }
 
-    /// The body of an insert of `[a, b)` mapped to `data`, inside its transaction.
+    /// The body of an insert of `[a, b)` mapped to `data`, inside its transaction. Data blocks
+    /// the range mapped before are released (a replace); returns how many.
     #[allow(clippy::too_many_arguments)]
     fn insert_tx(
         &self,
@@ -399,7 +402,7 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
         a: u64,
         b: u64,
         data: &[Extent],
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let last = b - 1;
         let mut top = match root {
             Some(r) => r,
@@ -423,11 +426,21 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
             .iter()
             .flat_map(|e| (0..e.len).map(move |k| e.start.0 + k));
         let mut l = a;
+        let mut count = 0;
         while l < b {
             let leaf = self.ensure_leaf(tx, ledger, top, l)?;
             let leaf_end = ((l >> BITS_PER_LEVEL) + 1)
                 .checked_mul(ENTRIES)
                 .map_or(b, |e| e.min(b));
+            if !ledger.is_fresh_node(leaf) {
+                for i in (l..leaf_end).map(|l| l & (ENTRIES - 1)) {
+                    if let (_, Some(old)) = self.entry(leaf, i)? {
+                        self.check_block(old, entry_off(leaf, i), "radix data pointer")?;
+                        ledger.release(Extent::new(old, 1));
+                        count += 1;
+                    }
+                }
+            }
             let words: Vec<u64> = (l..leaf_end)
                 .map(|_| pblks.next().map(|p| entry_word(BlockNo(p))))
                 .collect::<Option<_>>()
@@ -435,21 +448,28 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
             self.store(tx, ledger, leaf, entry_off(leaf, l & (ENTRIES - 1)), &words)?;
             l = leaf_end;
         }
-        Ok(())
+        Ok(count)
     }
 
     /// Maps `[lblk, lblk + len)` to data blocks that `data` says where to take from, in one
-    /// transaction; returns the data extents in logical order. The shared body of `insert` and
-    /// `insert_at`: only blocks this call allocated (nodes, and the data for
+    /// transaction; returns the data extents in logical order and the number of data blocks
+    /// it replaced (only [`Data::Over`] may replace any). The shared body of `insert`,
+    /// `insert_at` and `replace`: only blocks this call allocated (nodes, and the data for
     /// [`Data::Allocate`]) go back to the allocator when it fails.
-    fn map_range(&self, file: &RadixFile, lblk: u64, len: u64, data: Data) -> Result<Vec<Extent>> {
+    fn map_range(
+        &self,
+        file: &RadixFile,
+        lblk: u64,
+        len: u64,
+        data: Data,
+    ) -> Result<(Vec<Extent>, u64)> {
         if len == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         }
         let b = lblk
             .checked_add(len)
             .ok_or(Error::InvalidArgument("logical range overflows"))?;
-        if let Data::Given(e) = data
+        if let Data::Given(e) | Data::Over(e) = data
             && !self.inside(e)
         {
             return Err(Error::InvalidArgument(
@@ -459,7 +479,7 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
         let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
         let root = self.root(file)?;
         let mut goal = None;
-        if root.is_some() {
+        if root.is_some() && !matches!(data, Data::Over(_)) {
             let mut probe = Vec::new();
             self.lookup_locked(file, lblk, b, &mut probe)?;
             if !probe.is_empty() {
@@ -473,18 +493,37 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
         let mut ledger = Ledger::new();
         let data = match data {
             Data::Allocate => ledger.alloc_data(&*self.alloc, len, goal, |e| self.inside(e))?,
-            Data::Given(e) => vec![e],
+            Data::Given(e) | Data::Over(e) => vec![e],
         };
+        let count = self.transact(file, ledger, |tx, ledger| {
+            self.insert_tx(tx, ledger, file.id.root, root, lblk, b, &data)
+        })?;
+        Ok((data, count))
+    }
+
+    /// Runs `body` as one transaction of `file` with the call's `ledger`: on success commits
+    /// and frees the blocks the call gave up; on failure rolls back and frees the blocks it
+    /// allocated.
+    fn transact<T>(
+        &self,
+        file: &RadixFile,
+        mut ledger: Ledger,
+        body: impl FnOnce(&mut Tx<'_, M>, &mut Ledger) -> Result<T>,
+    ) -> Result<T> {
         let mut tx = self.undo.begin(&self.media, file.id.ino);
-        if let Err(e) = self.insert_tx(&mut tx, &mut ledger, file.id.root, root, lblk, b, &data) {
-            let _ = tx.abort();
-            self.invalidate(file);
-            let _ = ledger.finish_aborted(&*self.alloc);
-            return Err(e);
-        }
+        let out = match body(&mut tx, &mut ledger) {
+            Ok(out) => out,
+            Err(e) => {
+                let _ = tx.abort();
+                self.invalidate(file);
+                let _ = ledger.finish_aborted(&*self.alloc);
+                return Err(e);
+            }
+        };
         tx.commit()?;
         self.invalidate(file);
-        Ok(data)
+        ledger.finish_committed(&*self.alloc)?;
+        Ok(out)
     }
 
     /// Visits every node (as a 1-block extent, `false`) and data run (`true`) under `node`.
@@ -687,7 +726,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for RadixTree<M, A> {
     }
 
     fn insert(&self, file: &RadixFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
-        let data = self.map_range(file, lblk, len, Data::Allocate)?;
+        let (data, _) = self.map_range(file, lblk, len, Data::Allocate)?;
         let mut l = lblk;
         for e in data {
             out.push(Run {
@@ -705,6 +744,11 @@ impl<M: Media, A: BlockAllocator> FileMapping for RadixTree<M, A> {
             .map(drop)
     }
 
+    fn replace(&self, file: &RadixFile, run: Run) -> Result<u64> {
+        self.map_range(file, run.lblk, run.len, Data::Over(run.extent()))
+            .map(|(_, count)| count)
+    }
+
     fn remove(&self, file: &RadixFile, lblk: u64, len: u64) -> Result<u64> {
         if len == 0 {
             return Ok(0);
@@ -714,21 +758,9 @@ impl<M: Media, A: BlockAllocator> FileMapping for RadixTree<M, A> {
         let Some(root) = self.root(file)? else {
             return Ok(0);
         };
-        let mut ledger = Ledger::new();
-        let mut tx = self.undo.begin(&self.media, file.id.ino);
-        let count = match self.remove_tx(&mut tx, &mut ledger, file.id.root, root, lblk, b) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = tx.abort();
-                self.invalidate(file);
-                let _ = ledger.finish_aborted(&*self.alloc);
-                return Err(e);
-            }
-        };
-        tx.commit()?;
-        self.invalidate(file);
-        ledger.finish_committed(&*self.alloc)?;
-        Ok(count)
+        self.transact(file, Ledger::new(), |tx, ledger| {
+            self.remove_tx(tx, ledger, file.id.root, root, lblk, b)
+        })
     }
 
     fn remove_file(&self, file: &RadixFile) -> Result<()> {

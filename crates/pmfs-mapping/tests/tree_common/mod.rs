@@ -5,7 +5,8 @@
 //! the starting image to learn the exact state after each one (the structures and the
 //! allocator are deterministic), then runs them on the simulated region under the
 //! [`Explorer`]. Only an [`InsertAt`](CrashOp::InsertAt) over mapped blocks may fail (in both
-//! runs alike); every other operation must succeed. Every post-crash image is opened,
+//! runs alike); every other operation, [`Replace`](CrashOp::Replace) over mapped blocks
+//! included, must succeed. Every post-crash image is opened,
 //! recovered and compared, file by file and over the whole logical space, with the state before or after the operation in progress
 //! (only "after" once the workload has returned); its owned blocks must rebuild an allocator
 //! (inside the data area, no block owned twice), and it must accept a further insert and
@@ -82,6 +83,10 @@ pub enum CrashOp {
     /// harness expects it to be refused exactly when `[lblk, lblk + len)` has a mapped block,
     /// so tests use it where the allocator hands out the whole length.
     InsertAt(usize, u64, u64),
+    /// One extent of up to `len` blocks from the allocator, then one `replace(file, run)` of
+    /// it at `lblk`, over whatever the range maps (the extent goes back to the allocator if
+    /// `replace` fails).
+    Replace(usize, u64, u64),
     /// `remove(file, lblk, len)`.
     Remove(usize, u64, u64),
     /// `remove(file, lblk, u64::MAX - lblk)`: truncate from `lblk`.
@@ -106,6 +111,17 @@ pub fn apply<F: FileMapping>(
                 len: e.len,
             };
             m.insert_at(&files[f], run).or_else(|err| {
+                alloc.free(e)?;
+                Err(err)
+            })
+        }),
+        CrashOp::Replace(f, l, n) => alloc.alloc(n, AllocHint::default()).and_then(|e| {
+            let run = Run {
+                lblk: l,
+                pblk: e.start,
+                len: e.len,
+            };
+            m.replace(&files[f], run).map(drop).or_else(|err| {
                 alloc.free(e)?;
                 Err(err)
             })

@@ -43,8 +43,8 @@
 //! blocks the writes replaced stay allocated. [`Log::digest`] applies every undigested entry
 //! to the mapping in log order, one holder at a time across processes (the cursor word,
 //! holder = process id, a dead holder is taken over). Applying is idempotent: a write's run
-//! that the mapping already maps exactly is skipped, else the range is removed (freeing the
-//! replaced blocks) and the run inserted with `insert_at`; a truncation stores the size,
+//! that the mapping already maps exactly is skipped, else the mapping's `replace` maps it over
+//! the range (freeing the replaced blocks; one undo transaction on the trees); a truncation stores the size,
 //! unmaps `[ceil(size / 4096), MAPPED_END)` and lowers `MAPPED_END`; a punch unmaps. On
 //! HashFS, consecutive writes are applied together ([`Log::digest_batched`] and
 //! [`HashFs::apply_writes`]): the displaced versions are tombstoned, one fence, the new ones
@@ -1488,8 +1488,7 @@ impl Fs {
                 }
                 for r in runs {
                     if !self.maps_exactly(f, r)? {
-                        self.map.remove(f, r.lblk, r.len)?;
-                        self.map.insert_at(f, *r)?;
+                        self.map.replace(f, *r)?;
                     }
                 }
                 if *extend_to > self.inodes.load(m, ino, field::SIZE)? {

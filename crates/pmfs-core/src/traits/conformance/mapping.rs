@@ -28,8 +28,9 @@
 //! [`Error::InvalidArgument`] and changes nothing; an insert may
 //! fail with [`Error::NoSpace`] and then changes nothing; a successful
 //! insert appends runs that cover exactly the range, in order, with physical blocks not mapped
-//! anywhere else; `remove` returns the number of blocks the model had mapped in the range;
-//! lookups only append to the caller's vector.
+//! anywhere else; `remove` returns the number of blocks the model had mapped in the range, or
+//! fails with [`Error::NoSpace`] (a node had to split and no block was free) and then changes
+//! nothing; lookups only append to the caller's vector.
 //!
 //! [`insert_at`](FileMapping::insert_at) is exercised when the subject has a [`BlockSource`]
 //! (otherwise its operations are skipped): the suite obtains blocks for a range from the
@@ -38,8 +39,10 @@
 //! structure's own nodes or slots ran out) and then changes nothing; on success the model maps
 //! the run to exactly the given blocks. Runs `insert_at` refused go back to the source, so
 //! the leak check also proves that a refused call kept none of them. [`Op::Overwrite`] is the
-//! apply step of a copy-on-write commit: `remove` of a range, then `insert_at` of fresh
-//! blocks over it.
+//! apply step of a copy-on-write commit done in two calls: `remove` of a range, then
+//! `insert_at` of fresh blocks over it; [`Op::Replace`] does it in one,
+//! [`replace`](FileMapping::replace), which must report the blocks the model had mapped in
+//! the run and may fail only with [`Error::NoSpace`], leaving the run's old mapping or none.
 //!
 //! # How to use it
 //!
@@ -306,6 +309,16 @@ pub enum Op {
         /// Number of blocks.
         len: u64,
     },
+    /// Obtain blocks for `[lblk, lblk + len)` from the subject's [`BlockSource`] and map them
+    /// run by run with [`replace`](FileMapping::replace), over whatever the range maps.
+    Replace {
+        /// File index.
+        file: usize,
+        /// First logical block.
+        lblk: u64,
+        /// Number of blocks.
+        len: u64,
+    },
     /// `remove_file`, then re-open the file.
     RemoveFile {
         /// File index.
@@ -363,8 +376,10 @@ fn op_strategy(cfg: &SuiteConfig) -> BoxedStrategy<Op> {
             .prop_map(|(file, lblk, len)| Op::Remove { file, lblk, len }),
         4 => (0..files, lblk.clone(), len.clone())
             .prop_map(|(file, lblk, len)| Op::InsertAt { file, lblk, len }),
-        2 => (0..files, lblk.clone(), len)
+        2 => (0..files, lblk.clone(), len.clone())
             .prop_map(|(file, lblk, len)| Op::Overwrite { file, lblk, len }),
+        3 => (0..files, lblk.clone(), len)
+            .prop_map(|(file, lblk, len)| Op::Replace { file, lblk, len }),
         1 => (0..files, lblk, any::<bool>())
             .prop_map(move |(file, lblk, h)| Op::Truncate { file, lblk, huge: h && huge }),
         1 => (0..files).prop_map(|file| Op::RemoveFile { file }),
@@ -487,6 +502,14 @@ impl<'s, F: FileMapping> Machine<'s, F> {
             .expect("the suite always keeps a handle open")
     }
 
+    /// The subject's block source; only called after [`obtain`](Self::obtain) returned runs.
+    fn source(&self) -> &dyn BlockSource<F> {
+        self.s
+            .blocks
+            .as_deref()
+            .expect("runs were obtained from the block source")
+    }
+
     fn reopen(&mut self, i: usize) -> Result<(), String> {
         self.handles[i] = None;
         let id = self.s.files[i];
@@ -581,21 +604,21 @@ impl<'s, F: FileMapping> Machine<'s, F> {
         Ok(())
     }
 
-    /// Obtains blocks for `[lblk, lblk + len)` and maps them run by run with `insert_at`.
-    fn insert_at(&mut self, i: usize, lblk: u64, len: u64) -> Result<(), String> {
+    /// Obtains blocks for `[lblk, lblk + len)` of file `i` from the subject's source and checks
+    /// them; `None` when there is no source or it is out of space.
+    fn obtain(&self, i: usize, lblk: u64, len: u64) -> Result<Option<Vec<Run>>, String> {
         let Some(source) = &self.s.blocks else {
-            return Ok(());
+            return Ok(None);
         };
-        let mapping = &self.s.mapping;
         let mut runs = vec![SENTINEL];
-        match source.obtain(mapping, self.handle(i), lblk, len, &mut runs) {
+        match source.obtain(&self.s.mapping, self.handle(i), lblk, len, &mut runs) {
             Ok(()) => {}
             Err(Error::NoSpace) => {
                 ensure!(
                     runs == [SENTINEL],
                     "the block source failed but returned runs {runs:?}"
                 );
-                return Ok(());
+                return Ok(None);
             }
             Err(e) => {
                 return Err(format!(
@@ -622,6 +645,16 @@ impl<'s, F: FileMapping> Machine<'s, F> {
                 }
             }
         }
+        Ok(Some(runs))
+    }
+
+    /// Obtains blocks for `[lblk, lblk + len)` and maps them run by run with `insert_at`.
+    fn insert_at(&mut self, i: usize, lblk: u64, len: u64) -> Result<(), String> {
+        let Some(runs) = self.obtain(i, lblk, len)? else {
+            return Ok(());
+        };
+        let mapping = &self.s.mapping;
+        let source = self.s.blocks.as_deref().expect("runs came from the source");
         for (n, &r) in runs.iter().enumerate() {
             let end = r.lblk + r.len;
             let overlaps = self.models[i].range(r.lblk..end).next().is_some();
@@ -667,6 +700,57 @@ impl<'s, F: FileMapping> Machine<'s, F> {
         Ok(())
     }
 
+    /// Obtains blocks for `[lblk, lblk + len)` and maps them run by run with `replace`, over
+    /// whatever the range maps.
+    fn replace(&mut self, i: usize, lblk: u64, len: u64) -> Result<(), String> {
+        let Some(runs) = self.obtain(i, lblk, len)? else {
+            return Ok(());
+        };
+        for (n, &r) in runs.iter().enumerate() {
+            let end = r.lblk + r.len;
+            let result = self.s.mapping.replace(self.handle(i), r);
+            match result {
+                Ok(freed) => {
+                    let want = self.remove_model(i, r.lblk, end);
+                    ensure!(
+                        freed == want,
+                        "replace(file {i}, {r:?}) reported {freed} blocks freed, model had {want}"
+                    );
+                    for k in 0..r.len {
+                        self.phys.insert(r.pblk.0 + k, i);
+                        self.models[i].insert(r.lblk + k, r.pblk.0 + k);
+                    }
+                }
+                Err(Error::NoSpace) => {
+                    // The range keeps its mapping or (the default's remove went through) is
+                    // unmapped; the run and the ones after it go back to the source.
+                    let got = normalize(&self.lookup(i, r.lblk, r.len)?);
+                    let had = model_runs(&self.models[i], r.lblk, r.len);
+                    ensure!(
+                        got == had || got.is_empty(),
+                        "replace(file {i}, {r:?}) failed out of space and left {got:?}, \
+                         model had {had:?}"
+                    );
+                    if got.is_empty() {
+                        self.remove_model(i, r.lblk, end);
+                    }
+                    let back = &runs[n..];
+                    self.source()
+                        .release(&self.s.mapping, back)
+                        .map_err(|e| format!("releasing runs {back:?}: {}", err_string(&e)))?;
+                    return Ok(());
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "replace(file {i}, {r:?}) failed: {}",
+                        err_string(&e)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn apply(&mut self, op: &Op) -> Result<(), String> {
         match *op {
             Op::Insert { file, lblk, len } => self.insert(file, lblk, len),
@@ -691,13 +775,26 @@ impl<'s, F: FileMapping> Machine<'s, F> {
                 Ok(())
             }
             Op::Remove { file, lblk, len } => {
-                let n = self
-                    .s
-                    .mapping
-                    .remove(self.handle(file), lblk, len)
-                    .map_err(|e| {
-                        format!("remove(file {file}, {lblk}, {len}): {}", err_string(&e))
-                    })?;
+                let n = match self.s.mapping.remove(self.handle(file), lblk, len) {
+                    Ok(n) => n,
+                    Err(Error::NoSpace) => {
+                        // Splitting a node took a block and none was left: nothing changed.
+                        let got = normalize(&self.lookup(file, lblk, len)?);
+                        let had = model_runs(&self.models[file], lblk, len);
+                        ensure!(
+                            got == had,
+                            "remove(file {file}, {lblk}, {len}) failed out of space and left \
+                             {got:?}, model had {had:?}"
+                        );
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        return Err(format!(
+                            "remove(file {file}, {lblk}, {len}): {}",
+                            err_string(&e)
+                        ));
+                    }
+                };
                 let want = self.remove_model(file, lblk, lblk + len);
                 ensure!(
                     n == want,
@@ -713,6 +810,7 @@ impl<'s, F: FileMapping> Machine<'s, F> {
                 self.apply(&Op::Remove { file, lblk, len })?;
                 self.insert_at(file, lblk, len)
             }
+            Op::Replace { file, lblk, len } => self.replace(file, lblk, len),
             Op::Truncate { file, lblk, huge } => {
                 let len = if huge {
                     u64::MAX - lblk
