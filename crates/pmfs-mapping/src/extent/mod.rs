@@ -67,6 +67,10 @@
 //!   boundary extents are shortened or split (a punched hole may split a node); emptied nodes
 //!   leave their parent, an underfull boundary child merges with a sibling when both fit into
 //!   one node, and a root with a single child is replaced by that child.
+//! - replace: one transaction. When the range lies inside the leaf its first block descends
+//!   to, the extents it overlaps are cut (their blocks released) and one splice puts what is
+//!   left of them and the new extent in their place, merged with neighbours it continues
+//!   physically; otherwise the bodies of remove and insert run in the same transaction.
 //! - remove_file: stores 0 into the root word (one atomic commit), then frees every block.
 //!
 //! # Concurrency

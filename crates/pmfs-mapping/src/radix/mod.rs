@@ -48,6 +48,8 @@
 //! - remove: frees subtrees that lie inside the range whole (their parent entry is zeroed,
 //!   the subtree itself is not touched), zeroes boundary entries, frees nodes that become all
 //!   holes, and removes top levels whose node only uses entry 0 (one root-word switch).
+//! - replace: an insert without the check that the range is unmapped; the data blocks of the
+//!   leaf entries it overwrites are released, in the same transaction.
 //! - remove_file: stores 0 into the root word (one atomic commit), then frees every block.
 //!
 //! # Concurrency
