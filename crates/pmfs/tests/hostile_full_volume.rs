@@ -1,6 +1,7 @@
 //! A full volume: writes and creates fail with ENOSPC, nothing already stored is damaged,
 //! the volume checks clean, and the space comes back after deletes — for data blocks and
-//! for inodes, on every mapping kind.
+//! for inodes, on every mapping kind; and copy-on-write overwrites at the edge of full land
+//! whole or not at all.
 
 mod common;
 
@@ -120,6 +121,98 @@ fn running_out_of_inodes_is_enospc_and_deletes_give_them_back() {
         vol.create_dir("/y").unwrap();
         vol.write("/z", b"z").unwrap();
         assert!(matches!(vol.write("/w", b"w"), Err(Error::NoSpace)));
+        vol.close().unwrap();
+        assert_clean(&media);
+    }
+}
+
+/// Overwrites copy on write, so each needs fresh blocks before it gives the old ones back,
+/// and on the trees a fragmenting file needs new nodes from the same space. At random offsets
+/// and lengths on a volume at the edge of full (in turns, a second file takes every block that
+/// comes free, then gives half of its own back), every write either lands whole or fails
+/// with ENOSPC having changed nothing, and the volume checks clean after it.
+#[test]
+fn overwrites_at_random_on_a_full_volume_land_whole_or_fail_cleanly() {
+    for kind in KINDS {
+        let (vol, media) = small(kind);
+        let open = |path: &str| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .open(&vol, path)
+                .unwrap()
+        };
+        vol.write("/pad", &vec![0u8; 256 << 10]).unwrap();
+        let (f, g) = (open("/f"), open("/g"));
+        let mut model = Vec::new();
+        let chunk = vec![0x11u8; 64 << 10];
+        loop {
+            match f.write_at(&chunk, model.len() as u64) {
+                Ok(n) => {
+                    assert_eq!(n, chunk.len(), "{kind:?}: a short write");
+                    model.extend_from_slice(&chunk);
+                }
+                Err(Error::NoSpace) => break,
+                Err(e) => panic!("{kind:?}: filling: {e}"),
+            }
+        }
+        vol.remove_file("/pad").unwrap();
+
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |below: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % below
+        };
+        let (mut landed, mut refused, mut g_len) = (0, 0, 0u64);
+        let mut buf = Vec::new();
+        for i in 0..3000u64 {
+            if i % 400 == 0 {
+                g_len /= 2;
+                g.set_len(g_len).unwrap();
+            }
+            if i % 400 >= 200 {
+                while g.write_at(&[0x22; 4096], g_len).is_ok() {
+                    g_len += 4096;
+                }
+            }
+            let len = 1 + next(3 * 4096) as usize;
+            let off = next(model.len() as u64 - len as u64) as usize;
+            let data = vec![(i % 251) as u8 + 1; len];
+            match f.write_at(&data, off as u64) {
+                Ok(n) => {
+                    assert_eq!(n, len, "{kind:?}: a short write");
+                    model[off..off + len].copy_from_slice(&data);
+                    landed += 1;
+                }
+                Err(Error::NoSpace) => refused += 1,
+                Err(e) => panic!("{kind:?}: overwrite {i}: {e}"),
+            }
+            if i % 250 == 249 {
+                buf.resize(model.len(), 0);
+                assert_eq!(f.read_at(&mut buf, 0).unwrap(), model.len());
+                assert!(
+                    buf == model,
+                    "{kind:?}: contents differ after overwrite {i}"
+                );
+            }
+        }
+        assert!(
+            landed > 500 && refused > 10,
+            "{kind:?}: {landed} overwrites landed, {refused} refused"
+        );
+        assert_eq!(vol.metadata("/g").unwrap().len(), g_len);
+        drop((f, g));
+        vol.close().unwrap();
+        assert_clean(&media);
+        let vol = Volume::mount(media.clone()).unwrap();
+        assert!(
+            vol.read("/f").unwrap() == model,
+            "{kind:?}: contents differ after remount"
+        );
+        assert_eq!(vol.read("/g").unwrap(), vec![0x22; g_len as usize]);
         vol.close().unwrap();
         assert_clean(&media);
     }
