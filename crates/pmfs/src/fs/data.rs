@@ -245,9 +245,21 @@ type Plan<'p, 'b> =
 
 /// Why a commit attempt gave up and the update must be planned again.
 enum Attempt {
-    /// Committed at this LSN.
-    Committed(u64),
+    /// Committed at LSN `lsn` by an attempt that checked the log from LSN `from`: only
+    /// reservations and padding lie between the two.
+    Committed {
+        from: u64,
+        lsn: u64,
+    },
     Replan,
+}
+
+/// An update this thread committed, for [`Fs::after_commit`] to fold without reading the log.
+struct Own<'a> {
+    /// The LSN the committing attempt checked from (see [`Attempt::Committed`]).
+    from: u64,
+    lsn: u64,
+    entry: &'a Entry,
 }
 
 /// How a copy-on-write update runs (see [`Fs::cow_update`]).
@@ -1187,13 +1199,18 @@ impl Fs {
                 hold.is_some(),
                 &mut scratch,
             ) {
-                Ok(Attempt::Committed(lsn)) => {
+                Ok(Attempt::Committed { from, lsn }) => {
                     if hold.is_some() {
                         self.write_in_place(&own, size)?;
                     }
                     drop(hold);
                     let blocks = runs.iter().map(|r| r.len).sum();
-                    self.after_commit(n, &s, f, Some((lsn, &entry)), how.lazy.then_some(blocks))?;
+                    let own = Own {
+                        from,
+                        lsn,
+                        entry: &entry,
+                    };
+                    self.after_commit(n, &s, f, Some(own), how.lazy.then_some(blocks))?;
                     return Ok(Some(size));
                 }
                 Ok(Attempt::Replan) => {
@@ -1247,7 +1264,12 @@ impl Fs {
                 Err(e) => return Err(e.into()),
             };
             match attempt {
-                Commit::Done(at) => return Ok(Attempt::Committed(at.lsn())),
+                Commit::Done(at) => {
+                    return Ok(Attempt::Committed {
+                        from: since.lsn(),
+                        lsn: at.lsn(),
+                    });
+                }
                 Commit::Moved { prepared: p, tail } => {
                     // The entries committed since our copies' view, read from the log: other
                     // threads may have folded the overlay past them meanwhile.
@@ -1298,20 +1320,21 @@ impl Fs {
 
     /// After a commit: fold it, then digest, maybe compact the log. `lazy`: the update was a
     /// write of that many blocks, digested with a later batch unless this one is full.
-    /// `own`: the committed entry and its LSN, folded without reading the log when it is the
-    /// overlay's next.
+    /// `own`: the committed entry, folded without reading the log when the overlay has folded
+    /// everything before the log position its commit checked from (an extended entry's
+    /// reservation, or padding, may lie between that position and the entry: no entry does).
     fn after_commit(
         &self,
         n: &Node,
         s: &Shared,
         f: &MapFile,
-        own: Option<(u64, &Entry)>,
+        own: Option<Own<'_>>,
         lazy: Option<u64>,
     ) -> Result<()> {
         {
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
             match own {
-                Some((lsn, e)) if ov.next_lsn() == lsn => ov.apply(lsn, e),
+                Some(o) if ov.next_lsn() >= o.from => ov.apply(o.lsn, o.entry),
                 _ => {
                     self.catch_up(n.h.ino, s, &mut ov, u64::MAX)?;
                 }
