@@ -175,8 +175,26 @@ impl Overlay {
         self.next = lsn + 1;
         match e {
             Entry::Write { runs, extend_to } => {
-                for r in runs {
-                    self.set(r.lblk, r.len, Some(r.pblk.0), lsn);
+                // Runs that continue each other logically (a HashFS write has one per block)
+                // are cut out of the map together, then inserted.
+                let mut i = 0;
+                while i < runs.len() {
+                    let mut end = runs[i].lblk + runs[i].len;
+                    let mut j = i + 1;
+                    while j < runs.len() && runs[j].lblk == end {
+                        end += runs[j].len;
+                        j += 1;
+                    }
+                    self.cut(runs[i].lblk, end);
+                    for r in runs[i..j].iter().filter(|r| r.len > 0) {
+                        let span = Span {
+                            len: r.len,
+                            pblk: Some(r.pblk.0),
+                            lsn,
+                        };
+                        self.spans.insert(r.lblk, span);
+                    }
+                    i = j;
                 }
                 self.size = match self.size {
                     Size::AtLeast(x) => Size::AtLeast(x.max(*extend_to)),
@@ -351,6 +369,22 @@ mod tests {
                     extend_to: x,
                 }
             ),
+            // A write of several runs that continue each other logically (one per block on
+            // HashFS), each somewhere else physically.
+            2 => (0..SPACE, prop::collection::vec(1..4u64, 2..5), 0..1000u64, 0..SPACE * BLOCK_SIZE)
+                .prop_map(|(l, lens, p, x)| {
+                    let mut at = l;
+                    let runs = lens
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &len)| {
+                            let r = Run { lblk: at, pblk: BlockNo(p * 100 + 37 * i as u64), len };
+                            at += len;
+                            r
+                        })
+                        .collect();
+                    Entry::Write { runs, extend_to: x }
+                }),
             1 => (0..SPACE * BLOCK_SIZE).prop_map(|size| Entry::Truncate { size }),
             1 => (0..SPACE * BLOCK_SIZE).prop_map(|size| Entry::Resize { size }),
             1 => (0..SPACE, 1..8u64).prop_map(|(lblk, len)| Entry::Punch { lblk, len }),
