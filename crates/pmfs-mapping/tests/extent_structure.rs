@@ -8,7 +8,9 @@ use std::sync::Arc;
 use pmfs_core::Error;
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::pm::{HeapRegion, Media};
-use pmfs_core::traits::{AllocHint, BlockAllocator, Extent, FileId, FileMapping, SimpleAllocator};
+use pmfs_core::traits::{
+    AllocHint, BlockAllocator, Extent, FileId, FileMapping, Run, SimpleAllocator,
+};
 use pmfs_mapping::extent::{ExtentFile, ExtentOptions, ExtentTree};
 use pmfs_mapping::undo::UndoGeometry;
 use proptest::prelude::*;
@@ -54,7 +56,7 @@ fn fixture(fanout: usize, slot_blocks: u32) -> Fixture {
     }
 }
 
-fn all_runs(f: &Fixture) -> Result<Vec<pmfs_core::traits::Run>, Error> {
+fn all_runs(f: &Fixture) -> Result<Vec<Run>, Error> {
     let mut v = Vec::new();
     f.tree.lookup(&f.file, 0, u64::MAX, &mut v)?;
     Ok(v)
@@ -294,4 +296,44 @@ fn insert_at_refuses_foreign_or_mapped_blocks_and_keeps_the_callers_blocks_witho
     f.tree.lookup(&other, 0, u64::MAX, &mut got).unwrap();
     assert_eq!(got, vec![run(0, spare.start)]);
     assert_eq!(all_runs(&f).unwrap(), vec![run(10, own.start)]);
+}
+
+#[test]
+fn replace_merges_a_continued_neighbour_only_when_the_shift_is_short() {
+    let f = fixture(32, 16);
+    f.tree.insert(&f.file, 0, 20, &mut Vec::new()).unwrap();
+    let before = all_runs(&f).unwrap();
+    assert_eq!(before.len(), 20, "every block is its own extent");
+    let next_to = |lblk: usize| Run {
+        lblk: lblk as u64,
+        pblk: before[lblk - 1].pblk + 1,
+        len: 1,
+    };
+    // Merging block 5 into block 4's extent would shift the 14 entries after it: it stays
+    // an extent of its own, rewritten in place.
+    assert_eq!(f.tree.replace(&f.file, next_to(5)).unwrap(), 1);
+    let runs = all_runs(&f).unwrap();
+    assert_eq!(runs.len(), 20);
+    assert_eq!(runs[5], next_to(5));
+    // Block 15 has 4 entries after it: it is merged.
+    assert_eq!(f.tree.replace(&f.file, next_to(15)).unwrap(), 1);
+    let runs = all_runs(&f).unwrap();
+    assert_eq!(runs.len(), 19);
+    assert_eq!(
+        runs[14],
+        Run {
+            len: 2,
+            ..before[14]
+        }
+    );
+    assert_eq!(runs[15], before[16]);
+    let mut blocks = Vec::new();
+    for r in &runs {
+        blocks.extend((0..r.len).map(|i| r.lblk + i));
+    }
+    assert_eq!(
+        blocks,
+        (0..20).collect::<Vec<u64>>(),
+        "every block stays mapped once"
+    );
 }

@@ -70,7 +70,11 @@
 //! - replace: one transaction. When the range lies inside the leaf its first block descends
 //!   to, the extents it overlaps are cut (their blocks released) and one splice puts what is
 //!   left of them and the new extent in their place, merged with neighbours it continues
-//!   physically; otherwise the bodies of remove and insert run in the same transaction.
+//!   physically — unless the splice would otherwise rewrite its range in place and the merge
+//!   would shift more than 8 entries after it (every shifted entry is undo-logged; random
+//!   copy-on-write overwrites, whose fresh block often continues the logical neighbour's,
+//!   paid that on most writes). Otherwise the bodies of remove and insert run in the same
+//!   transaction.
 //! - remove_file: stores 0 into the root word (one atomic commit), then frees every block.
 //!
 //! # Concurrency
@@ -213,6 +217,11 @@ fn leaf_entries(lblk: u64, data: &[Extent]) -> Vec<Entry> {
     }
     entries
 }
+
+/// The most entries after a splice that merging a neighbour into a replacement may shift when
+/// the splice would otherwise rewrite its range in place (see
+/// [`replace_in_leaf`](ExtentTree::replace_in_leaf)).
+const MERGE_SHIFT_MAX: usize = 8;
 
 /// What [`cut_leaf`](ExtentTree::cut_leaf) found.
 #[derive(Clone, Copy, Debug)]
@@ -913,7 +922,8 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
 
     /// A replace of `[a, b)` inside the range of the leaf `path` ends in: one splice of the
     /// leaf replaces the extents the range overlaps by what is left of them and `entries`,
-    /// merged with the neighbours they continue physically.
+    /// merged with the neighbours they continue physically unless that costs a long shift
+    /// (see the module docs).
     #[allow(clippy::too_many_arguments)]
     fn replace_in_leaf(
         &self,
@@ -929,22 +939,34 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         let m = &self.media;
         let Step { node, lo, hi, .. } = path[path.len() - 1];
         let Cut {
-            mut i0,
-            mut i1,
-            mut left,
-            mut right,
+            i0,
+            i1,
+            left,
+            right,
             count,
         } = self.cut_leaf(ctx, &node, (lo, hi), a, b)?;
         let continues = |p: &Entry, n: &Entry| {
             p.end() == n.key && p.block + p.len == n.block && p.len + n.len <= MAX_EXTENT_LEN
         };
+        let fold = |left: Option<Entry>, right: Option<Entry>| {
+            let mut repl: Vec<Entry> = Vec::with_capacity(entries.len() + 2);
+            for e in left.iter().chain(entries).chain(right.iter()) {
+                match repl.last_mut() {
+                    Some(p) if continues(p, e) => p.len += e.len,
+                    _ => repl.push(*e),
+                }
+            }
+            repl
+        };
+        // Neighbours the new runs continue physically are merged into them.
+        let (mut j0, mut j1, mut merged_left, mut merged_right) = (i0, i1, left, right);
         if let (None, Some(first)) = (left, entries.first())
             && i0 > 0
         {
             let p = node.entry(m, i0 - 1)?;
             if continues(&p, first) {
-                left = Some(p);
-                i0 -= 1;
+                merged_left = Some(p);
+                j0 -= 1;
             }
         }
         if let (None, Some(last)) = (right, entries.last())
@@ -952,17 +974,24 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         {
             let n = node.entry(m, i1)?;
             if continues(last, &n) {
-                right = Some(n);
-                i1 += 1;
+                merged_right = Some(n);
+                j1 += 1;
             }
         }
-        let mut repl = Vec::with_capacity(entries.len() + 2);
-        for e in left.iter().chain(entries).chain(right.iter()) {
-            match repl.last_mut() {
-                Some(p) if continues(p, e) => p.len += e.len,
-                _ => repl.push(*e),
+        let merged = fold(merged_left, merged_right);
+        // Unless that turns a rewrite of the range in place into a shift of the entries after
+        // it: the shift is undo-logged whole, and a copy-on-write overwrite at random offsets
+        // (whose fresh block the allocator places after its logical neighbour's) would pay
+        // it on most writes for an entry the next overwrite nearby splits again.
+        if (j0, j1) != (i0, i1) && merged.len() != j1 - j0 && node.nr - j1 > MERGE_SHIFT_MAX {
+            let plain = fold(left, right);
+            if plain.len() == i1 - i0 {
+                let (_, pending) = self.splice(tx, ctx, node, i0, i1, &plain)?;
+                self.push_up(tx, ctx, root_off, root, path, pending)?;
+                return Ok(count);
             }
         }
+        let (i0, i1, repl) = (j0, j1, merged);
         let (_, pending) = self.splice(tx, ctx, node, i0, i1, &repl)?;
         self.push_up(tx, ctx, root_off, root, path, pending)?;
         Ok(count)
