@@ -52,6 +52,12 @@
 //! record order, persist them, and advance the generation. Rollback is idempotent: a crash
 //! during it leaves the records valid, and the next recovery repeats it.
 //!
+//! A transaction whose whole effect is one 8-byte store needs no record:
+//! [`Tx::store_sole_u64`] stores the word (an atomic store: a crash leaves the old or the new
+//! value, each a consistent structure) and commit flushes and fences it. It must be the
+//! transaction's only change, so it refuses a transaction that has written anything, and
+//! every write after it fails; an abort stores the old word back.
+//!
 //! A record whose crc does not match (torn by a crash while it was written, or left over from
 //! an earlier generation) ends the slot's valid records. No in-place store precedes the
 //! durability of its record, so nothing after that point needs undoing.
@@ -347,6 +353,7 @@ impl UndoLog {
             end: slot + self.slot_bytes(),
             records: Vec::new(),
             dirty: Vec::new(),
+            sole: None,
             finished: false,
         }
     }
@@ -470,6 +477,8 @@ pub struct Tx<'a, M: Media + ?Sized> {
     end: PmOff,
     records: Vec<UndoRecord>,
     dirty: Vec<(u64, u64)>,
+    /// The word [`store_sole_u64`](Tx::store_sole_u64) changed and its old value.
+    sole: Option<(PmOff, u64)>,
     finished: bool,
 }
 
@@ -499,6 +508,7 @@ impl<'a, M: Media + ?Sized> Tx<'a, M> {
     /// Appends a durable record of the current content of `[off, off + len)`, unless an
     /// earlier record of this transaction already covers it.
     pub fn log(&mut self, off: PmOff, len: u64) -> Result<()> {
+        self.check_not_sole()?;
         if len == 0 || self.covered(off.0, len) {
             return Ok(());
         }
@@ -569,6 +579,7 @@ impl<'a, M: Media + ?Sized> Tx<'a, M> {
     /// before commit (fresh blocks, or dead space of a node whose live bound is logged). The
     /// range is made durable at commit.
     pub fn write_fresh(&mut self, off: PmOff, src: &[u8]) -> Result<()> {
+        self.check_not_sole()?;
         self.media.write(off, src)?;
         self.dirty.push((off.0, src.len() as u64));
         Ok(())
@@ -576,6 +587,7 @@ impl<'a, M: Media + ?Sized> Tx<'a, M> {
 
     /// [`write_fresh`](Tx::write_fresh) of one word with an 8-byte atomic store.
     pub fn store_fresh_u64(&mut self, off: PmOff, val: u64) -> Result<()> {
+        self.check_not_sole()?;
         self.media.store_u64(off, val)?;
         self.dirty.push((off.0, 8));
         Ok(())
@@ -583,8 +595,44 @@ impl<'a, M: Media + ?Sized> Tx<'a, M> {
 
     /// Zeroes a fresh block without logging (made durable at commit).
     pub fn zero_fresh_block(&mut self, b: BlockNo) -> Result<()> {
+        self.check_not_sole()?;
         let off = b.checked_offset().ok_or(Error::InvalidArgument("block"))?;
         self.media.fill_nt(off, BLOCK_SIZE, 0)
+    }
+
+    /// Stores `val` at `off` (8-byte aligned) with one atomic store and no record: the whole
+    /// change of this transaction, taking the structure from its state before the call to its
+    /// state after (see the module docs). Made durable at commit.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the transaction has written anything; every later write
+    /// of the transaction fails the same way.
+    pub fn store_sole_u64(&mut self, off: PmOff, val: u64) -> Result<()> {
+        if !self.records.is_empty() || !self.dirty.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a sole store in a transaction that has written",
+            ));
+        }
+        self.check_not_sole()?;
+        let old = self.media.load_u64(off)?;
+        self.media.store_u64(off, val)?;
+        self.sole = Some((off, old));
+        self.dirty.push((off.0, 8));
+        Ok(())
+    }
+
+    fn check_not_sole(&self) -> Result<()> {
+        match self.sole {
+            Some(_) => Err(Error::InvalidArgument(
+                "a write after a transaction's sole store",
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the transaction has written nothing yet.
+    pub fn is_untouched(&self) -> bool {
+        self.records.is_empty() && self.dirty.is_empty() && self.sole.is_none()
     }
 
     /// Number of records written so far.
@@ -641,6 +689,9 @@ impl<'a, M: Media + ?Sized> Tx<'a, M> {
 
     fn rollback(&mut self) -> Result<()> {
         self.dirty.clear();
+        if let Some((off, old)) = self.sole.take() {
+            return self.media.store_u64_persist(off, old);
+        }
         if self.records.is_empty() {
             return Ok(());
         }
@@ -867,6 +918,51 @@ mod tests {
         let (log2, _) = open_area(&r, meta, KIND).unwrap();
         assert_eq!(log2.recover(&r).unwrap(), 0);
         assert_eq!(r.load_u64(target).unwrap(), 11);
+    }
+
+    #[test]
+    fn a_sole_store_commits_without_records_and_aborts_back() {
+        let (r, meta, log) = setup();
+        let target = PmOff(40 * BLOCK_SIZE);
+        r.store_u64(target, 3).unwrap();
+
+        // It must be the first write, and nothing may follow it.
+        let mut tx = log.begin(&r, 0);
+        tx.store_u64(target + 8, 1).unwrap();
+        assert!(matches!(
+            tx.store_sole_u64(target, 4),
+            Err(Error::InvalidArgument(_))
+        ));
+        tx.abort().unwrap();
+        let mut tx = log.begin(&r, 0);
+        assert!(tx.is_untouched());
+        tx.store_sole_u64(target, 4).unwrap();
+        assert!(!tx.is_untouched());
+        assert!(matches!(
+            tx.store_u64(target + 8, 2),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            tx.write_fresh(target + 16, b"x"),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            tx.store_sole_u64(target + 8, 2),
+            Err(Error::InvalidArgument(_))
+        ));
+        // An abort stores the old word back.
+        tx.abort().unwrap();
+        assert_eq!(r.load_u64(target).unwrap(), 3);
+        assert_eq!(r.load_u64(target + 8).unwrap(), 0);
+
+        // A commit keeps the word, and leaves no record for recovery.
+        let mut tx = log.begin(&r, 1);
+        tx.store_sole_u64(target, 5).unwrap();
+        assert_eq!(tx.records(), 0);
+        tx.commit().unwrap();
+        let (log2, _) = open_area(&r, meta, KIND).unwrap();
+        assert_eq!(log2.recover(&r).unwrap(), 0);
+        assert_eq!(r.load_u64(target).unwrap(), 5);
     }
 
     #[test]

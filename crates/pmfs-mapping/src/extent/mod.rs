@@ -983,15 +983,24 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         // it: the shift is undo-logged whole, and a copy-on-write overwrite at random offsets
         // (whose fresh block the allocator places after its logical neighbour's) would pay
         // it on most writes for an entry the next overwrite nearby splits again.
-        if (j0, j1) != (i0, i1) && merged.len() != j1 - j0 && node.nr - j1 > MERGE_SHIFT_MAX {
-            let plain = fold(left, right);
-            if plain.len() == i1 - i0 {
-                let (_, pending) = self.splice(tx, ctx, node, i0, i1, &plain)?;
-                self.push_up(tx, ctx, root_off, root, path, pending)?;
-                return Ok(count);
-            }
+        let plain =
+            ((j0, j1) != (i0, i1) && merged.len() != j1 - j0 && node.nr - j1 > MERGE_SHIFT_MAX)
+                .then(|| fold(left, right))
+                .filter(|plain| plain.len() == i1 - i0);
+        let (i0, i1, repl) = match plain {
+            Some(plain) => (i0, i1, plain),
+            None => (j0, j1, merged),
+        };
+        // One entry rewritten under the same key by a transaction that has written nothing
+        // else changes only the entry's second word: one atomic store, no undo record.
+        if let [e] = repl[..]
+            && i1 - i0 == 1
+            && tx.is_untouched()
+            && node.entry(m, i0)?.key == e.key
+        {
+            tx.store_sole_u64(node.entry_off(i0) + 8, e.word1())?;
+            return Ok(count);
         }
-        let (i0, i1, repl) = (j0, j1, merged);
         let (_, pending) = self.splice(tx, ctx, node, i0, i1, &repl)?;
         self.push_up(tx, ctx, root_off, root, path, pending)?;
         Ok(count)

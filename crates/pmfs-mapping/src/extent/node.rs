@@ -57,12 +57,16 @@ impl Entry {
 
     /// The two little-endian words: key, then valid | len | block.
     pub fn encode(&self) -> [u8; 16] {
-        debug_assert!(self.block <= BLOCK_MASK && self.len <= MAX_EXTENT_LEN);
         let mut b = [0u8; 16];
         b[..8].copy_from_slice(&self.key.to_le_bytes());
-        let w1 = VALID | (self.len << LEN_SHIFT) | self.block;
-        b[8..].copy_from_slice(&w1.to_le_bytes());
+        b[8..].copy_from_slice(&self.word1().to_le_bytes());
         b
+    }
+
+    /// The entry's second word: block, length and the valid bit.
+    pub fn word1(&self) -> u64 {
+        debug_assert!(self.block <= BLOCK_MASK && self.len <= MAX_EXTENT_LEN);
+        VALID | (self.len << LEN_SHIFT) | self.block
     }
 
     /// Decodes and validates an entry read at `at`.
