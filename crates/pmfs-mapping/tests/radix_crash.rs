@@ -122,6 +122,8 @@ fn replace_in_one_call_is_atomic_over_mapped_blocks_holes_and_new_levels() {
         Replace(0, 505, 10),   // across the leaf's end, over blocks and holes: a new level
         Replace(0, L2 + 3, 2), // past everything: a new level and a fresh path
         Replace(1, 7, 3),      // an empty file
+        Replace(0, 1, 1),      // one word of an existing leaf: a sole store, no undo record
+        Insert(0, 12, 1),      // the same into a hole
     ];
     assert_eq!(height_after(&setup), 1);
     assert_eq!(height_after(&[setup.as_slice(), &ops[..3]].concat()), 2);

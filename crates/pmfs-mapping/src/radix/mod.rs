@@ -447,7 +447,17 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
                 .map(|_| pblks.next().map(|p| entry_word(BlockNo(p))))
                 .collect::<Option<_>>()
                 .ok_or(Error::InvalidArgument("fewer data blocks than the range"))?;
-            self.store(tx, ledger, leaf, entry_off(leaf, l & (ENTRIES - 1)), &words)?;
+            let at = entry_off(leaf, l & (ENTRIES - 1));
+            // One word, the last store of a transaction that has written nothing else: an
+            // atomic store with no undo record.
+            if let [w] = words[..]
+                && leaf_end == b
+                && tx.is_untouched()
+            {
+                tx.store_sole_u64(at, w)?;
+            } else {
+                self.store(tx, ledger, leaf, at, &words)?;
+            }
             l = leaf_end;
         }
         Ok(count)
