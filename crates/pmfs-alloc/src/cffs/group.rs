@@ -144,16 +144,40 @@ mod bits {
             }
             best = best.max(open + u64::from(x.trailing_zeros()));
             if u64::from(x.count_zeros()) > best {
-                let (mut y, mut n) = (!x, 0);
-                while y != 0 {
-                    y &= y >> 1;
-                    n += 1;
-                }
-                best = best.max(n);
+                best = best.max(longest_ones(!x));
             }
             open = u64::from(x.leading_zeros());
         }
         best.max(open)
+    }
+
+    /// Length of the longest run of set bits in `y`, in at most twelve steps: `y & y >> k`
+    /// keeps the starts of runs at least `k` longer, so doubling `k` brackets the length
+    /// and halving it back narrows it down.
+    pub(super) fn longest_ones(y: u64) -> u64 {
+        if y == 0 {
+            return 0;
+        }
+        // `starts` marks where `len` set bits begin.
+        let (mut starts, mut len) = (y, 1);
+        while len < 64 {
+            let longer = starts & (starts >> len);
+            if longer == 0 {
+                break;
+            }
+            starts = longer;
+            len *= 2;
+        }
+        let mut step = len / 2;
+        while step > 0 {
+            let longer = starts & (starts >> step);
+            if longer != 0 {
+                starts = longer;
+                len += step;
+            }
+            step /= 2;
+        }
+        len
     }
 
     /// Number of set bits in `[a, b)` where both are multiples of 64.
@@ -456,7 +480,9 @@ impl GroupState {
     /// alignment rules as [`grow_huge`](Self::grow_huge) at block granularity.
     pub(super) fn grow_small(&mut self, p: u32, want: u64) -> Option<Extent> {
         let (a, b) = (u64::from(p) * PAGE, u64::from(p + 1) * PAGE);
-        let (s, l) = bits::zero_runs(&self.bits, a, b).max_by_key(|&(s, l)| (l, u64::MAX - s))?;
+        // The first of the page's largest chunks (its length is known).
+        let largest = u64::from(self.page_largest[p as usize]);
+        let (s, l) = bits::zero_runs(&self.bits, a, b).find(|&(_, l)| l == largest)?;
         if want >= l {
             return Some(self.take(s, l, false, false, false));
         }
@@ -663,6 +689,16 @@ mod tests {
             let end = 64 * words.len() as u64;
             let naive = bits::zero_runs(&words, 0, end).map(|(_, l)| l).max().unwrap_or(0);
             prop_assert_eq!(bits::longest_zero_run(&words, 0, end), naive);
+        }
+
+        #[test]
+        fn longest_ones_counts_the_longest_run(y in any::<u64>(), run in 0..=64u32, at in 0..64u32) {
+            // Plant a run of `run` ones at `at` (clipped at the top bit) into a random word.
+            let planted = if run == 0 { 0 } else { (u64::MAX >> (64 - run)) << at };
+            for w in [y, planted, y | planted, y & !planted] {
+                let naive = bits::zero_runs(&[!w], 0, 64).map(|(_, l)| l).max().unwrap_or(0);
+                prop_assert_eq!(bits::longest_ones(w), naive, "{:#x}", w);
+            }
         }
     }
 
