@@ -337,3 +337,24 @@ fn replace_merges_a_continued_neighbour_only_when_the_shift_is_short() {
         "every block stays mapped once"
     );
 }
+
+#[test]
+fn a_second_handle_sees_leaf_splits_made_through_the_first() {
+    let f = fixture(4, 16);
+    for l in 0..8u64 {
+        f.tree.insert(&f.file, 2 * l, 1, &mut Vec::new()).unwrap();
+    }
+    assert_eq!(f.tree.height(&f.file).unwrap(), 2);
+    let other = f.tree.open_file(ID).unwrap();
+    // The second handle's cursor rests on the last leaf; the first splits it.
+    f.tree.lookup(&other, 14, 1, &mut Vec::new()).unwrap();
+    f.tree.insert(&f.file, 13, 1, &mut Vec::new()).unwrap();
+    f.tree.insert(&f.file, 15, 1, &mut Vec::new()).unwrap();
+    let first = all_runs(&f).unwrap();
+    let mut second = Vec::new();
+    for l in (0..16).rev() {
+        f.tree.lookup(&other, l, 1, &mut second).unwrap();
+    }
+    second.reverse();
+    assert_eq!(second, first);
+}

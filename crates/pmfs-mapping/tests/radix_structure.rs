@@ -281,3 +281,26 @@ fn insert_at_refuses_foreign_or_mapped_blocks_and_keeps_the_callers_blocks_witho
     assert_eq!(got, vec![run(0, spare.start)]);
     assert_eq!(all_runs(&f).unwrap(), vec![run(10, own.start)]);
 }
+
+#[test]
+fn a_second_handle_sees_leaves_freed_and_made_through_the_first() {
+    let f = fixture(16);
+    for (l, n) in [(0, 1), (512, 2), (1024, 1)] {
+        f.tree.insert(&f.file, l, n, &mut Vec::new()).unwrap();
+    }
+    let other = f.tree.open_file(ID).unwrap();
+    let mut seen = Vec::new();
+    f.tree.lookup(&other, 512, 1, &mut seen).unwrap();
+    assert_eq!(seen.len(), 1);
+    // The second leaf goes (the root keeps its other two children), its block is taken, and
+    // a new leaf maps 513.
+    f.tree.remove(&f.file, 512, 2).unwrap();
+    let squat = f.alloc.alloc(8, AllocHint::default()).unwrap();
+    f.tree.insert(&f.file, 513, 1, &mut Vec::new()).unwrap();
+    let mut first = Vec::new();
+    f.tree.lookup(&f.file, 0, u64::MAX, &mut first).unwrap();
+    let mut second = Vec::new();
+    f.tree.lookup(&other, 513, 1, &mut second).unwrap();
+    assert_eq!(second, vec![first[1]]);
+    f.alloc.free(squat).unwrap();
+}

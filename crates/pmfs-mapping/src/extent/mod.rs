@@ -82,12 +82,14 @@
 //! A file's [`ExtentFile`] handle holds a reader-writer lock: lookups and `owned_blocks` take
 //! it shared, mutations exclusive, so lookups run concurrently with each other and wait for a
 //! mutation of the same file. Different files share nothing but the allocator and the undo
-//! slots (a transaction takes any free slot). Only one handle per inode may exist at a time
-//! (two handles would not exclude each other).
+//! slots (a transaction takes any free slot). Two handles of one inode do not exclude each
+//! other: a caller that opens several (the engine opens one per open file) serializes
+//! mutations against lookups itself.
 //!
 //! The handle also holds the DRAM cursor of the last leaf a lookup reached (its block and
-//! range). It is used only if the root word read now equals the one it was built under and no
-//! mutation went through the handle since; otherwise the lookup descends from the root.
+//! range). It is used only if the root word read now equals the one it was built under and the
+//! tree has not been mutated since, through any handle (a split through another handle of the
+//! inode moves part of the leaf's range away); otherwise the lookup descends from the root.
 
 #![forbid(unsafe_code)]
 
@@ -150,6 +152,9 @@ pub struct ExtentTree<M, A> {
     meta: Extent,
     alloc: Arc<A>,
     undo: UndoLog,
+    /// Counts mutations of any file: a cursor taken under another count is stale. Handles of
+    /// one inode do not see each other's mutations, and the engine opens one per open file.
+    generation: AtomicU64,
     fanout: usize,
     blocks: u64,
 }
@@ -170,7 +175,6 @@ pub struct ExtentFile {
     id: FileId,
     lock: RwLock<()>,
     cursor: Mutex<Option<Cursor>>,
-    generation: AtomicU64,
 }
 
 /// The last leaf a lookup reached.
@@ -305,6 +309,7 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
             meta,
             alloc,
             undo,
+            generation: AtomicU64::new(0),
             fanout,
             blocks,
         }
@@ -410,7 +415,7 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         key: u64,
         path: &mut Vec<Step>,
     ) -> Result<(Node, u64, u64)> {
-        let generation = file.generation.load(Ordering::Acquire);
+        let generation = self.generation.load(Ordering::Acquire);
         if let Ok(guard) = file.cursor.try_lock()
             && let Some(c) = *guard
             && c.root == root_word
@@ -508,7 +513,7 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
     }
 
     fn invalidate(&self, file: &ExtentFile) {
-        file.generation.fetch_add(1, Ordering::AcqRel);
+        self.generation.fetch_add(1, Ordering::AcqRel);
         if let Ok(mut c) = file.cursor.lock() {
             *c = None;
         }
@@ -1269,7 +1274,6 @@ impl<M: Media, A: BlockAllocator> FileMapping for ExtentTree<M, A> {
             id,
             lock: RwLock::new(()),
             cursor: Mutex::new(None),
-            generation: AtomicU64::new(0),
         })
     }
 

@@ -55,10 +55,10 @@
 //! # Concurrency
 //!
 //! As for the extent tree: a reader-writer lock in the [`RadixFile`] handle (lookups shared,
-//! mutations exclusive); one handle per inode at a time; different files only share the
-//! allocator and the undo slots. The handle's DRAM cursor remembers the last leaf a lookup
-//! read; it is used only while the root word and the handle's mutation count are the ones it
-//! was taken under.
+//! mutations exclusive; handles of one inode do not exclude each other); different files only
+//! share the allocator and the undo slots. The handle's DRAM cursor remembers the last leaf a
+//! lookup read; it is used only while the root word and the tree's mutation count are the ones
+//! it was taken under (a leaf freed through another handle of the inode may be reused).
 
 #![forbid(unsafe_code)]
 
@@ -118,6 +118,9 @@ pub struct RadixTree<M, A> {
     meta: Extent,
     alloc: Arc<A>,
     undo: UndoLog,
+    /// Counts mutations of any file: a cursor taken under another count is stale. Handles of
+    /// one inode do not see each other's mutations, and the engine opens one per open file.
+    generation: AtomicU64,
     blocks: u64,
 }
 
@@ -136,7 +139,6 @@ pub struct RadixFile {
     id: FileId,
     lock: RwLock<()>,
     cursor: Mutex<Option<Cursor>>,
-    generation: AtomicU64,
 }
 
 /// The last leaf a lookup read: the leaf holding logical blocks `[512·index, 512·index+512)`.
@@ -205,6 +207,7 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
             meta,
             alloc,
             undo,
+            generation: AtomicU64::new(0),
             blocks,
         }
     }
@@ -292,7 +295,7 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
         if at >= end {
             return Ok(());
         }
-        let generation = file.generation.load(Ordering::Acquire);
+        let generation = self.generation.load(Ordering::Acquire);
         let mut sink = Sink {
             first: out.len(),
             out,
@@ -327,7 +330,7 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
     }
 
     fn invalidate(&self, file: &RadixFile) {
-        file.generation.fetch_add(1, Ordering::AcqRel);
+        self.generation.fetch_add(1, Ordering::AcqRel);
         if let Ok(mut c) = file.cursor.lock() {
             *c = None;
         }
@@ -728,7 +731,6 @@ impl<M: Media, A: BlockAllocator> FileMapping for RadixTree<M, A> {
             id,
             lock: RwLock::new(()),
             cursor: Mutex::new(None),
-            generation: AtomicU64::new(0),
         })
     }
 
