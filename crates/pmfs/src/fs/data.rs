@@ -609,13 +609,7 @@ impl Fs {
         if head.head().is_none() || head.pins() == 0 {
             return Ok(digested);
         }
-        let open = self
-            .logs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&ino)
-            .cloned();
-        if let Some(s) = open {
+        if let Some(s) = self.registered_log(ino) {
             return self.folded_size(ino, &s);
         }
         // Another process has the log open: read it through a handle of our own.
@@ -630,6 +624,15 @@ impl Fs {
         let size = self.folded_size(ino, &s);
         s.log.close()?;
         size
+    }
+
+    /// The log of inode `ino` if this process has it open.
+    fn registered_log(&self, ino: u32) -> Option<Arc<Shared>> {
+        self.logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&ino)
+            .cloned()
     }
 
     /// Where logical block `lblk` lives now: `None` for a hole.
@@ -1169,6 +1172,7 @@ impl Fs {
                 if matches!(e, Error::NoSpace) && !digested {
                     digested = true;
                     self.digest(n.h.ino, &s, f)?;
+                    self.digest_others(n.h.ino)?;
                     continue;
                 }
                 return Err(e);
@@ -1440,6 +1444,38 @@ impl Fs {
             if applied >= s.gc_at.load(Ordering::Relaxed) + ENTRIES_PER_BLOCK {
                 s.gc_at.store(applied, Ordering::Relaxed);
                 s.log.compact_applied(cursor)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Digests the logs of the other files this process has written and not digested yet:
+    /// the blocks their overwrites replaced go back to the allocator only then, and a write
+    /// that ran out of space retries after this. A file whose lock is taken (possibly by the
+    /// caller: locks are striped) is left alone. The lock also keeps the file's last close
+    /// out, which closes the log only when it holds the last reference to it.
+    fn digest_others(&self, own: u32) -> Result<()> {
+        let pending: Vec<u32> = self
+            .logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|&(&ino, s)| ino != own && s.pending_entries.load(Ordering::Relaxed) > 0)
+            .map(|(&ino, _)| ino)
+            .collect();
+        for ino in pending {
+            let Ok(_lock) = self.ilock(ino).try_write() else {
+                continue;
+            };
+            let Some(s) = self.registered_log(ino) else {
+                continue;
+            };
+            let f = self.map.open_file(self.file_id(ino))?;
+            let r = self.digest(ino, &s, &f);
+            drop(s);
+            match r {
+                Ok(()) | Err(Error::NoSpace) => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(())
