@@ -608,12 +608,11 @@ impl<'a, M: Media + ?Sized> Tx<'a, M> {
     /// [`Error::InvalidArgument`] if the transaction has written anything; every later write
     /// of the transaction fails the same way.
     pub fn store_sole_u64(&mut self, off: PmOff, val: u64) -> Result<()> {
-        if !self.records.is_empty() || !self.dirty.is_empty() {
+        if !self.is_untouched() {
             return Err(Error::InvalidArgument(
                 "a sole store in a transaction that has written",
             ));
         }
-        self.check_not_sole()?;
         let old = self.media.load_u64(off)?;
         self.media.store_u64(off, val)?;
         self.sole = Some((off, old));

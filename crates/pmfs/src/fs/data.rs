@@ -1471,9 +1471,7 @@ impl Fs {
                 continue;
             };
             let f = self.map.open_file(self.file_id(ino))?;
-            let r = self.digest(ino, &s, &f);
-            drop(s);
-            match r {
+            match self.digest(ino, &s, &f) {
                 Ok(()) | Err(Error::NoSpace) => {}
                 Err(e) => return Err(e),
             }
