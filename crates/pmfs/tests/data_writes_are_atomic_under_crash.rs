@@ -6,7 +6,8 @@
 //! write past end of file over stale bytes a truncate left, and an `O_APPEND` write through
 //! the path API. Crash points with at most 8 images are enumerated, others sampled (4; with
 //! `PMFS_CRASH_SAMPLES` that many, and points of up to 256 images enumerated). Recovery of a
-//! crashed write survives crashes of its own.
+//! crashed write survives crashes of its own, and so does the digest of a mix of writes
+//! (appends, overwrites of blocks written earlier in the same batch, partial blocks).
 
 mod data_common;
 
@@ -139,6 +140,52 @@ fn append_mode_write_through_the_path_api_is_atomic() {
             },
             // The offset is ignored in append mode.
             &|_, f: &mut pmfs::File| f.write_at(&data, 0).map(drop),
+            "f",
+            &before,
+            &after,
+        );
+    }
+}
+
+/// Writes left undigested before the digest under test: whole-block appends that continue
+/// each other, blocks written twice and three times, partial blocks, a run across several.
+const MIX: &[(u64, usize, u8)] = &[
+    (8 * BS, 3 * BS as usize, 20),
+    (2 * BS, BS as usize, 21),
+    (11 * BS, BS as usize, 22),
+    (2 * BS, BS as usize, 23),
+    (5 * BS + 100, 300, 24),
+    (12 * BS, 2 * BS as usize, 25),
+    (BS, 3 * BS as usize, 26),
+    (5 * BS + 1000, 50, 27),
+    (14 * BS, BS as usize, 28),
+    (2 * BS + 10, 20, 29),
+];
+
+#[test]
+fn digesting_a_mix_of_writes_is_safe_under_crash() {
+    // The writes commit in setup; the truncation digests them all (in batches), then
+    // shrinks the file: a crash anywhere shows every write, and the truncation whole or not.
+    let initial = pattern(19, 8 * BS as usize);
+    let mut before = Model(initial.clone());
+    for &(off, len, tag) in MIX {
+        before.write(&pattern(tag, len), off);
+    }
+    let size = before.0.len() as u64 - 100;
+    let mut after = before.clone();
+    after.set_len(size);
+    for (i, cfg) in configs().into_iter().enumerate() {
+        check_op(
+            cfg,
+            Sampling::new(800 + i as u64),
+            &|vol| {
+                let f = setup_with(&initial)(vol);
+                for &(off, len, tag) in MIX {
+                    f.write_at(&pattern(tag, len), off).unwrap();
+                }
+                f
+            },
+            &|_, f: &mut OpenNode| f.set_len(size),
             "f",
             &before,
             &after,

@@ -60,6 +60,9 @@ fn load_cursor<M: Media + ?Sized>(media: &M, at: PmOff) -> Result<(u64, Cursor)>
 /// The applier of [`Log::digest_batched`]: a batch of entries, each with its LSN.
 pub type ApplyBatch<'a> = dyn FnMut(&[(u64, Entry)]) -> Result<()> + 'a;
 
+/// The batching rule of [`Log::digest_batched`]: whether a write joins a batch of writes.
+pub type JoinsBatch<'a> = dyn Fn(&[(u64, Entry)], &Entry) -> bool + 'a;
+
 /// What [`Log::digest`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Digest {
@@ -289,14 +292,15 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         alive: &dyn Fn(u32) -> bool,
         apply: &mut dyn FnMut(u64, &Entry) -> Result<()>,
     ) -> Result<Digest> {
-        self.digest_batched(cursor, holder, alive, 1, &mut |batch| {
+        self.digest_batched(cursor, holder, alive, &|_, _| false, &mut |batch| {
             batch.iter().try_for_each(|(lsn, e)| apply(*lsn, e))
         })
     }
 
-    /// [`digest`](Log::digest) in batches: `apply` gets up to `max` consecutive
-    /// [`Entry::Write`]s at once, or one entry of another kind, each with its LSN, and the
-    /// cursor moves past each batch once (durably), not past each entry.
+    /// [`digest`](Log::digest) in batches: `apply` gets consecutive [`Entry::Write`]s at
+    /// once, or one entry of another kind, each with its LSN, and the cursor moves past each
+    /// batch once (durably), not past each entry. A write joins the batch of writes before it
+    /// when `joins(batch, write)` says so; the rule must depend on the entries alone.
     ///
     /// A crash, or a holder that died, can so leave a batch partly applied, and the next
     /// holder applies the entries from the first of that batch again, maybe in a longer batch
@@ -307,20 +311,17 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
     /// to it first, so no batch spans a truncation or a punch.
     ///
     /// # Errors
-    /// As [`digest`](Log::digest); `max == 0` is [`Error::InvalidArgument`].
+    /// As [`digest`](Log::digest).
     pub fn digest_batched(
         &self,
         cursor: PmOff,
         holder: u32,
         alive: &dyn Fn(u32) -> bool,
-        max: usize,
+        joins: &JoinsBatch<'_>,
         apply: &mut ApplyBatch<'_>,
     ) -> Result<Digest> {
         if holder == 0 || holder > MAX_HOLDER {
             return Err(Error::InvalidArgument("digest holder id out of range"));
-        }
-        if max == 0 {
-            return Err(Error::InvalidArgument("digest batches of no entries"));
         }
         check_root(&self.media, cursor)?;
         let is_write = |e: &Entry| matches!(e, Entry::Write { .. });
@@ -339,8 +340,8 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
                     batch.push((pos.lsn(), entry));
                     next = replay.next();
                     let last = next.is_none();
-                    let joins = matches!(&next, Some(Ok((_, e))) if write && is_write(e));
-                    if joins && batch.len() < max {
+                    if matches!(&next, Some(Ok((_, e))) if write && is_write(e) && joins(&batch, e))
+                    {
                         continue;
                     }
                     apply(&batch)?;

@@ -171,10 +171,11 @@
 //! the cursor to the tail and frees it in one CAS, then looks at the tail once more and starts
 //! over if entries arrived. One holder at a time, with no DRAM lock: the cursor is a PM word,
 //! so the rule holds across processes, and `apply` runs under no lock at all.
-//! [`Log::digest_batched`] does the same with batches of consecutive writes (a truncation or
-//! punch always alone, the cursor moved up to it first) and moves the cursor once per batch;
-//! its applier must then be idempotent over a batch left half applied, also when it comes
-//! back longer (HashFS's `apply_writes` is).
+//! [`Log::digest_batched`] does the same with batches of consecutive writes, as long as the
+//! caller's rule lets each join (a truncation or punch always alone, the cursor moved up to
+//! it first), and moves the cursor once per batch; its applier must then be idempotent over
+//! a batch left half applied, also when it comes back longer (HashFS's `apply_writes` is; the
+//! engine batches writes to disjoint blocks on the other structures).
 //!
 //! **Busy and takeover.** A caller that finds another holder in the cursor asks its liveness
 //! oracle (`alive`, e.g. "does this pid run"): if the holder is alive the call returns
@@ -270,8 +271,8 @@ use gc::Retired;
 
 pub use append::{Commit, Prepared};
 pub use digest::{
-    ApplyBatch, CURSOR_HOLDER_BITS, CURSOR_LSN_BITS, Digest, MAX_HOLDER, clamp_cursor, cursor_lsn,
-    init_cursor, reset_holder,
+    ApplyBatch, CURSOR_HOLDER_BITS, CURSOR_LSN_BITS, Digest, JoinsBatch, MAX_HOLDER, clamp_cursor,
+    cursor_lsn, init_cursor, reset_holder,
 };
 pub use entry::{Entry, MAX_RUN_LEN};
 pub use format::{ENTRIES_PER_BLOCK, HeadWord, INLINE_MAX_LEN, LOG_VERSION, MAX_PINS};

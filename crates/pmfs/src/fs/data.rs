@@ -40,16 +40,20 @@
 //! the file, before it frees it, and when staging finds no space; every other update (a
 //! truncation, a punch, an allocation) digests at once. Until then readers see the writes
 //! through their overlay, `metadata` folds the log for the size ([`Fs::live_size`]), and the
-//! blocks the writes replaced stay allocated. [`Log::digest`] applies every undigested entry
-//! to the mapping in log order, one holder at a time across processes (the cursor word,
-//! holder = process id, a dead holder is taken over). Applying is idempotent: a write's run
-//! that the mapping already maps exactly is skipped, else the mapping's `replace` maps it over
-//! the range (freeing the replaced blocks; one undo transaction on the trees); a truncation stores the size,
-//! unmaps `[ceil(size / 4096), MAPPED_END)` and lowers `MAPPED_END`; a punch unmaps. On
-//! HashFS, consecutive writes are applied together ([`Log::digest_batched`] and
-//! [`HashFs::apply_writes`]): the displaced versions are tombstoned, one fence, the new ones
-//! promoted, one fence, then the cursor moves past the whole batch; a block written twice in
-//! a batch is promoted once, and its losing staged slot given back after the cursor moved.
+//! blocks the writes replaced stay allocated. [`Log::digest_batched`] applies every
+//! undigested entry to the mapping in log order, one holder at a time across processes (the
+//! cursor word, holder = process id, a dead holder is taken over), in batches of consecutive
+//! writes that move the cursor once. Applying is idempotent: a write's run that the mapping
+//! already maps exactly is skipped, else the mapping's `replace` maps it over the range
+//! (freeing the replaced blocks; one undo transaction on the trees); a truncation stores the
+//! size, unmaps `[ceil(size / 4096), MAPPED_END)` and lowers `MAPPED_END`; a punch unmaps. On
+//! the extent tree, radix tree and cuckoo hash a batch holds writes to disjoint blocks only,
+//! so applying it again after a crash cannot map a block back to an older version; its runs
+//! are applied in block order, those continuing each other as one run (a batch of appends is
+//! one mapping update). On HashFS ([`HashFs::apply_writes`]) the displaced versions are
+//! tombstoned, one fence, the new ones promoted, one fence, then the cursor moves past the
+//! whole batch; a block written twice in a batch is promoted once, and its losing staged slot
+//! given back after the cursor moved.
 //! Once the log has grown by a block of applied entries, [`Log::compact_applied`] drops them.
 //!
 //! The modification time is stamped from the kernel's coarse clock, before the data fence
@@ -1410,7 +1414,7 @@ impl Fs {
             })
         };
         // HashFS applies batches of writes with two fences (`HashFs::apply_writes`); the other
-        // structures one entry at a time.
+        // structures batches of writes to disjoint blocks (`apply_disjoint`).
         let mut superseded = Vec::new();
         let r = match &self.stage {
             Stager::Hash(t) => {
@@ -1419,13 +1423,17 @@ impl Fs {
                     cursor,
                     me,
                     &alive,
-                    DIGEST_AFTER_ENTRIES as usize,
+                    &|batch, _| batch.len() < DIGEST_AFTER_ENTRIES as usize,
                     &mut |batch| note(self.apply_batch(ino, f, t, hf, batch, &mut superseded)),
                 )
             }
-            Stager::Alloc(_) => s
-                .log
-                .digest(cursor, me, &alive, &mut |_, e| note(self.apply(ino, f, e))),
+            Stager::Alloc(_) => s.log.digest_batched(
+                cursor,
+                me,
+                &alive,
+                &|batch, e| batch.len() < DIGEST_AFTER_ENTRIES as usize && disjoint(batch, e),
+                &mut |batch| note(self.apply_disjoint(ino, f, batch)),
+            ),
         };
         if let Some(err) = failed {
             return Err(err);
@@ -1514,6 +1522,54 @@ impl Fs {
             self.inodes.store(m, ino, field::SIZE, size)?;
         }
         superseded.extend(t.apply_writes(hf, &runs)?);
+        Ok(())
+    }
+
+    /// Applies a batch of [`Log::digest_batched`] on a structure other than HashFS: writes
+    /// to disjoint blocks (see [`disjoint`]), or one entry of another kind alone through
+    /// [`apply`](Fs::apply). Their runs are applied in block order, those that continue each
+    /// other on both sides as one (appends become one mapping update per batch); a run the
+    /// mapping already maps exactly is skipped. With no block written twice, applying again a
+    /// batch that a crash cut short, or a longer one from the same entry, maps every block to
+    /// the same place: no write can undo a later one.
+    fn apply_disjoint(&self, ino: u32, f: &MapFile, batch: &[(u64, Entry)]) -> Result<()> {
+        let m = self.m();
+        let mut runs: Vec<Run> = Vec::new();
+        let mut size = 0;
+        for (_, e) in batch {
+            let Entry::Write { runs: r, extend_to } = e else {
+                return match batch {
+                    [(_, e)] => self.apply(ino, f, e),
+                    _ => Err(Error::InvalidArgument("a digest batch mixes entry kinds")),
+                };
+            };
+            size = size.max(*extend_to);
+            runs.extend_from_slice(r);
+        }
+        runs.sort_unstable_by_key(|r| r.lblk);
+        let mut merged: Vec<Run> = Vec::with_capacity(runs.len());
+        for r in runs {
+            match merged.last_mut() {
+                Some(l) if l.lblk + l.len == r.lblk && l.pblk.0 + l.len == r.pblk.0 => {
+                    l.len += r.len;
+                }
+                _ => merged.push(r),
+            }
+        }
+        let hi = merged.last().map_or(0, |r| r.lblk + r.len);
+        if hi > self.inodes.load(m, ino, field::MAPPED_END)? {
+            self.inodes.store(m, ino, field::MAPPED_END, hi)?;
+            m.fence();
+        }
+        for r in &merged {
+            if !self.maps_exactly(f, r)? {
+                self.map.replace(f, *r)?;
+            }
+        }
+        if size > self.inodes.load(m, ino, field::SIZE)? {
+            self.inodes.store(m, ino, field::SIZE, size)?;
+        }
+        m.fence();
         Ok(())
     }
 
@@ -1922,4 +1978,20 @@ impl Fs {
         }
         Ok(())
     }
+}
+
+/// The batching rule of the structures other than HashFS: a write joins a batch of writes
+/// when it writes none of the blocks they write (see [`Fs::apply_disjoint`]).
+fn disjoint(batch: &[(u64, Entry)], e: &Entry) -> bool {
+    let Entry::Write { runs, .. } = e else {
+        return false;
+    };
+    batch.iter().all(|(_, b)| match b {
+        Entry::Write { runs: theirs, .. } => runs.iter().all(|r| {
+            theirs
+                .iter()
+                .all(|t| r.lblk + r.len <= t.lblk || t.lblk + t.len <= r.lblk)
+        }),
+        _ => false,
+    })
 }
