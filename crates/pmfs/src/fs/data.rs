@@ -108,6 +108,8 @@
 //! done, and a crash may leave one torn (as with `mmap` on any file system), and a size
 //! change may be seen before the bytes it covers are written.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLockReadGuard, RwLockWriteGuard};
 
@@ -1416,6 +1418,7 @@ impl Fs {
         // HashFS applies batches of writes with two fences (`HashFs::apply_writes`); the other
         // structures batches of writes to disjoint blocks (`apply_disjoint`).
         let mut superseded = Vec::new();
+        let disjoint = Disjoint::default();
         let r = match &self.stage {
             Stager::Hash(t) => {
                 let hf = handle::<HashFsFile>(f)?;
@@ -1431,7 +1434,7 @@ impl Fs {
                 cursor,
                 me,
                 &alive,
-                &|batch, e| batch.len() < DIGEST_AFTER_ENTRIES as usize && disjoint(batch, e),
+                &|batch, e| batch.len() < DIGEST_AFTER_ENTRIES as usize && disjoint.joins(batch, e),
                 &mut |batch| note(self.apply_disjoint(ino, f, batch)),
             ),
         };
@@ -1526,7 +1529,7 @@ impl Fs {
     }
 
     /// Applies a batch of [`Log::digest_batched`] on a structure other than HashFS: writes
-    /// to disjoint blocks (see [`disjoint`]), or one entry of another kind alone through
+    /// to disjoint blocks (see [`Disjoint`]), or one entry of another kind alone through
     /// [`apply`](Fs::apply). Their runs are applied in block order, those that continue each
     /// other on both sides as one (appends become one mapping update per batch); a run the
     /// mapping already maps exactly is skipped. With no block written twice, applying again a
@@ -1981,17 +1984,38 @@ impl Fs {
 }
 
 /// The batching rule of the structures other than HashFS: a write joins a batch of writes
-/// when it writes none of the blocks they write (see [`Fs::apply_disjoint`]).
-fn disjoint(batch: &[(u64, Entry)], e: &Entry) -> bool {
-    let Entry::Write { runs, .. } = e else {
-        return false;
-    };
-    batch.iter().all(|(_, b)| match b {
-        Entry::Write { runs: theirs, .. } => runs.iter().all(|r| {
-            theirs
-                .iter()
-                .all(|t| r.lblk + r.len <= t.lblk || t.lblk + t.len <= r.lblk)
-        }),
-        _ => false,
-    })
+/// when it writes none of the blocks they write (see [`Fs::apply_disjoint`]). Keeps the
+/// blocks of the batch being built as disjoint intervals (start → end): the log asks about
+/// each next write once, with the batch so far.
+#[derive(Default)]
+struct Disjoint(RefCell<BTreeMap<u64, u64>>);
+
+impl Disjoint {
+    fn joins(&self, batch: &[(u64, Entry)], e: &Entry) -> bool {
+        let Entry::Write { runs, .. } = e else {
+            return false;
+        };
+        let mut taken = self.0.borrow_mut();
+        if let [(_, first)] = batch {
+            taken.clear();
+            if let Entry::Write { runs, .. } = first {
+                for r in runs {
+                    taken.insert(r.lblk, r.lblk + r.len);
+                }
+            }
+        }
+        let free = |r: &Run| {
+            taken
+                .range(..r.lblk + r.len)
+                .next_back()
+                .is_none_or(|(_, &end)| end <= r.lblk)
+        };
+        if !runs.iter().all(free) {
+            return false;
+        }
+        for r in runs {
+            taken.insert(r.lblk, r.lblk + r.len);
+        }
+        true
+    }
 }
