@@ -28,7 +28,7 @@ pub(crate) trait Mapper: Send + Sync {
     fn prefetch(&self, f: &MapFile, lblk: u64);
     fn insert(&self, f: &MapFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
     fn remove(&self, f: &MapFile, lblk: u64, len: u64) -> Result<u64>;
-    fn replace(&self, f: &MapFile, run: Run) -> Result<u64>;
+    fn replace_many(&self, f: &MapFile, runs: &[Run]) -> Result<u64>;
     fn remove_file(&self, f: &MapFile) -> Result<()>;
     fn owned_blocks(&self, f: &MapFile, visit: &mut dyn FnMut(Extent)) -> Result<()>;
     fn recover(&self) -> Result<()>;
@@ -73,8 +73,8 @@ where
         Ok(FileMapping::remove(self, handle(f)?, lblk, len)?)
     }
 
-    fn replace(&self, f: &MapFile, run: Run) -> Result<u64> {
-        Ok(FileMapping::replace(self, handle(f)?, run)?)
+    fn replace_many(&self, f: &MapFile, runs: &[Run]) -> Result<u64> {
+        Ok(FileMapping::replace_many(self, handle(f)?, runs)?)
     }
 
     fn remove_file(&self, f: &MapFile) -> Result<()> {

@@ -120,6 +120,28 @@ pub trait FileMapping: Send + Sync {
         Ok(freed)
     }
 
+    /// [`replace`](FileMapping::replace) of each of `runs`, which must not overlap, skipping
+    /// those the file maps exactly already (so a batch can be applied again); returns how
+    /// many blocks it freed. Durable when it returns. A crash before that can leave any subset
+    /// of the runs replaced, not only a prefix: the caller applies the batch again after one.
+    /// The blocks a run replaces are freed only once its new mapping is durable. On error,
+    /// the runs before the failing one are replaced, durably.
+    ///
+    /// The default replaces the runs one at a time; structures override it to make the
+    /// runs durable together.
+    fn replace_many(&self, file: &Self::File, runs: &[Run]) -> Result<u64> {
+        let mut freed = 0;
+        let mut got = Vec::new();
+        for r in runs {
+            got.clear();
+            self.lookup(file, r.lblk, r.len, &mut got)?;
+            if !maps_exactly(r, &mut got) {
+                freed += self.replace(file, *r)?;
+            }
+        }
+        Ok(freed)
+    }
+
     /// Unmaps and frees all of a file's blocks, including the structure's own nodes, and
     /// resets its root word.
     fn remove_file(&self, file: &Self::File) -> Result<()>;
@@ -132,4 +154,18 @@ pub trait FileMapping: Send + Sync {
     /// half-done operations). Must be called once after opening a region that was not
     /// closed cleanly, before any other call.
     fn recover(&self) -> Result<()>;
+}
+
+/// Whether the runs a lookup of `r`'s range returned in `got` (in any order) map exactly
+/// `r`: every block of the range, each to its block of `r`.
+pub fn maps_exactly(r: &Run, got: &mut [Run]) -> bool {
+    got.sort_unstable_by_key(|g| g.lblk);
+    let mut at = r.lblk;
+    for g in got.iter() {
+        if g.lblk != at || g.pblk.0 != r.pblk.0 + (g.lblk - r.lblk) {
+            return false;
+        }
+        at += g.len;
+    }
+    at == r.lblk + r.len
 }

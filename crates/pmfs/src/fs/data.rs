@@ -1564,31 +1564,12 @@ impl Fs {
             self.inodes.store(m, ino, field::MAPPED_END, hi)?;
             m.fence();
         }
-        for r in &merged {
-            if !self.maps_exactly(f, r)? {
-                self.map.replace(f, *r)?;
-            }
-        }
+        self.map.replace_many(f, &merged)?;
         if size > self.inodes.load(m, ino, field::SIZE)? {
             self.inodes.store(m, ino, field::SIZE, size)?;
         }
         m.fence();
         Ok(())
-    }
-
-    /// Whether the mapping maps `r` exactly.
-    fn maps_exactly(&self, f: &MapFile, r: &Run) -> Result<bool> {
-        let mut got = Vec::new();
-        self.map.lookup(f, r.lblk, r.len, &mut got)?;
-        got.sort_unstable_by_key(|g| g.lblk);
-        let mut at = r.lblk;
-        for g in &got {
-            if g.lblk != at || g.pblk.0 != r.pblk.0 + (g.lblk - r.lblk) {
-                return Ok(false);
-            }
-            at += g.len;
-        }
-        Ok(at == r.lblk + r.len)
     }
 
     /// Applies one entry to the mapping and the size word, idempotently (see the module
@@ -1602,11 +1583,7 @@ impl Fs {
                     self.inodes.store(m, ino, field::MAPPED_END, hi)?;
                     m.fence();
                 }
-                for r in runs {
-                    if !self.maps_exactly(f, r)? {
-                        self.map.replace(f, *r)?;
-                    }
-                }
+                self.map.replace_many(f, runs)?;
                 if *extend_to > self.inodes.load(m, ino, field::SIZE)? {
                     self.inodes.store(m, ino, field::SIZE, *extend_to)?;
                 }

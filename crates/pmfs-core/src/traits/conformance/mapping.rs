@@ -43,6 +43,8 @@
 //! `insert_at` of fresh blocks over it; [`Op::Replace`] does it in one,
 //! [`replace`](FileMapping::replace), which must report the blocks the model had mapped in
 //! the run and may fail only with [`Error::NoSpace`], leaving the run's old mapping or none.
+//! [`Op::ReplaceMany`] hands [`replace_many`](FileMapping::replace_many) runs with gaps
+//! between them, in reverse order, then the same runs again, which must free nothing.
 //!
 //! # How to use it
 //!
@@ -319,6 +321,19 @@ pub enum Op {
         /// Number of blocks.
         len: u64,
     },
+    /// Obtain blocks for `len` single blocks `stride` apart from `lblk` on, then map them all
+    /// with one [`replace_many`](FileMapping::replace_many), the runs in reverse order; then
+    /// the same call again, which must find them mapped and free nothing.
+    ReplaceMany {
+        /// File index.
+        file: usize,
+        /// First logical block.
+        lblk: u64,
+        /// Number of blocks.
+        len: u64,
+        /// Distance between the blocks, at least 1.
+        stride: u64,
+    },
     /// `remove_file`, then re-open the file.
     RemoveFile {
         /// File index.
@@ -378,8 +393,16 @@ fn op_strategy(cfg: &SuiteConfig) -> BoxedStrategy<Op> {
             .prop_map(|(file, lblk, len)| Op::InsertAt { file, lblk, len }),
         2 => (0..files, lblk.clone(), len.clone())
             .prop_map(|(file, lblk, len)| Op::Overwrite { file, lblk, len }),
-        3 => (0..files, lblk.clone(), len)
+        3 => (0..files, lblk.clone(), len.clone())
             .prop_map(|(file, lblk, len)| Op::Replace { file, lblk, len }),
+        2 => (0..files, lblk.clone(), len, 1..=3u64).prop_map(|(file, lblk, len, stride)| {
+            Op::ReplaceMany {
+                file,
+                lblk,
+                len,
+                stride,
+            }
+        }),
         1 => (0..files, lblk, any::<bool>())
             .prop_map(move |(file, lblk, h)| Op::Truncate { file, lblk, huge: h && huge }),
         1 => (0..files).prop_map(|file| Op::RemoveFile { file }),
@@ -751,6 +774,88 @@ impl<'s, F: FileMapping> Machine<'s, F> {
         Ok(())
     }
 
+    /// Obtains blocks for `len` single blocks `stride` apart from `lblk` on and maps them
+    /// with one `replace_many`, in reverse order; then checks that the same call again
+    /// frees nothing.
+    fn replace_many(&mut self, i: usize, lblk: u64, len: u64, stride: u64) -> Result<(), String> {
+        let stride = stride.max(1);
+        if len == 0
+            || (len - 1)
+                .checked_mul(stride)
+                .and_then(|d| d.checked_add(lblk + 1))
+                .is_none_or(|end| end > self.cfg.max_lblk)
+        {
+            return Ok(());
+        }
+        let mut runs = Vec::new();
+        for k in 0..len {
+            match self.obtain(i, lblk + k * stride, 1)? {
+                Some(got) => runs.extend(got),
+                None => break,
+            }
+        }
+        runs.reverse();
+        let call = |s: &Self| s.s.mapping.replace_many(s.handle(i), &runs);
+        match call(self) {
+            Ok(freed) => {
+                let mut want = 0;
+                for r in &runs {
+                    want += self.remove_model(i, r.lblk, r.lblk + r.len);
+                    for k in 0..r.len {
+                        self.phys.insert(r.pblk.0 + k, i);
+                        self.models[i].insert(r.lblk + k, r.pblk.0 + k);
+                    }
+                }
+                ensure!(
+                    freed == want,
+                    "replace_many(file {i}, {runs:?}) reported {freed} blocks freed, model had \
+                     {want}"
+                );
+                let again = call(self).map_err(|e| {
+                    format!("replace_many(file {i}, {runs:?}) again: {}", err_string(&e))
+                })?;
+                ensure!(
+                    again == 0,
+                    "replace_many(file {i}, {runs:?}) again freed {again} blocks"
+                );
+                Ok(())
+            }
+            Err(Error::NoSpace) => {
+                // Each run is replaced, or keeps its old mapping or (the default's remove
+                // went through) none; the runs not replaced go back to the source.
+                let mut back = Vec::new();
+                for &r in &runs {
+                    let got = normalize(&self.lookup(i, r.lblk, r.len)?);
+                    if got == [r] {
+                        self.remove_model(i, r.lblk, r.lblk + r.len);
+                        for k in 0..r.len {
+                            self.phys.insert(r.pblk.0 + k, i);
+                            self.models[i].insert(r.lblk + k, r.pblk.0 + k);
+                        }
+                        continue;
+                    }
+                    let had = model_runs(&self.models[i], r.lblk, r.len);
+                    ensure!(
+                        got == had || got.is_empty(),
+                        "replace_many(file {i}, {runs:?}) failed out of space and left {got:?} \
+                         at {r:?}, model had {had:?}"
+                    );
+                    if got.is_empty() {
+                        self.remove_model(i, r.lblk, r.lblk + r.len);
+                    }
+                    back.push(r);
+                }
+                self.source()
+                    .release(&self.s.mapping, &back)
+                    .map_err(|e| format!("releasing runs {back:?}: {}", err_string(&e)))
+            }
+            Err(e) => Err(format!(
+                "replace_many(file {i}, {runs:?}) failed: {}",
+                err_string(&e)
+            )),
+        }
+    }
+
     fn apply(&mut self, op: &Op) -> Result<(), String> {
         match *op {
             Op::Insert { file, lblk, len } => self.insert(file, lblk, len),
@@ -811,6 +916,12 @@ impl<'s, F: FileMapping> Machine<'s, F> {
                 self.insert_at(file, lblk, len)
             }
             Op::Replace { file, lblk, len } => self.replace(file, lblk, len),
+            Op::ReplaceMany {
+                file,
+                lblk,
+                len,
+                stride,
+            } => self.replace_many(file, lblk, len, stride),
             Op::Truncate { file, lblk, huge } => {
                 let len = if huge {
                     u64::MAX - lblk
