@@ -36,6 +36,9 @@ pub(crate) mod field {
     pub const CTIME: u64 = 56;
     pub const ROOT: u64 = 72;
     pub const PARENT: u64 = 80;
+    /// Regular files (which have no parent word): the process holding the file's *tail* on
+    /// HashFS (see `fs::data`), 0 when free. Reset at mount.
+    pub const TAIL: u64 = 80;
     pub const RDEV: u64 = 88;
     /// Regular files (which have no device number): how many mappings and in-place writers
     /// hold the file in *mapped mode* (see `fs::data`). Reset at mount.
@@ -71,7 +74,7 @@ pub(crate) const S_IFBLK: u32 = 0o060000;
 /// | 32     | size                                            |
 /// | 40..72 | atime, mtime, ctime, btime (ns since the epoch) |
 /// | 72     | mapping root word (per-file mapping structures) |
-/// | 80     | parent directory handle (directories)           |
+/// | 80     | parent directory handle (directories); tail holder (files) |
 /// | 88     | device number (devices); mapped-mode count (files) |
 /// | 96     | extended attributes: current block, length, crc |
 /// | 104    | regular files: log head word (0: none)          |

@@ -18,18 +18,17 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use pmfs::{Ino, MappingKind, OpenNode, Options, Volume};
-use pmfs_core::pm::{Media, PmRegion};
+use pmfs::{Ino, OpenNode, Volume};
 
 use data_common::lin::{
     Rec, check_final, check_read, check_words, check_words_final, tag, tags_of, words_of,
 };
+use data_common::procs::{self, OWNERS, fsck_pool_clean, hashfs_pool, scratch, spawn_role};
 use data_common::rng::Rng;
 use data_common::{BS, RW, create};
 
@@ -191,24 +190,6 @@ fn parse_log(path: &Path, writes: &mut HashMap<u64, Rec>, reads: &mut Vec<Read>)
     }
 }
 
-/// A scratch directory for one test's pool and logs.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pmfs-data-mp-{}-{name}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn spawn(test: &str, role: &Role) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, role.encode())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
 fn expect_success(child: Child, who: &str) {
     let out = child.wait_with_output().unwrap();
     assert!(
@@ -224,23 +205,11 @@ fn expect_success(child: Child, who: &str) {
 /// microseconds) SIGKILLs that writer that long after it finished that many writes. The
 /// owner reads while they run, then checks every read and the final state, remounts and
 /// runs fsck.
-/// Serialises the owners of this binary's tests. A child forked by one test holds a copy of
-/// every descriptor of this process until it execs, among them another test's pool owner lock
-/// (an `flock`, which lives as long as any copy of its descriptor): that test's remount could
-/// then find its own pool still locked.
-static OWNERS: Mutex<()> = Mutex::new(());
-
 fn run_owner(test: &str, unit: u64, writes: &[u64], kill: Option<(usize, usize, u64)>) {
     let _serial = OWNERS.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch(test);
+    let dir = scratch("data-mp", test);
     let pool = dir.join("pool");
-    let opts = Options {
-        inodes: Some(64),
-        journal_slots: 4,
-        size: 16 << 20,
-        ..Options::with_mapping(MappingKind::HashFs)
-    };
-    let vol = Volume::create(&pool, &opts).unwrap();
+    let vol = hashfs_pool(&pool, 16 << 20);
     let ino = {
         let f = create(&vol, "f");
         f.write_at(&vec![0u8; (BLOCKS * BS) as usize], 0).unwrap();
@@ -268,7 +237,10 @@ fn run_owner(test: &str, unit: u64, writes: &[u64], kill: Option<(usize, usize, 
             log: dir.join(format!("writer-{}", i + 1)),
         })
         .collect();
-    let mut children: Vec<Option<Child>> = roles.iter().map(|r| Some(spawn(test, r))).collect();
+    let mut children: Vec<Option<Child>> = roles
+        .iter()
+        .map(|r| Some(spawn_role(test, CHILD_ENV, &r.encode())))
+        .collect();
     let done = AtomicBool::new(false);
     let mut owner_reads = Vec::new();
     let mut killed_at = None;
@@ -359,20 +331,13 @@ fn run_owner(test: &str, unit: u64, writes: &[u64], kill: Option<(usize, usize, 
     assert_eq!(again.tags, last.tags, "the file changed across the remount");
     drop(node);
     vol.close().unwrap();
-    let media: Arc<dyn Media> = Arc::new(PmRegion::open(&pool).unwrap());
-    data_common::fsck_clean(media).unwrap();
+    fsck_pool_clean(&pool);
     fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Runs the writer role when this process is a writer; true if it was.
 fn as_child() -> bool {
-    match std::env::var(CHILD_ENV) {
-        Ok(role) => {
-            run_child(&Role::decode(&role));
-            true
-        }
-        Err(_) => false,
-    }
+    procs::as_child(CHILD_ENV, |role| run_child(&Role::decode(role)))
 }
 
 #[test]

@@ -68,6 +68,26 @@
 //! lookups must not run into a digest restructuring a tree. Size changes, allocation and
 //! punching hold the lock on every structure.
 //!
+//! # The tail
+//!
+//! The bytes past the end of file in the partial last block belong to no version of the file
+//! (a truncation leaves old bytes there, which growing the file must zero). So an update that
+//! starts at or past the end of file inside that block writes its bytes there *in place*
+//! (with zeros over any gap from the old end), flushes them with the staged blocks' copies,
+//! and commits an entry that only raises the size for that block: an append of a few bytes
+//! copies no block and stages none. This needs the writer to own those bytes and the block
+//! to stay the file's until the commit, so every update that changes the size or writes the
+//! partial last block holds the file's *tail* from its plan to its commit: on the trees and
+//! the cuckoo hash the inode's lock, which every writer holds alone anyway; on HashFS, where
+//! writers of other blocks run unlocked in several processes, this process's tail mutex and
+//! then the inode's `TAIL` word, which names the holding process (taken by CAS, waited for
+//! while that process lives, taken over once it has died, reset at mount). Under the tail
+//! no other entry can move the end of file or supersede the last block, so the entries that
+//! commit meanwhile (writes of other blocks) never conflict with the bytes written in place.
+//! Mapped mode writes the tail its own way (after the commit) and takes no in-place path. A
+//! crash, or an error, before the commit leaves the bytes past the end of file, where they
+//! are not part of the file.
+//!
 //! A write is durable and atomic when it returns: after a crash each update is wholly present
 //! or absent, and mount recovery digests every log (see [`super`]).
 //!
@@ -111,7 +131,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard, RwLockWriteGuard};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::log::{Commit, Digest, ENTRIES_PER_BLOCK, Entry, HeadWord, Log, Position};
@@ -136,6 +156,8 @@ pub(crate) type FileLog = Log<Pm, dyn BlockAllocator>;
 pub(crate) struct Shared {
     pub log: FileLog,
     ov: Mutex<Overlay>,
+    /// This process's side of the file's tail ([`Fs::lock_tail`]).
+    tail: Mutex<()>,
     /// The applied LSN at the last log compaction.
     gc_at: AtomicU64,
     /// Writes this process committed since its last digest, and their blocks (see
@@ -153,6 +175,7 @@ impl Shared {
         Shared {
             log,
             ov: Mutex::new(Overlay::new(digested)),
+            tail: Mutex::new(()),
             gc_at: AtomicU64::new(digested),
             pending_entries: AtomicU64::new(0),
             pending_blocks: AtomicU64::new(0),
@@ -290,6 +313,88 @@ impl Update {
         lazy: false,
         holes: true,
     };
+}
+
+/// The file's tail, held: on HashFS this process's lock of it and the inode's `TAIL` word
+/// naming this process; on the other structures nothing (the inode's lock, which every
+/// writer holds alone, does the same). Dropping it frees both.
+struct TailGuard<'a> {
+    media: &'a dyn Media,
+    at: PmOff,
+    _local: MutexGuard<'a, ()>,
+}
+
+impl Drop for TailGuard<'_> {
+    fn drop(&mut self) {
+        let _ = self.media.store_u64(self.at, 0);
+    }
+}
+
+/// The bytes of an update that go in place into the partial last block (see
+/// [`tail_in_place`]): zeros over `[size, from)`, then `data` at `from`, or zeros up to `to`.
+#[derive(Clone, Copy, Debug)]
+struct InPlace<'b> {
+    lblk: u64,
+    size: u64,
+    from: u64,
+    to: u64,
+    data: Option<&'b [u8]>,
+}
+
+/// Takes out of `segs` the part that writes at or past the old end `size` of the file inside
+/// its partial last block, to be written in place (see the module documentation): what a
+/// write starting there puts into that block, or the zeros a file growing past it needs. The
+/// rest of the segment, from the next block on, stays. `None` when no segment does that
+/// (the end is block-aligned, or a segment writes below it in that block).
+fn tail_in_place<'b>(segs: &mut Vec<Seg<'b>>, size: u64) -> Option<InPlace<'b>> {
+    if size.is_multiple_of(BS) {
+        return None;
+    }
+    let t = size / BS;
+    let end = t * BS + BS;
+    let i = segs
+        .iter()
+        .position(|sg| sg.lblk <= t && t < sg.lblk + sg.len)?;
+    let sg = segs[i];
+    if sg.from < size {
+        return None;
+    }
+    // A growth past the old end without new bytes in the block (`eof_seg`) zeroes the rest
+    // of the block; a segment of zeros or bytes covers its range.
+    let to = if sg.from == sg.to {
+        end
+    } else {
+        sg.to.min(end)
+    };
+    let piece = InPlace {
+        lblk: t,
+        size,
+        from: sg.from,
+        to,
+        data: sg.data.map(|d| &d[..(to - sg.from) as usize]),
+    };
+    if sg.to > end {
+        segs[i] = Seg {
+            lblk: t + 1,
+            len: sg.lblk + sg.len - (t + 1),
+            from: end,
+            to: sg.to,
+            data: sg.data.map(|d| &d[(end - sg.from) as usize..]),
+        };
+    } else {
+        segs.remove(i);
+    }
+    Some(piece)
+}
+
+/// Whether an update of `segs` that extends the file to `extend_to` (0: it does not) needs
+/// the file's tail: it changes the size or writes the partial last block.
+fn needs_tail(segs: &[Seg<'_>], extend_to: u64, size: u64) -> bool {
+    if extend_to > size {
+        return true;
+    }
+    let t = size / BS;
+    !size.is_multiple_of(BS) && segs.iter().any(|sg| sg.lblk <= t && t < sg.lblk + sg.len)
 }
 
 /// Adds one to (`up`) or takes one from the counter word at `at`, by CAS; `from_nonzero`
@@ -816,6 +921,56 @@ impl Fs {
             .then(|| self.ilock(ino).write().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// Writes an [`InPlace`] piece into block `pblk`, its partial last block, and flushes it
+    /// (the caller fences before it commits).
+    fn write_in_tail(&self, p: &InPlace<'_>, pblk: u64) -> Result<()> {
+        const ZEROS: [u8; BS as usize] = [0; BS as usize];
+        let m = self.m();
+        let at = |x: u64| BlockNo(pblk).offset() + (x - p.lblk * BS);
+        let zero_to = if p.data.is_some() { p.from } else { p.to };
+        if zero_to > p.size {
+            m.write(at(p.size), &ZEROS[..(zero_to - p.size) as usize])?;
+        }
+        if let Some(d) = p.data {
+            m.write(at(p.from), d)?;
+        }
+        m.flush(at(p.size), p.to - p.size)?;
+        Ok(())
+    }
+
+    /// Takes the tail of file `ino` ([`TailGuard`]): waits for a live holder, replaces a
+    /// dead one. Every update that changes the size or writes the partial last block holds
+    /// it from its plan to its commit; it lets the holder write past the end of file in
+    /// place. `None` on the structures other than HashFS.
+    fn lock_tail<'a>(&'a self, ino: u32, s: &'a Shared) -> Result<Option<TailGuard<'a>>> {
+        if !matches!(self.stage, Stager::Hash(_)) {
+            return Ok(None);
+        }
+        let local = s.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let m = self.m();
+        let at = self.inodes.field(ino, field::TAIL);
+        let me = u64::from(self.holder);
+        let mut tries = 0u32;
+        loop {
+            let cur = m.load_u64(at)?;
+            // Another volume of this process may hold it too (the same id): wait for that.
+            let dead = || cur != me && u32::try_from(cur).map_or(true, |pid| !alive(pid));
+            if (cur == 0 || (tries % 256 == 255 && dead())) && m.cas_u64(at, cur, me)?.is_ok() {
+                return Ok(Some(TailGuard {
+                    media: m,
+                    at,
+                    _local: local,
+                }));
+            }
+            tries = tries.wrapping_add(1);
+            if tries < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
     /// Stages fresh blocks for `[lblk, lblk + len)`, appending runs to `out`.
     fn stage(
         &self,
@@ -1101,6 +1256,7 @@ impl Fs {
         // Staging may find no space while blocks that undigested writes replaced are still
         // allocated: digest them and try once more.
         let mut digested = false;
+        let mut tail: Option<TailGuard<'_>> = None;
         loop {
             let since = s.log.tail()?;
             // Mapped mode: joined before the commit, left once the bytes are in place. Read
@@ -1109,14 +1265,32 @@ impl Fs {
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
             self.catch_up(n.h.ino, &s, &mut ov, since.lsn())?;
             let size = ov.size(self.digested_size(n.h.ino)?);
-            let Some((segs, extend_to)) = plan(self, Some(&ov), f, size)? else {
+            let Some((mut segs, extend_to)) = plan(self, Some(&ov), f, size)? else {
                 return Ok(None);
+            };
+            let tail_held = tail.is_some() || !matches!(self.stage, Stager::Hash(_));
+            if !tail_held && needs_tail(&segs, extend_to, size) {
+                drop(ov);
+                drop(hold);
+                tail = self.lock_tail(n.h.ino, &s)?;
+                continue;
+            }
+            // Holding the tail, and out of mapped mode, the bytes past the end of file in its
+            // partial last block are nobody's: they go there in place.
+            let in_place = match hold {
+                None if tail_held && !size.is_multiple_of(BS) => {
+                    match self.block_at(Some(&ov), f, size / BS)? {
+                        Some(pblk) => tail_in_place(&mut segs, size).map(|p| (p, pblk)),
+                        None => None,
+                    }
+                }
+                _ => None,
             };
             let (segs, own) = match hold {
                 Some(_) => self.split_mapped(Some(&ov), f, &segs, how.holes)?,
                 None => (segs, Vec::new()),
             };
-            if segs.is_empty() && own.is_empty() && extend_to == 0 {
+            if segs.is_empty() && own.is_empty() && in_place.is_none() && extend_to == 0 {
                 return Ok(None);
             }
             let mut runs: Vec<Run> = Vec::new();
@@ -1168,6 +1342,9 @@ impl Fs {
                 for p in &partials {
                     self.copy_old(Some(&ov), f, p, size, &mut scratch)?;
                 }
+                if let Some((p, pblk)) = in_place {
+                    self.write_in_tail(&p, pblk)?;
+                }
                 Ok(())
             })();
             // The copies above saw every entry below this LSN.
@@ -1210,6 +1387,7 @@ impl Fs {
                 &mut scratch,
             ) {
                 Ok(Attempt::Committed { from, lsn }) => {
+                    drop(tail.take());
                     if hold.is_some() {
                         self.write_in_place(&own, size)?;
                     }
@@ -1708,6 +1886,10 @@ impl Fs {
                 what: "file log",
                 at: self.inodes.field(ino, field::LOG),
             })?;
+            let _tail = self.lock_tail(ino, &s)?;
+            if self.size_of(n)? != size {
+                continue;
+            }
             self.touch_times(ino)?;
             // Each refuses when the mode changed (or the size moved) under it: look again.
             if self.maps(ino)? > 0 {

@@ -364,17 +364,19 @@ impl Fs {
         fs.journal = journal;
 
         // File logs: repair what a crash left (a tail beyond a hole, pins, a dead digest
-        // holder) before anything reads them. No process maps a file or writes one in place
-        // any more: every file leaves mapped mode.
+        // holder) before anything reads them. No process maps a file, writes one in place or
+        // holds its tail any more: every file leaves mapped mode, every tail is free.
         let logged: Vec<u32> = if read_only {
             Vec::new()
         } else {
             let mut v = Vec::new();
             for l in live.iter().filter(|l| l.kind == Kind::File) {
-                let maps = fs.inodes.field(l.h.ino, field::MAPS);
-                if m.load_u64(maps)? != 0 {
-                    m.store_u64(maps, 0)?;
-                    m.persist(maps, 8)?;
+                for word in [field::MAPS, field::TAIL] {
+                    let at = fs.inodes.field(l.h.ino, word);
+                    if m.load_u64(at)? != 0 {
+                        m.store_u64(at, 0)?;
+                        m.persist(at, 8)?;
+                    }
                 }
                 let root = fs.inodes.field(l.h.ino, field::LOG);
                 if m.load_u64(root)? != 0 {

@@ -7,6 +7,7 @@
 
 pub mod lin;
 pub mod model;
+pub mod procs;
 pub mod rng;
 
 use std::cell::Cell;
