@@ -2,12 +2,13 @@
 //! on several allocators: each post-crash image recovers with fsck clean and shows the file
 //! either entirely as before the write or entirely as after it (size, every byte, and the
 //! SEEK_DATA/SEEK_HOLE map), and only "after" once the write returned. Covered: aligned and
-//! unaligned overwrites, appends past an unaligned end of file, a write of 70 blocks, a sparse
-//! write past end of file over stale bytes a truncate left, and an `O_APPEND` write through
-//! the path API. Crash points with at most 8 images are enumerated, others sampled (4; with
-//! `PMFS_CRASH_SAMPLES` that many, and points of up to 256 images enumerated). Recovery of a
-//! crashed write survives crashes of its own, and so does the digest of a mix of writes
-//! (appends, overwrites of blocks written earlier in the same batch, partial blocks).
+//! unaligned overwrites, appends past an unaligned end of file, a write of 70 blocks, writes
+//! into the partial last block (in place) and a sparse write past end of file over stale
+//! bytes a truncate left, and an `O_APPEND` write through the path API. Crash points with at
+//! most 8 images are enumerated, others sampled (4; with `PMFS_CRASH_SAMPLES` that many, and
+//! points of up to 256 images enumerated). Recovery of a crashed write survives crashes of
+//! its own, and so does the digest of a mix of writes (appends, overwrites of blocks written
+//! earlier in the same batch, partial blocks).
 
 mod data_common;
 
@@ -91,6 +92,59 @@ fn write_of_many_blocks_is_atomic() {
     let data = pattern(8, 70 * BS as usize);
     for (i, cfg) in configs().into_iter().enumerate() {
         check_write(cfg, 400 + i as u64, &initial, &data, BS + 7);
+    }
+}
+
+#[test]
+fn writes_into_a_partial_last_block_over_stale_bytes_are_atomic() {
+    // A truncation leaves the old bytes past the new end on media. Writes that start at or
+    // past the end inside that block go there in place: the gap they open and the rest of
+    // the block when the file grows past it must read as zeros.
+    let full = pattern(13, 3 * BS as usize);
+    let size = 2 * BS + 300;
+    let mut before = Model(full.clone());
+    before.set_len(size);
+    let setup = |vol: &Volume| {
+        let f = setup_with(&full)(vol);
+        f.set_len(size).unwrap();
+        f
+    };
+    let data = pattern(14, 100);
+    let cases: [(u64, &[u8]); 4] = [
+        // Right at the end, then past it with a gap, inside the block.
+        (size, &data),
+        (size + 200, &data),
+        // From inside the block into the next two.
+        (size + 10, &pattern(15, 2 * BS as usize)),
+        // In a later block: the block of the end is zeroed past it.
+        (5 * BS + 7, &data),
+    ];
+    for (i, cfg) in configs().into_iter().enumerate() {
+        for (k, &(off, bytes)) in cases.iter().enumerate() {
+            let mut after = before.clone();
+            after.write(bytes, off);
+            check_op(
+                cfg,
+                Sampling::new(900 + 10 * i as u64 + k as u64),
+                &setup,
+                &|_, f: &mut OpenNode| f.write_at(bytes, off).map(drop),
+                "f",
+                &before,
+                &after,
+            );
+        }
+        // Growing the file inside the block.
+        let mut after = before.clone();
+        after.set_len(size + 1000);
+        check_op(
+            cfg,
+            Sampling::new(950 + i as u64),
+            &setup,
+            &|_, f: &mut OpenNode| f.set_len(size + 1000),
+            "f",
+            &before,
+            &after,
+        );
     }
 }
 
