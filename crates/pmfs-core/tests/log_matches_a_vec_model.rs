@@ -94,7 +94,7 @@ proptest! {
         let log = HeapLog::create(r, ROOT, a).unwrap();
         for e in &entries {
             let p = log.prepare(e).unwrap();
-            prop_assert_eq!(p.is_inline(), e.inline().is_some());
+            prop_assert_eq!(p.is_inline(), e.inline_word().is_some());
             p.commit().unwrap();
         }
         prop_assert_eq!(replay(&log), entries);

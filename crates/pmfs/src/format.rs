@@ -27,8 +27,12 @@ use crate::inode::INODE_SIZE;
 pub(crate) const SB_MAGIC: u64 = u64::from_le_bytes(*b"PMFSVOL1");
 /// Format version written by this build. Version 2 added special files (FIFOs, sockets,
 /// device nodes with their device number) and extended attributes, which version-1 code
-/// would read as damaged inodes and blocks past end of file.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+/// would read as damaged inodes and blocks past end of file. Version 3 added the log's
+/// `GROW` entries, which version-2 code would read as damaged logs.
+pub(crate) const FORMAT_VERSION: u32 = 3;
+/// The oldest version this build mounts; mounting one for writing upgrades it to
+/// [`FORMAT_VERSION`] (everything it holds reads the same).
+pub(crate) const OLDEST_VERSION: u32 = 2;
 /// Offset of the mount-state word in block 0.
 pub(crate) const MOUNT_STATE_OFF: PmOff = PmOff(1024);
 /// Mount-state value after a clean close.
@@ -164,6 +168,8 @@ const _: () = assert!(sb::CRC + 8 == SB_SIZE);
 /// The decoded, validated geometry of a volume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Geometry {
+    /// The format version in the superblock.
+    pub version: u32,
     pub mapping: MappingKind,
     pub allocator: AllocatorKind,
     pub total_blocks: u64,
@@ -219,6 +225,7 @@ impl Geometry {
             ));
         }
         Ok(Geometry {
+            version: FORMAT_VERSION,
             mapping: opts.mapping,
             allocator: opts.allocator,
             total_blocks,
@@ -240,7 +247,7 @@ impl Geometry {
     fn encode(&self) -> [u8; SB_SIZE] {
         let mut b = [0u8; SB_SIZE];
         put64(&mut b, sb::MAGIC, SB_MAGIC);
-        put32(&mut b, sb::VERSION, FORMAT_VERSION);
+        put32(&mut b, sb::VERSION, self.version);
         put32(&mut b, sb::BLOCK_SIZE, BLOCK_SIZE as u32);
         put32(&mut b, sb::MAPPING, mapping_code(self.mapping));
         put32(&mut b, sb::ALLOCATOR, self.allocator.code());
@@ -271,7 +278,8 @@ impl Geometry {
         if get32(b, sb::CRC) != crc32c(&b[..sb::CRC]) || get32(b, sb::CRC + 4) != 0 {
             return Err(bad("superblock checksum"));
         }
-        if get32(b, sb::VERSION) != FORMAT_VERSION {
+        let version = get32(b, sb::VERSION);
+        if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(Error::Unsupported("volume format version"));
         }
         if u64::from(get32(b, sb::BLOCK_SIZE)) != BLOCK_SIZE || get32(b, sb::ROOT_INO) != ROOT_INO {
@@ -282,6 +290,7 @@ impl Geometry {
         let allocator =
             AllocatorKind::from_code(get32(b, sb::ALLOCATOR)).ok_or(bad("superblock allocator"))?;
         let g = Geometry {
+            version,
             mapping,
             allocator,
             total_blocks: get64(b, sb::TOTAL_BLOCKS),

@@ -1,4 +1,5 @@
-//! Hostile pool files: a truncated pool, a pool from a future format version, a read-only
+//! Hostile pool files: a truncated pool, a pool from a future format version (and one from
+//! the previous version, upgraded when mounted for writing), a read-only
 //! pool and files that cannot be pools open with an error, never a panic, and change nothing.
 
 mod common;
@@ -40,11 +41,15 @@ impl Drop for Scratch {
 
 /// Creates a pool file with a little content and closes it.
 fn make_pool(path: &Path) {
+    make_pool_of(path, MappingKind::Extent);
+}
+
+fn make_pool_of(path: &Path, kind: MappingKind) {
     let opts = Options {
         size: POOL,
         inodes: Some(64),
         journal_slots: 2,
-        ..Options::with_mapping(MappingKind::Extent)
+        ..Options::with_mapping(kind)
     };
     let vol = Volume::create(path, &opts).unwrap();
     vol.create_dir("/d").unwrap();
@@ -100,7 +105,7 @@ fn a_pool_from_a_future_format_version_is_unsupported() {
     // backup copy in block 1. A future build bumps the version and reseals both copies.
     let mut img = original.clone();
     for base in [0usize, 4096] {
-        img[base + 8..base + 12].copy_from_slice(&3u32.to_le_bytes());
+        img[base + 8..base + 12].copy_from_slice(&4u32.to_le_bytes());
         let crc = crc32c(&img[base..base + 248]);
         img[base + 248..base + 252].copy_from_slice(&crc.to_le_bytes());
     }
@@ -126,13 +131,49 @@ fn a_pool_from_a_future_format_version_is_unsupported() {
     // Only the primary from the future (backup still current): still refused, the
     // backup is not taken as a way around the version.
     let mut img = original;
-    img[8..12].copy_from_slice(&3u32.to_le_bytes());
+    img[8..12].copy_from_slice(&4u32.to_le_bytes());
     let crc = crc32c(&img[..248]);
     img[248..252].copy_from_slice(&crc.to_le_bytes());
     assert!(matches!(
         Volume::mount(region(&img)),
         Err(Error::Unsupported(_))
     ));
+}
+
+#[test]
+fn a_pool_of_the_previous_format_version_is_upgraded_when_mounted_for_writing() {
+    let dir = Scratch::new("previous");
+    let pool = dir.path("pool");
+    // HashFS, which data-only clients attach to.
+    make_pool_of(&pool, MappingKind::HashFs);
+    // Version 2 (before log `GROW` entries) in both superblock copies.
+    let mut img = std::fs::read(&pool).unwrap();
+    for base in [0usize, 4096] {
+        img[base + 8..base + 12].copy_from_slice(&2u32.to_le_bytes());
+        let crc = crc32c(&img[base..base + 248]);
+        img[base + 248..base + 252].copy_from_slice(&crc.to_le_bytes());
+    }
+    std::fs::write(&pool, &img).unwrap();
+    // Read-only, it is read as it is, and nothing is written.
+    let ro = Volume::mount_read_only(region(&img)).unwrap();
+    assert_eq!(ro.read("/d/f").unwrap(), b"pool content");
+    drop(ro);
+    assert!(fsck::check(region(&img)).unwrap().is_clean());
+    // A data-only client would write what version-2 code cannot read: refused.
+    assert!(matches!(
+        Volume::attach(&pool).map(drop),
+        Err(Error::Unsupported(_))
+    ));
+    // Mounted for writing, both copies move to the current version.
+    let vol = Volume::open(&pool).unwrap();
+    vol.write("/d/f", b"pool content, then more").unwrap();
+    vol.close().unwrap();
+    let after = std::fs::read(&pool).unwrap();
+    for base in [0usize, 4096] {
+        assert_eq!(&after[base + 8..base + 12], &3u32.to_le_bytes());
+    }
+    let vol = Volume::open(&pool).unwrap();
+    assert_eq!(vol.read("/d/f").unwrap(), b"pool content, then more");
 }
 
 fn crc32c(bytes: &[u8]) -> u32 {

@@ -127,10 +127,10 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
     /// runs than 65535 segments hold).
     pub fn prepare(&self, entry: &Entry) -> Result<Prepared<'_, M, A>> {
         entry.validate(self.blocks)?;
-        if let Some(i) = entry.inline() {
+        if let Some(word) = entry.inline_word() {
             return Ok(Prepared {
                 log: self,
-                word: i.encode(),
+                word,
                 _guard: None,
             });
         }

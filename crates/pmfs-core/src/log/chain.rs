@@ -106,6 +106,10 @@ impl<M: Media + ?Sized> Chain<'_, M> {
     pub(crate) fn entry(&self, s: Slot, at: PmOff) -> Result<Entry> {
         match s {
             Slot::Inline(i) => Entry::from_inline(i, self.blocks, at),
+            Slot::Grow(size) => Ok(Entry::Write {
+                runs: Vec::new(),
+                extend_to: size,
+            }),
             Slot::Indirect(ind) => {
                 let mut words = Vec::new();
                 self.segments(ind, at, |_, payload| {

@@ -1,7 +1,7 @@
 //! Log entries as the caller sees them, and their encodings: an inline slot word when the
 //! entry fits one, else the payload words of an extended entry.
 
-use super::format::{INLINE_MAX_LEN, Inline, MAX_RECORD_WORDS};
+use super::format::{GROW_MAX_SIZE, INLINE_MAX_LEN, Inline, MAX_RECORD_WORDS, grow_word};
 use crate::error::{Error, Result};
 use crate::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use crate::traits::Run;
@@ -89,8 +89,21 @@ impl Entry {
         }
     }
 
-    /// The inline encoding, if the entry has one: a single run that fits, and either no size
-    /// change or a size extension to exactly the end of the run.
+    /// The inline slot word, if the entry has one: a single run that fits, with either no
+    /// size change or a size extension to exactly the end of the run; or no run and a size
+    /// extension below [`GROW_MAX_SIZE`] (a `GROW` word).
+    pub fn inline_word(&self) -> Option<u64> {
+        if let Entry::Write { runs, extend_to } = self
+            && runs.is_empty()
+            && (1..GROW_MAX_SIZE).contains(extend_to)
+        {
+            return Some(grow_word(*extend_to));
+        }
+        self.inline().map(Inline::encode)
+    }
+
+    /// The inline run encoding, if the entry has one: a single run that fits, and either no
+    /// size change or a size extension to exactly the end of the run.
     pub fn inline(&self) -> Option<Inline> {
         let Entry::Write { runs, extend_to } = self else {
             return None;
@@ -218,6 +231,15 @@ mod tests {
         assert!(Entry::write(3, BlockNo(100), 2, 100).inline().is_none());
         assert!(Entry::write(3, BlockNo(100), 65, 0).inline().is_none());
         assert!(Entry::Truncate { size: 0 }.inline().is_none());
+        // A pure size extension is a grow word, unless it is too large for one.
+        let grow = |extend_to| Entry::Write {
+            runs: vec![],
+            extend_to,
+        };
+        assert_eq!(grow(4097).inline_word(), Some(grow_word(4097)));
+        assert_eq!(grow(GROW_MAX_SIZE).inline_word(), None);
+        assert_eq!(grow(0).inline_word(), None);
+        assert_eq!(e.inline_word(), Some(i.encode()));
         // A run outside the region is corrupt when read back.
         assert!(Entry::from_inline(i, 101, PmOff(0)).is_err());
     }

@@ -301,6 +301,12 @@ pub const INDIRECT_CHECK_BITS: u32 = 14;
 /// Constant in bits 16..62 of a `RESERVE` control word.
 const RESERVE_MAGIC: u64 = 0x2E5E_7F0A_D5A1;
 const _: () = assert!(RESERVE_MAGIC < 1 << 46);
+/// Constant in bits 48..62 of a `GROW` control word (an inline entry that only grows the
+/// size); bits 0..48 hold the size. Not the top bits of [`RESERVE_MAGIC`].
+const GROW_MAGIC: u64 = 0x1A7C;
+const _: () = assert!(GROW_MAGIC < 1 << 14 && GROW_MAGIC != RESERVE_MAGIC >> 32);
+/// Sizes below this fit a `GROW` word.
+pub const GROW_MAX_SIZE: u64 = 1 << 48;
 
 /// An inline entry: logical blocks `[lblk, lblk + len)` now live at physical blocks
 /// `[pblk, pblk + len)`; `extend` sets the file size to at least the end of the run.
@@ -360,6 +366,13 @@ impl Indirect {
     }
 }
 
+/// The `GROW` control word: an entry setting the file size to at least `size`, which must be
+/// nonzero and below [`GROW_MAX_SIZE`].
+pub fn grow_word(size: u64) -> u64 {
+    debug_assert!(size > 0 && size < GROW_MAX_SIZE);
+    GROW_MAGIC << 48 | size
+}
+
 /// The `RESERVE` control word claiming the `n` slots after it (a segment's span, or padding).
 pub fn reserve_word(n: u64) -> u64 {
     debug_assert!(n <= MAX_SPAN);
@@ -375,6 +388,8 @@ pub enum Slot {
     Inline(Inline),
     /// A pointer to an extended entry.
     Indirect(Indirect),
+    /// An inline entry that sets the file size to at least this (a `GROW` control word).
+    Grow(u64),
     /// A reservation of the next `n` slots (not an entry).
     Reserve(u64),
 }
@@ -388,6 +403,9 @@ impl Slot {
         }
         match w >> TAG_SHIFT {
             TAG_CONTROL => {
+                if w >> 48 == GROW_MAGIC && w & (GROW_MAX_SIZE - 1) != 0 {
+                    return Ok(Slot::Grow(w & (GROW_MAX_SIZE - 1)));
+                }
                 let n = w & 0xffff;
                 if w >> 16 != RESERVE_MAGIC {
                     return Err(Error::Corrupt {
@@ -424,9 +442,9 @@ impl Slot {
         }
     }
 
-    /// Whether the slot holds an entry (inline or indirect).
+    /// Whether the slot holds an entry (inline, grow or indirect).
     pub fn is_entry(self) -> bool {
-        matches!(self, Slot::Inline(_) | Slot::Indirect(_))
+        matches!(self, Slot::Inline(_) | Slot::Grow(_) | Slot::Indirect(_))
     }
 }
 
@@ -482,6 +500,16 @@ mod tests {
         assert!(Slot::decode(r, FIRST_SLOT + 1, PmOff(0)).is_err());
         // A control word without the magic is garbage.
         assert!(Slot::decode(5, FIRST_SLOT, PmOff(0)).is_err());
+        for size in [1, 4097, GROW_MAX_SIZE - 1] {
+            let g = grow_word(size);
+            assert_eq!(g >> TAG_SHIFT, TAG_CONTROL);
+            assert_eq!(
+                Slot::decode(g, SLOTS_PER_BLOCK - 1, PmOff(0)).unwrap(),
+                Slot::Grow(size)
+            );
+        }
+        // A grow word of size 0 is garbage too.
+        assert!(Slot::decode(GROW_MAGIC << 48, FIRST_SLOT, PmOff(0)).is_err());
     }
 
     #[test]

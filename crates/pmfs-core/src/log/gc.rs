@@ -90,8 +90,8 @@ impl Builder<'_> {
     }
 
     fn push(&mut self, e: &Entry) {
-        if let Some(i) = e.inline() {
-            self.push_word(i.encode());
+        if let Some(w) = e.inline_word() {
+            self.push_word(w);
             return;
         }
         let words = e.record_words();

@@ -35,6 +35,7 @@
 //! | `11` | inline entry, extending | as `10`; the size becomes at least `(lblk + len) * 4096` |
 //! | `01` | indirect entry | 61..48 low 14 bits of the first segment's crc, 47..0 segment offset / 8 |
 //! | `00` | `RESERVE n` | 61..16 a fixed 46-bit constant, 15..0 `n`: the next `n` slots are reserved |
+//! | `00` | `GROW size` (inline entry) | 61..48 another fixed 14-bit constant, 47..0 `size` (not 0): the size becomes at least `size` |
 //!
 //! Any other word with tag `00` is garbage ([`Error::Corrupt`]). Slots covered by a
 //! reservation are not entries: they hold the *segments* of an extended entry, or nothing
@@ -60,8 +61,9 @@
 //! per run (`lblk`; `pblk` in bits 39..0 and `len` in bits 63..40); a truncate and a resize
 //! with the new size; a punch with `lblk` and `len`. An entry is inline when it is a write of
 //! one run that fits the inline fields and leaves the size alone or extends it to exactly the
-//! run's end; everything else (long or scattered runs, unaligned size changes, truncation,
-//! resizing, punching) is extended.
+//! run's end, or a write of no run that extends the size below 2^48 (a `GROW`: an append
+//! written in place into the partial last block); everything else (long or scattered runs,
+//! other unaligned size changes, truncation, resizing, punching) is extended.
 //!
 //! # Commit protocol
 //!

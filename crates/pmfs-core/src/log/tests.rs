@@ -150,7 +150,7 @@ fn compaction_keeps_the_suffix_and_reclaims_old_blocks() {
     );
     let live: Vec<Entry> = before
         .iter()
-        .filter(|e| e.inline().is_none())
+        .filter(|e| e.inline_word().is_none())
         .take(20)
         .cloned()
         .collect();
@@ -254,7 +254,7 @@ fn recovery_zeroes_words_beyond_a_hole() {
     drop(log);
     // What a crash can leave: a later line written back while the tail slot was not.
     let stray = slot_off(tail.block(), tail.slot() + 9);
-    r.store_u64(stray, inline(7).inline().unwrap().encode())
+    r.store_u64(stray, inline(7).inline_word().unwrap())
         .unwrap();
     let rec = recover(&*r, ROOT).unwrap();
     assert_eq!(rec.discarded, 1);
