@@ -160,10 +160,11 @@ fn a_pool_of_the_previous_format_version_is_upgraded_when_mounted_for_writing() 
     drop(ro);
     assert!(fsck::check(region(&img)).unwrap().is_clean());
     // A data-only client would write what version-2 code cannot read: refused.
-    assert!(matches!(
-        Volume::attach(&pool).map(drop),
-        Err(Error::Unsupported(_))
-    ));
+    let attached = Volume::attach(&pool).map(drop);
+    assert!(
+        matches!(attached, Err(Error::Unsupported(_))),
+        "attach: {attached:?}"
+    );
     // Mounted for writing, both copies move to the current version.
     let vol = Volume::open(&pool).unwrap();
     vol.write("/d/f", b"pool content, then more").unwrap();

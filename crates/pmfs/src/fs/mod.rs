@@ -275,7 +275,7 @@ impl Fs {
     /// Mounts the volume on `media`, recovering from a crash if it was not closed cleanly.
     pub fn mount(media: Pm, read_only: bool) -> Result<Fs> {
         let m = &*media;
-        let (geo, src) = format::read_superblock(m)?;
+        let (mut geo, src) = format::read_superblock(m)?;
         let state = m.load_u64(MOUNT_STATE_OFF)?;
         let clean = state == STATE_CLEAN;
         if read_only && !clean {
@@ -291,7 +291,13 @@ impl Fs {
             parts.map.recover()?;
         }
         if !read_only {
-            if src == SbSource::Backup {
+            if geo.version < format::FORMAT_VERSION {
+                // What this build may write (log `GROW` entries) needs the newer version:
+                // older code must refuse the volume rather than find damage.
+                geo.version = format::FORMAT_VERSION;
+                format::restore_backup(m, &geo)?;
+                format::restore_primary(m, &geo)?;
+            } else if src == SbSource::Backup {
                 format::restore_primary(m, &geo)?;
             }
             m.store_u64(MOUNT_STATE_OFF, STATE_DIRTY)?;
@@ -468,6 +474,11 @@ impl Fs {
         if geo.mapping != MappingKind::HashFs {
             return Err(Error::Unsupported(
                 "attaching to a volume whose mapping structure is not HashFS",
+            ));
+        }
+        if geo.version < format::FORMAT_VERSION {
+            return Err(Error::Unsupported(
+                "attaching to a volume of an older format (its owner runs an older build)",
             ));
         }
         let parts = parts::build(&media, &geo, false)?;
