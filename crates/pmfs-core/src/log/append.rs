@@ -305,6 +305,21 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         }
     }
 
+    /// Holds a spare block for this handle's next link, allocating one now if it holds none:
+    /// a caller that must still be able to commit later, when the region may have no block
+    /// left (an update that frees space), reserves it while there is space. The spare goes
+    /// back to the allocator when the handle closes.
+    ///
+    /// # Errors
+    /// The allocator's ([`Error::NoSpace`](crate::Error::NoSpace) when it has no block left).
+    pub fn keep_a_spare(&self) -> Result<()> {
+        if self.spare.load(Ordering::Acquire) != 0 {
+            return Ok(());
+        }
+        let b = self.alloc_block()?;
+        self.keep_spare(b)
+    }
+
     fn keep_spare(&self, b: BlockNo) -> Result<()> {
         if self
             .spare

@@ -1,7 +1,9 @@
 //! Log entries as the caller sees them, and their encodings: an inline slot word when the
 //! entry fits one, else the payload words of an extended entry.
 
-use super::format::{GROW_MAX_SIZE, INLINE_MAX_LEN, Inline, MAX_RECORD_WORDS, grow_word};
+use super::format::{
+    GROW_MAX_SIZE, INLINE_MAX_LEN, Inline, MAX_RECORD_WORDS, SEGMENT_HEADER_WORDS, grow_word,
+};
 use crate::error::{Error, Result};
 use crate::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use crate::traits::Run;
@@ -100,6 +102,20 @@ impl Entry {
             return Some(grow_word(*extend_to));
         }
         self.inline().map(Inline::encode)
+    }
+
+    /// Log slots the entry takes when it is committed into a block with room for it: one for
+    /// an inline word, else the reservation word, the segment header and the payload words.
+    pub fn slots(&self) -> u64 {
+        if self.inline_word().is_some() {
+            return 1;
+        }
+        let payload = match self {
+            Entry::Write { runs, .. } => 2 + 2 * runs.len() as u64,
+            Entry::Truncate { .. } | Entry::Resize { .. } => 2,
+            Entry::Punch { .. } => 3,
+        };
+        1 + SEGMENT_HEADER_WORDS + payload
     }
 
     /// The inline run encoding, if the entry has one: a single run that fits, and either no
@@ -240,6 +256,10 @@ mod tests {
         assert_eq!(grow(GROW_MAX_SIZE).inline_word(), None);
         assert_eq!(grow(0).inline_word(), None);
         assert_eq!(e.inline_word(), Some(i.encode()));
+        assert_eq!(e.slots(), 1);
+        // Reservation, segment header, kind and size.
+        assert_eq!(Entry::Truncate { size: 9 }.slots(), 6);
+        assert_eq!(Entry::write(3, BlockNo(100), 2, 100).slots(), 8);
         // A run outside the region is corrupt when read back.
         assert!(Entry::from_inline(i, 101, PmOff(0)).is_err());
     }
@@ -272,6 +292,9 @@ mod tests {
         ] {
             e.validate(1 << 30).unwrap();
             let w = e.record_words();
+            if e.inline_word().is_none() {
+                assert_eq!(e.slots(), 1 + SEGMENT_HEADER_WORDS + w.len() as u64);
+            }
             assert_eq!(Entry::from_record(&w, 1 << 30, PmOff(0)).unwrap(), e);
             assert!(Entry::from_record(&w[..w.len() - 1], 1 << 30, PmOff(0)).is_err());
         }

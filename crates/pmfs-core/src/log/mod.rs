@@ -315,6 +315,12 @@ impl Position {
         self.slot
     }
 
+    /// Slots from this one to the end of its block: at a tail, the room entries have before
+    /// the log needs another block.
+    pub fn room(&self) -> u64 {
+        SLOTS_PER_BLOCK - self.slot
+    }
+
     fn base(&self) -> u64 {
         self.lsn - (self.slot - FIRST_SLOT)
     }

@@ -234,6 +234,13 @@ const BS: u64 = BLOCK_SIZE;
 /// Free blocks that staging leaves to the mapping structure's nodes (extent, radix, cuckoo).
 const DIGEST_RESERVE: u64 = 8;
 
+/// An update that does not free space leaves at least this many slots in its log's last
+/// block, or else holds a spare block for the log's next one ([`Log::keep_a_spare`]), so that
+/// an update that frees space (a truncation's or a punch's extended entry takes at most 7
+/// slots) can still commit when the volume is full. Else, on HashFS, where log blocks come
+/// from the table the data fills, a file grown until nothing is left could not be truncated.
+const LOG_RESERVE: u64 = 8;
+
 /// A process digests its writes in batches: once it has committed this many since its last
 /// digest, or [`DIGEST_AFTER_BLOCKS`] blocks of them. Until then the overlay serves them, and
 /// the blocks they replaced stay allocated.
@@ -938,6 +945,19 @@ impl Fs {
         Ok(())
     }
 
+    /// After an update that gave blocks back: holds a spare log block again if the log's last
+    /// block is short of room ([`LOG_RESERVE`]) and a block is free (the update may have
+    /// used the spare).
+    fn restore_log_reserve(&self, s: &Shared) -> Result<()> {
+        if s.log.tail()?.room() < LOG_RESERVE {
+            match s.log.keep_a_spare() {
+                Ok(()) | Err(pmfs_core::Error::NoSpace) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
     /// Takes the tail of file `ino` ([`TailGuard`]): waits for a live holder, replaces a
     /// dead one. Every update that changes the size or writes the partial last block holds
     /// it from its plan to its commit; it lets the holder write past the end of file in
@@ -1350,6 +1370,20 @@ impl Fs {
             // The copies above saw every entry below this LSN.
             let folded = ov.next_lsn();
             drop(ov);
+            let entry = Entry::Write {
+                runs: runs
+                    .iter()
+                    .chain(own.iter().map(|(r, _)| r))
+                    .copied()
+                    .collect(),
+                extend_to,
+            };
+            let staged = staged.and_then(|()| {
+                if since.room() < LOG_RESERVE + entry.slots() {
+                    s.log.keep_a_spare()?;
+                }
+                Ok(())
+            });
             if let Err(e) = staged {
                 self.unstage(&runs)?;
                 if matches!(e, Error::NoSpace) && !digested {
@@ -1365,14 +1399,6 @@ impl Fs {
                 self.unstage(&runs)?;
                 return Err(e);
             }
-            let entry = Entry::Write {
-                runs: runs
-                    .iter()
-                    .chain(own.iter().map(|(r, _)| r))
-                    .copied()
-                    .collect(),
-                extend_to,
-            };
             match self.commit_cow(
                 n,
                 &s,
@@ -1897,7 +1923,8 @@ impl Fs {
                     return Ok(());
                 }
             } else if self.commit_unless_mapped(ino, &s, &Entry::Truncate { size: len })? {
-                return self.after_commit(n, &s, self.node_map(n)?, None, None);
+                self.after_commit(n, &s, self.node_map(n)?, None, None)?;
+                return self.restore_log_reserve(&s);
             }
         }
         self.cow_update(n, Update::NOW, &mut |fs, ov, f, size| {
@@ -2129,6 +2156,7 @@ impl Fs {
             };
             if self.commit_unless_mapped(n.h.ino, &s, &punch)? {
                 self.after_commit(n, &s, self.node_map(n)?, None, None)?;
+                self.restore_log_reserve(&s)?;
             } else {
                 self.zero_mapped(n, whole_from * BS, whole_to * BS)?;
             }
