@@ -9,6 +9,8 @@
 //!   drawn block and an unaligned offset inside it (never 0). Throughput in operations.
 //! - `fig6_append`: `size`-byte writes at the end of a file; the file is truncated to 0,
 //!   untimed, whenever it reaches 32 MiB, so it never grows without bound.
+//! - `fig6_subblock_append` (not in the paper): the same with 8 B … 2 KiB, the writes of a
+//!   log or a write-ahead log. Throughput in operations.
 //! - A `memcpy` column in `fig6_read_seq`, `fig6_overwrite_seq` and `fig6_append`: the same
 //!   sizes copied (`copy_from_slice`) from or into consecutive windows of a 64 MiB DRAM buffer,
 //!   measured right after the subjects so that load on the machine hits both alike.
@@ -156,10 +158,19 @@ fn sub_block(c: &mut Criterion, rigs: &[Rig], t: Timing) {
     g.finish();
 }
 
-fn appends(c: &mut Criterion, rigs: &[Rig], dram: &mut [u8], t: Timing) {
-    let mut g = group(c, "fig6_append", t);
-    for size in SIZES {
-        g.throughput(Throughput::Bytes(size));
+/// `fig6_append` over [`SIZES`], with the memcpy column (`dram`); `fig6_subblock_append` over
+/// [`SUB_BLOCK_SIZES`] without it (`dram` is `None`), in operations.
+fn appends(c: &mut Criterion, rigs: &[Rig], mut dram: Option<&mut [u8]>, t: Timing) {
+    let (name, sizes): (_, &[u64]) = match dram {
+        Some(_) => ("fig6_append", &SIZES),
+        None => ("fig6_subblock_append", &SUB_BLOCK_SIZES),
+    };
+    let mut g = group(c, name, t);
+    for &size in sizes {
+        g.throughput(match dram {
+            Some(_) => Throughput::Bytes(size),
+            None => Throughput::Elements(1),
+        });
         let mut buf = payload(size);
         for r in rigs {
             g.bench_function(BenchmarkId::new(r.subject.name(), size), |b| {
@@ -180,9 +191,11 @@ fn appends(c: &mut Criterion, rigs: &[Rig], dram: &mut [u8], t: Timing) {
                 })
             });
         }
-        g.bench_function(BenchmarkId::new(MEMCPY_COLUMN, size), |b| {
-            copy_windows(b, dram, &mut buf, true)
-        });
+        if let Some(dram) = dram.as_deref_mut() {
+            g.bench_function(BenchmarkId::new(MEMCPY_COLUMN, size), |b| {
+                copy_windows(b, dram, &mut buf, true)
+            });
+        }
     }
     g.finish();
 }
@@ -260,7 +273,8 @@ fn fig6(c: &mut Criterion) {
     overwrites(c, &rigs, d, t, "fig6_overwrite_seq", Pattern::Sequential);
     overwrites(c, &rigs, d, t, "fig6_overwrite_rand", Pattern::Uniform);
     sub_block(c, &rigs, t);
-    appends(c, &rigs, d, t);
+    appends(c, &rigs, Some(&mut *d), t);
+    appends(c, &rigs, None, t);
     drop(rigs);
     memcpy(c, d, t);
 }
