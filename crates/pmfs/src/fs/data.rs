@@ -928,20 +928,19 @@ impl Fs {
             .then(|| self.ilock(ino).write().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Writes an [`InPlace`] piece into block `pblk`, its partial last block, and flushes it
-    /// (the caller fences before it commits).
+    /// Writes an [`InPlace`] piece into block `pblk`, its partial last block: streaming
+    /// stores, or cached ones flushed for short pieces, durable at the caller's fence (before
+    /// it commits).
     fn write_in_tail(&self, p: &InPlace<'_>, pblk: u64) -> Result<()> {
-        const ZEROS: [u8; BS as usize] = [0; BS as usize];
         let m = self.m();
         let at = |x: u64| BlockNo(pblk).offset() + (x - p.lblk * BS);
         let zero_to = if p.data.is_some() { p.from } else { p.to };
         if zero_to > p.size {
-            m.write(at(p.size), &ZEROS[..(zero_to - p.size) as usize])?;
+            m.fill_nt(at(p.size), zero_to - p.size, 0)?;
         }
         if let Some(d) = p.data {
-            m.write(at(p.from), d)?;
+            m.write_nt(at(p.from), d)?;
         }
-        m.flush(at(p.size), p.to - p.size)?;
         Ok(())
     }
 
