@@ -169,3 +169,17 @@ pub fn maps_exactly(r: &Run, got: &mut [Run]) -> bool {
     }
     at == r.lblk + r.len
 }
+
+/// Merges the runs of `runs` (in order) that continue each other logically and physically.
+pub fn merge_runs(runs: &[Run]) -> Vec<Run> {
+    let mut out: Vec<Run> = Vec::with_capacity(runs.len());
+    for r in runs {
+        match out.last_mut() {
+            Some(last) if last.lblk + last.len == r.lblk && last.pblk.0 + last.len == r.pblk.0 => {
+                last.len += r.len;
+            }
+            _ => out.push(*r),
+        }
+    }
+    out
+}

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::pm::HeapRegion;
 use pmfs_core::sim::{Explorer, SimRegion, Stats};
-use pmfs_core::traits::conformance::mapping::normalize;
+use pmfs_core::traits::merge_runs;
 use pmfs_core::traits::{
     AllocHint, BlockAllocator, Extent, FileId, FileMapping, Run, SimpleAllocator,
 };
@@ -144,7 +144,7 @@ pub fn state_of<F: FileMapping>(m: &F, ids: &[FileId]) -> Result<State, String> 
         let mut runs = Vec::new();
         m.lookup(&h, 0, u64::MAX, &mut runs)
             .map_err(|e| format!("lookup of {id:?}: {e}"))?;
-        s.push(normalize(&runs));
+        s.push(merge_runs(&runs));
     }
     Ok(s)
 }

@@ -136,7 +136,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard, RwLockWriteGuard};
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::log::{Commit, Digest, ENTRIES_PER_BLOCK, Entry, HeadWord, Log, Position};
 use pmfs_core::pm::Media;
-use pmfs_core::traits::{AllocHint, AllocKind, BlockAllocator, Extent, Run};
+use pmfs_core::traits::{AllocHint, AllocKind, BlockAllocator, Extent, Run, merge_runs};
 use pmfs_mapping::hashfs::{HashFs, HashFsFile};
 
 use super::Fs;
@@ -264,6 +264,13 @@ struct Seg<'b> {
     data: Option<&'b [u8]>,
 }
 
+impl Seg<'_> {
+    /// Whether the segment's blocks include logical block `lblk`.
+    fn covers(&self, lblk: u64) -> bool {
+        (self.lblk..self.lblk + self.len).contains(&lblk)
+    }
+}
+
 /// A block of a plan whose old contents must be copied: the bytes outside `[new_from,
 /// new_to)` of logical block `lblk`, into physical block `pblk`.
 #[derive(Clone, Copy, Debug)]
@@ -322,9 +329,9 @@ impl Update {
     };
 }
 
-/// The file's tail, held: on HashFS this process's lock of it and the inode's `TAIL` word
-/// naming this process; on the other structures nothing (the inode's lock, which every
-/// writer holds alone, does the same). Dropping it frees both.
+/// The file's tail held on HashFS ([`Fs::lock_tail`]): this process's lock of it and the
+/// inode's `TAIL` word naming this process. Dropping it frees both. (On the other structures
+/// the inode's lock, which every writer holds alone, does the same.)
 struct TailGuard<'a> {
     media: &'a dyn Media,
     at: PmOff,
@@ -359,9 +366,7 @@ fn tail_in_place<'b>(segs: &mut Vec<Seg<'b>>, size: u64) -> Option<InPlace<'b>> 
     }
     let t = size / BS;
     let end = t * BS + BS;
-    let i = segs
-        .iter()
-        .position(|sg| sg.lblk <= t && t < sg.lblk + sg.len)?;
+    let i = segs.iter().position(|sg| sg.covers(t))?;
     let sg = segs[i];
     if sg.from < size {
         return None;
@@ -401,7 +406,7 @@ fn needs_tail(segs: &[Seg<'_>], extend_to: u64, size: u64) -> bool {
         return true;
     }
     let t = size / BS;
-    !size.is_multiple_of(BS) && segs.iter().any(|sg| sg.lblk <= t && t < sg.lblk + sg.len)
+    !size.is_multiple_of(BS) && segs.iter().any(|sg| sg.covers(t))
 }
 
 /// Adds one to (`up`) or takes one from the counter word at `at`, by CAS; `from_nonzero`
@@ -1708,19 +1713,10 @@ impl Fs {
         superseded: &mut Vec<(u64, u64)>,
     ) -> Result<()> {
         let m = self.m();
-        let mut runs = Vec::new();
-        let (mut hi, mut size) = (0, 0);
-        for (_, e) in batch {
-            let Entry::Write { runs: r, extend_to } = e else {
-                return match batch {
-                    [(_, e)] => self.apply(ino, f, e),
-                    _ => Err(Error::InvalidArgument("a digest batch mixes entry kinds")),
-                };
-            };
-            hi = r.iter().map(|r| r.lblk + r.len).fold(hi, u64::max);
-            size = size.max(*extend_to);
-            runs.extend_from_slice(r);
-        }
+        let Some((runs, size)) = batch_writes(batch)? else {
+            return self.apply(ino, f, &batch[0].1);
+        };
+        let hi = runs.iter().map(|r| r.lblk + r.len).max().unwrap_or(0);
         if hi > self.inodes.load(m, ino, field::MAPPED_END)? {
             self.inodes.store(m, ino, field::MAPPED_END, hi)?;
         }
@@ -1740,28 +1736,11 @@ impl Fs {
     /// the same place: no write can undo a later one.
     fn apply_disjoint(&self, ino: u32, f: &MapFile, batch: &[(u64, Entry)]) -> Result<()> {
         let m = self.m();
-        let mut runs: Vec<Run> = Vec::new();
-        let mut size = 0;
-        for (_, e) in batch {
-            let Entry::Write { runs: r, extend_to } = e else {
-                return match batch {
-                    [(_, e)] => self.apply(ino, f, e),
-                    _ => Err(Error::InvalidArgument("a digest batch mixes entry kinds")),
-                };
-            };
-            size = size.max(*extend_to);
-            runs.extend_from_slice(r);
-        }
+        let Some((mut runs, size)) = batch_writes(batch)? else {
+            return self.apply(ino, f, &batch[0].1);
+        };
         runs.sort_unstable_by_key(|r| r.lblk);
-        let mut merged: Vec<Run> = Vec::with_capacity(runs.len());
-        for r in runs {
-            match merged.last_mut() {
-                Some(l) if l.lblk + l.len == r.lblk && l.pblk.0 + l.len == r.pblk.0 => {
-                    l.len += r.len;
-                }
-                _ => merged.push(r),
-            }
-        }
+        let merged = merge_runs(&runs);
         let hi = merged.last().map_or(0, |r| r.lblk + r.len);
         if hi > self.inodes.load(m, ino, field::MAPPED_END)? {
             self.inodes.store(m, ino, field::MAPPED_END, hi)?;
@@ -2025,11 +2004,10 @@ impl Fs {
             }
             let grow = !keep_size && end > size;
             if grow {
-                segs.extend(fs.eof_seg(ov, f, size, u64::MAX)?.filter(|e| {
-                    !segs
-                        .iter()
-                        .any(|s| (s.lblk..s.lblk + s.len).contains(&e.lblk))
-                }));
+                segs.extend(
+                    fs.eof_seg(ov, f, size, u64::MAX)?
+                        .filter(|e| !segs.iter().any(|s| s.covers(e.lblk))),
+                );
             }
             if segs.is_empty() && !grow {
                 return Ok(None);
@@ -2167,6 +2145,24 @@ impl Fs {
         }
         Ok(())
     }
+}
+
+/// The runs of a digest batch of writes and the largest size they extend the file to; `None`
+/// for a batch of one entry of another kind (which is applied alone).
+fn batch_writes(batch: &[(u64, Entry)]) -> Result<Option<(Vec<Run>, u64)>> {
+    let mut runs: Vec<Run> = Vec::new();
+    let mut size = 0;
+    for (_, e) in batch {
+        let Entry::Write { runs: r, extend_to } = e else {
+            return match batch {
+                [_] => Ok(None),
+                _ => Err(Error::InvalidArgument("a digest batch mixes entry kinds")),
+            };
+        };
+        size = size.max(*extend_to);
+        runs.extend_from_slice(r);
+    }
+    Ok(Some((runs, size)))
 }
 
 /// The batching rule of the structures other than HashFS: a write joins a batch of writes

@@ -84,7 +84,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::error::{Error, Result as PmResult};
 use crate::layout::BlockNo;
-use crate::traits::{AllocHint, BlockAllocator, Extent, FileId, FileMapping, Run};
+use crate::traits::{AllocHint, BlockAllocator, Extent, FileId, FileMapping, Run, merge_runs};
 
 /// Proptest cases per [`run_suite`] call when `PROPTEST_CASES` is not set.
 pub const DEFAULT_CASES: u32 = 32;
@@ -411,22 +411,6 @@ fn op_strategy(cfg: &SuiteConfig) -> BoxedStrategy<Op> {
     .boxed()
 }
 
-/// Merges runs that continue each other logically and physically.
-pub fn normalize(runs: &[Run]) -> Vec<Run> {
-    let mut out: Vec<Run> = Vec::with_capacity(runs.len());
-    for r in runs {
-        if let Some(last) = out.last_mut()
-            && last.lblk + last.len == r.lblk
-            && last.pblk.0 + last.len == r.pblk.0
-        {
-            last.len += r.len;
-        } else {
-            out.push(*r);
-        }
-    }
-    out
-}
-
 /// Checks that `runs` are non-empty, ascending, non-overlapping and inside `[lblk, lblk+len)`.
 pub fn check_well_formed(runs: &[Run], lblk: u64, len: u64) -> Result<(), String> {
     let end = lblk.saturating_add(len);
@@ -468,7 +452,7 @@ fn model_runs(m: &FileModel, lblk: u64, len: u64) -> Vec<Run> {
             len: 1,
         })
         .collect();
-    normalize(&runs)
+    merge_runs(&runs)
 }
 
 struct Machine<'s, F: FileMapping> {
@@ -747,7 +731,7 @@ impl<'s, F: FileMapping> Machine<'s, F> {
                 Err(Error::NoSpace) => {
                     // The range keeps its mapping or (the default's remove went through) is
                     // unmapped; the run and the ones after it go back to the source.
-                    let got = normalize(&self.lookup(i, r.lblk, r.len)?);
+                    let got = merge_runs(&self.lookup(i, r.lblk, r.len)?);
                     let had = model_runs(&self.models[i], r.lblk, r.len);
                     ensure!(
                         got == had || got.is_empty(),
@@ -825,7 +809,7 @@ impl<'s, F: FileMapping> Machine<'s, F> {
                 // went through) none; the runs not replaced go back to the source.
                 let mut back = Vec::new();
                 for &r in &runs {
-                    let got = normalize(&self.lookup(i, r.lblk, r.len)?);
+                    let got = merge_runs(&self.lookup(i, r.lblk, r.len)?);
                     if got == [r] {
                         self.remove_model(i, r.lblk, r.lblk + r.len);
                         for k in 0..r.len {
@@ -871,7 +855,7 @@ impl<'s, F: FileMapping> Machine<'s, F> {
                 for at in [lblk, lblk.saturating_add(len), u64::MAX] {
                     self.s.mapping.prefetch(self.handle(file), at);
                 }
-                let got = normalize(&self.lookup(file, lblk, len)?);
+                let got = merge_runs(&self.lookup(file, lblk, len)?);
                 let want = model_runs(&self.models[file], lblk, len);
                 ensure!(
                     got == want,
@@ -884,7 +868,7 @@ impl<'s, F: FileMapping> Machine<'s, F> {
                     Ok(n) => n,
                     Err(Error::NoSpace) => {
                         // Splitting a node took a block and none was left: nothing changed.
-                        let got = normalize(&self.lookup(file, lblk, len)?);
+                        let got = merge_runs(&self.lookup(file, lblk, len)?);
                         let had = model_runs(&self.models[file], lblk, len);
                         ensure!(
                             got == had,
@@ -971,7 +955,7 @@ impl<'s, F: FileMapping> Machine<'s, F> {
     fn check(&self) -> Result<(), String> {
         let mut all_owned: Vec<(Extent, usize)> = Vec::new();
         for i in 0..self.s.files.len() {
-            let got = normalize(&self.lookup(i, 0, self.cfg.max_lblk)?);
+            let got = merge_runs(&self.lookup(i, 0, self.cfg.max_lblk)?);
             let want = model_runs(&self.models[i], 0, u64::MAX);
             ensure!(
                 got == want,
@@ -1111,7 +1095,7 @@ fn check_quiescent<F: FileMapping>(
             .lookup(h, 0, cfg.max_lblk, &mut runs)
             .map_err(|e| format!("final lookup of file {i}: {}", err_string(&e)))?;
         check_well_formed(&runs, 0, cfg.max_lblk)?;
-        let got = normalize(&runs);
+        let got = merge_runs(&runs);
         let want = model_runs(model, 0, u64::MAX);
         ensure!(
             got == want,
@@ -1248,7 +1232,7 @@ fn random_step<F: FileMapping>(
                 .lookup(h, lblk, len, &mut out)
                 .map_err(|e| format!("lookup({lblk}, {len}): {}", err_string(&e)))?;
             check_well_formed(&out, lblk, len)?;
-            let got = normalize(&out);
+            let got = merge_runs(&out);
             let want = model_runs(model, lblk, len);
             ensure!(
                 got == want,
