@@ -4,12 +4,17 @@
 # db_bench (fillrandom, readrandom, fillsync) on
 #   FUSE     a HashFS pool in /dev/shm mounted by `pmfs mount`, without the library,
 #   library  the same mount with libpmfs_preload.so preloaded,
-#   tmpfs    a directory in /dev/shm,
+#   tmpfs    a directory on the same tmpfs as the pool,
 # and prints a markdown table with the ratios library/FUSE and library/tmpfs.
+#
+# The pool and the tmpfs directory live on a tmpfs of their own, mounted with huge=advise
+# under /dev/shm: the pool then gets 2 MiB pages, as persistent memory mapped from a DAX file
+# system does, and the kernel reads the tmpfs files through its own direct map (huge pages)
+# either way. HUGE=0 leaves them in /dev/shm itself (4 KiB pages on a default mount).
 #
 # Usage: scripts/bench-preload.sh          (root: it mounts; uses $CARGO_TARGET_DIR/release)
 # Knobs: FIO_SECONDS (3), FIO_SIZE (256M), DB_NUM (200000), DB_SYNC_NUM (50000),
-#        POOL_SIZE (4G). Every job is short: the whole run takes a few minutes.
+#        POOL_SIZE (4G), HUGE (1). Every job is short: the whole run takes a few minutes.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,6 +26,7 @@ fio_size=${FIO_SIZE:-256M}
 db_num=${DB_NUM:-200000}
 db_sync_num=${DB_SYNC_NUM:-50000}
 pool_size=${POOL_SIZE:-4G}
+huge=${HUGE:-1}
 
 if [ ! -x "$pmfs" ] || [ ! -f "$lib" ]; then
     (cd "$root" && cargo build --release -p pmfs-preload -p pmfs-fuse)
@@ -36,14 +42,30 @@ work=$(mktemp -d /dev/shm/pmfs-bench.XXXXXX)
 pool=$work/pool
 mnt=$work/mnt
 daemon=
+mounted_huge=
 cleanup() {
     if [ -n "$daemon" ]; then
         fusermount3 -u "$mnt" 2> /dev/null || fusermount3 -uz "$mnt" 2> /dev/null || true
         wait "$daemon" 2> /dev/null || true
     fi
+    if [ -n "$mounted_huge" ]; then
+        umount "$work" 2> /dev/null || umount -l "$work" || true
+    fi
     rm -rf "$work"
 }
 trap cleanup EXIT
+
+if [ "$huge" = 1 ]; then
+    # Room for the pool and for the tmpfs side's files (fio's and RocksDB's).
+    room=$(numfmt --from=iec "$pool_size" | awk '{ printf "%.0f", $1 + 4 * 2^30 }')
+    if mount -t tmpfs -o "huge=advise,size=$room" pmfs-bench "$work" 2> /dev/null; then
+        mounted_huge=1
+    else
+        echo "bench-preload: cannot mount a huge=advise tmpfs; using 4 KiB pages in /dev/shm" >&2
+    fi
+fi
+pages="4 KiB pages"
+[ -n "$mounted_huge" ] && pages="a huge=advise tmpfs (2 MiB pages)"
 
 mkdir -p "$mnt" "$work/tmpfs"
 "$pmfs" mkfs "$pool" --size "$pool_size" --mapping hashfs > /dev/null
@@ -121,7 +143,8 @@ rows=(
 )
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0 && a != "") printf "%.2f", a / b; else printf "-" }'; }
 echo
-echo "fio psync ${fio_seconds} s per job on a ${fio_size} file; db_bench ${db_num} ops (fillsync ${db_sync_num}), 100-byte values"
+echo "fio psync ${fio_seconds} s per job on a ${fio_size} file; db_bench ${db_num} ops" \
+    "(fillsync ${db_sync_num}), 100-byte values; pool and tmpfs on ${pages}"
 echo
 echo "| workload | FUSE | library | tmpfs | library/FUSE | library/tmpfs |"
 echo "|---|---:|---:|---:|---:|---:|"
