@@ -24,7 +24,9 @@ use pmfs::{Ino, Volume};
 use pmfs_core::layout::PmOff;
 use pmfs_core::pm::{Media, PmRegion};
 
-use data_common::procs::{self, OWNERS, fsck_pool_clean, hashfs_pool, scratch, spawn_role};
+use data_common::procs::{
+    self, OWNERS, Stranger, fsck_pool_clean, hashfs_pool, scratch, spawn_role,
+};
 use data_common::rng::Rng;
 use data_common::{RW, create};
 
@@ -36,6 +38,16 @@ const MAGIC: u32 = 0x5245_4344;
 const HEADER: usize = 4 + 2 + 4 + 2;
 /// How long the survivors may take once the victim is dead.
 const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Who the file's tail word names before the writers start (see [`run`]).
+#[derive(Clone, Copy)]
+enum Stale {
+    /// A process that has exited.
+    Exited,
+    /// A running process that never opened the pool, as when the kernel has given a dead
+    /// holder's pid to another program.
+    Reused,
+}
 
 fn record(writer: u16, seq: u32, len: u16) -> Vec<u8> {
     let mut r = Vec::with_capacity(HEADER + len as usize);
@@ -145,9 +157,10 @@ fn finish(child: &mut Child, until: Instant) -> Result<(), String> {
 /// only after that (it must take the tail over if the killed one held it). A writer stuck
 /// past the deadline fails the test (all are killed first).
 ///
-/// `stale_tail`: before the writers start, the file's tail word names a process that has
-/// exited (as a writer killed while it held the tail leaves it); the writers take it over.
-fn run(test: &str, counts: &[u32], kill: Option<(usize, u64)>, stale_tail: bool) {
+/// `stale`: before the writers start, the file's tail word names a process that does not
+/// use the pool (as a writer killed while it held the tail leaves it); the writers take it
+/// over.
+fn run(test: &str, counts: &[u32], kill: Option<(usize, u64)>, stale: Option<Stale>) {
     let _serial = OWNERS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("append-mp", test);
     let pool = dir.join("pool");
@@ -157,16 +170,30 @@ fn run(test: &str, counts: &[u32], kill: Option<(usize, u64)>, stale_tail: bool)
         f.write_at(&[b'p'; PROLOGUE], 0).unwrap();
         f.ino()
     };
-    if stale_tail {
-        let mut exited = Command::new("true").spawn().unwrap();
-        exited.wait().unwrap();
+    // A process that runs but never opened the pool: a killed holder's pid given to another
+    // program.
+    let mut _stranger = None;
+    if let Some(stale) = stale {
+        let holder = match stale {
+            Stale::Exited => {
+                let mut exited = Command::new("true").spawn().unwrap();
+                exited.wait().unwrap();
+                exited.id()
+            }
+            Stale::Reused => {
+                let running = Stranger::start();
+                let pid = running.pid();
+                _stranger = Some(running);
+                pid
+            }
+        };
         // The superblock names the inode table's first block (byte 48); the tail word is
         // at byte 80 of the 128-byte inode record.
         let media = PmRegion::open(&pool).unwrap();
         let table = media.load_u64(PmOff(48)).unwrap();
         let word = PmOff(table * 4096 + u64::from(ino.number()) * 128 + 80);
         assert_eq!(media.load_u64(word).unwrap(), 0, "the tail is free at rest");
-        media.store_u64(word, u64::from(exited.id())).unwrap();
+        media.store_u64(word, u64::from(holder)).unwrap();
     }
     let logs: Vec<PathBuf> = (0..counts.len())
         .map(|i| dir.join(format!("writer-{}", i + 1)))
@@ -280,7 +307,7 @@ fn appends_from_several_processes_land_whole_and_once() {
         "appends_from_several_processes_land_whole_and_once",
         &[300, 300, 300],
         None,
-        false,
+        None,
     );
 }
 
@@ -293,7 +320,20 @@ fn a_tail_left_by_a_process_that_died_is_taken_over() {
         "a_tail_left_by_a_process_that_died_is_taken_over",
         &[300, 300],
         None,
-        true,
+        Some(Stale::Exited),
+    );
+}
+
+#[test]
+fn a_tail_naming_a_process_that_does_not_map_the_pool_is_taken_over() {
+    if as_child() {
+        return;
+    }
+    run(
+        "a_tail_naming_a_process_that_does_not_map_the_pool_is_taken_over",
+        &[300, 300],
+        None,
+        Some(Stale::Reused),
     );
 }
 
@@ -307,7 +347,7 @@ fn a_writer_killed_while_appending_leaves_the_tail_to_the_others() {
             "a_writer_killed_while_appending_leaves_the_tail_to_the_others",
             &[1_000_000, 300, 300],
             Some((0, after)),
-            false,
+            None,
         );
     }
 }

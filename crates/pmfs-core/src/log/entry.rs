@@ -93,7 +93,7 @@ impl Entry {
 
     /// The inline slot word, if the entry has one: a single run that fits, with either no
     /// size change or a size extension to exactly the end of the run; or no run and a size
-    /// extension below [`GROW_MAX_SIZE`] (a `GROW` word).
+    /// extension below 2^48 bytes (a `GROW` word).
     pub fn inline_word(&self) -> Option<u64> {
         if let Entry::Write { runs, extend_to } = self
             && runs.is_empty()

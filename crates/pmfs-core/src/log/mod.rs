@@ -190,9 +190,11 @@
 //! over (its liveness was misjudged) notices at its next CAS, stops, and returns `Busy`
 //! without touching the word again — but it may have been applying an entry while its taker
 //! applied the same one, so the oracle must never call a live holder dead. Calling a dead
-//! holder alive is safe: with pids as ids (a `kill(pid, 0)` oracle), a reused pid only keeps
-//! the cursor busy until the next mount resets it (which includes a new process that got the
-//! dead holder's pid: it finds its own id and gets `Busy`).
+//! holder alive is safe, only late: with pids as ids, "the pid runs" would keep a cursor whose
+//! holder's pid the kernel gave to another program busy until the next mount resets it, so the
+//! engine asks "the pid runs and maps the pool file" ([`maps_file`](crate::pm::procs::maps_file)),
+//! which a live holder always answers yes (a new process of the pool that got the dead
+//! holder's pid finds its own id and gets `Busy` until that mount).
 //!
 //! **Why apply must be idempotent.** The cursor moves after the entry's effects are durable,
 //! never together with them: a holder killed (or taken over) between the two leaves the entry

@@ -18,6 +18,7 @@
 
 use crate::error::Result;
 use crate::layout::{BLOCK_SIZE, BlockNo, PmOff, Pod};
+use crate::pm::procs::DevIno;
 
 /// A byte-addressable persistent-memory region.
 ///
@@ -74,6 +75,12 @@ pub trait Media: Send + Sync {
     /// persistence domain (eADR), where only fences order stores.
     fn needs_flush(&self) -> bool {
         true
+    }
+
+    /// The file this region maps, if it maps one: what tells whether another process maps the
+    /// same pool ([`procs::maps_file`](crate::pm::procs::maps_file)).
+    fn file_id(&self) -> Option<DevIno> {
+        None
     }
 
     /// Flushes `[off, off + len)` and fences: everything stored there before is durable on
@@ -180,6 +187,9 @@ macro_rules! forward_media {
             }
             fn needs_flush(&self) -> bool {
                 (**self).needs_flush()
+            }
+            fn file_id(&self) -> Option<DevIno> {
+                (**self).file_id()
             }
         }
     )*};

@@ -12,6 +12,7 @@
 mod heap;
 mod media;
 pub mod persist;
+pub mod procs;
 mod raw;
 mod region;
 

@@ -36,6 +36,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use super::persist::{self, CopyKind, FlushKind};
+use super::procs::DevIno;
 use super::raw::RawRegion;
 use crate::error::{Error, Result};
 use crate::layout::{BLOCK_SIZE, HUGE_PAGE, PmOff};
@@ -699,6 +700,10 @@ impl super::Media for PmRegion {
 
     fn needs_flush(&self) -> bool {
         persist::needs_flush()
+    }
+
+    fn file_id(&self) -> Option<DevIno> {
+        self.file.metadata().ok().map(|m| DevIno::of(&m))
     }
 
     fn persist(&self, off: PmOff, len: u64) -> Result<()> {

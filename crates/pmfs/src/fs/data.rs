@@ -81,9 +81,10 @@
 //! the cuckoo hash the inode's lock, which every writer holds alone anyway; on HashFS, where
 //! writers of other blocks run unlocked in several processes, this process's tail mutex and
 //! then the inode's `TAIL` word, which names the holding process (taken by CAS, waited for
-//! while that process lives, taken over once it has died, reset at mount). Under the tail
-//! no other entry can move the end of file or supersede the last block, so the entries that
-//! commit meanwhile (writes of other blocks) never conflict with the bytes written in place.
+//! while that process lives and maps the pool, taken over once it does not, reset at mount).
+//! Under the tail no other entry can move the end of file or supersede the last block, so
+//! the entries that commit meanwhile (writes of other blocks) never conflict with the bytes
+//! written in place.
 //! Mapped mode writes the tail its own way (after the commit) and takes no in-place path. A
 //! crash, or an error, before the commit leaves the bytes past the end of file, where they
 //! are not part of the file.
@@ -132,10 +133,11 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::log::{Commit, Digest, ENTRIES_PER_BLOCK, Entry, HeadWord, Log, Position};
-use pmfs_core::pm::Media;
+use pmfs_core::pm::{Media, procs};
 use pmfs_core::traits::{AllocHint, AllocKind, BlockAllocator, Extent, Run, merge_runs};
 use pmfs_mapping::hashfs::{HashFs, HashFsFile};
 
@@ -143,6 +145,7 @@ use super::Fs;
 use super::path::{Follow, Target};
 use crate::error::{Error, Result};
 use crate::fs::MAX_FILE_SIZE;
+use crate::hash::FastMap;
 use crate::inode::{Handle, Kind, field};
 use crate::mapping::{MapFile, handle};
 use crate::overlay::{Overlay, Src, touches, touches_range};
@@ -446,7 +449,7 @@ impl Drop for MapHold<'_> {
 }
 
 /// Keeps a file in mapped mode, and its log pinned (so the owner does not free it when it is
-/// unlinked), while a process maps its blocks: see [`Fs::map_file`]. Dropping it gives both
+/// unlinked), while a process maps its blocks: see `Fs::map_file`. Dropping it gives both
 /// back. It touches nothing but those two words of the pool, so a `fork` child that inherited
 /// a mapping can take its own ([`MapPin::inherit`]) and drop it without the parent's state.
 pub struct MapPin {
@@ -490,10 +493,9 @@ impl Drop for MapPin {
     }
 }
 
-/// Whether process `pid` still runs (the digest cursor's liveness test).
-fn alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
+/// How long a holder found alive counts as alive without looking again: a dead holder
+/// misjudged alive is only taken over that much later.
+const ALIVE_FOR: Duration = Duration::from_millis(100);
 
 impl Fs {
     /// Opens (and maybe creates) the file at `path`. The returned node is counted as open
@@ -962,6 +964,33 @@ impl Fs {
         Ok(())
     }
 
+    /// Whether process `pid`, found holding a word of this pool (a log's digest cursor, a
+    /// file's tail), may still use it: it runs and, where this process may read its mappings,
+    /// maps the pool file ([`procs::maps_file`]). A holder killed long ago whose pid the
+    /// kernel has since given to another program so reads as dead; a live holder never does.
+    fn holder_alive(&self, pid: u32) -> bool {
+        let now = Instant::now();
+        let fresh = |seen: &Instant| now.duration_since(*seen) < ALIVE_FOR;
+        if self.alive_seen().get(&pid).is_some_and(fresh) {
+            return true;
+        }
+        let alive = self
+            .m()
+            .file_id()
+            .and_then(|id| procs::maps_file(pid, id))
+            .unwrap_or_else(|| procs::exists(pid));
+        let mut seen = self.alive_seen();
+        seen.retain(|_, t| fresh(t));
+        if alive {
+            seen.insert(pid, now);
+        }
+        alive
+    }
+
+    fn alive_seen(&self) -> MutexGuard<'_, FastMap<u32, Instant>> {
+        self.alive_seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Takes the tail of file `ino` ([`TailGuard`]): waits for a live holder, replaces a
     /// dead one. Every update that changes the size or writes the partial last block holds
     /// it from its plan to its commit; it lets the holder write past the end of file in
@@ -978,7 +1007,8 @@ impl Fs {
         loop {
             let cur = m.load_u64(at)?;
             // Another volume of this process may hold it too (the same id): wait for that.
-            let dead = || cur != me && u32::try_from(cur).map_or(true, |pid| !alive(pid));
+            let dead =
+                || cur != me && u32::try_from(cur).map_or(true, |pid| !self.holder_alive(pid));
             if (cur == 0 || (tries % 256 == 255 && dead())) && m.cas_u64(at, cur, me)?.is_ok() {
                 return Ok(Some(TailGuard {
                     media: m,
@@ -1627,6 +1657,7 @@ impl Fs {
         // structures batches of writes to disjoint blocks (`apply_disjoint`).
         let mut superseded = Vec::new();
         let disjoint = Disjoint::default();
+        let alive = |pid| self.holder_alive(pid);
         let r = match &self.stage {
             Stager::Hash(t) => {
                 let hf = handle::<HashFsFile>(f)?;

@@ -92,6 +92,8 @@ pub(crate) struct Fs {
     pub(crate) logs: Mutex<FastMap<u32, Arc<data::Shared>>>,
     /// This process's id as a digest holder.
     pub holder: u32,
+    /// Holders of words of this pool found alive, and when ([`Fs::holder_alive`]).
+    alive_seen: Mutex<FastMap<u32, std::time::Instant>>,
     free_count: FreeCount,
     pub inodes: InodeTable,
     pub journal: Journal,
@@ -245,6 +247,7 @@ impl Fs {
             stage: parts.stage,
             logs: Mutex::new(FastMap::default()),
             holder: std::process::id(),
+            alive_seen: Mutex::new(FastMap::default()),
             free_count: parts.free,
             inodes,
             dirs: RwLock::new(FastMap::default()),

@@ -63,3 +63,25 @@ pub fn fsck_pool_clean(path: &Path) {
     let media: Arc<dyn Media> = Arc::new(PmRegion::open(path).unwrap());
     super::fsck_clean(media).unwrap();
 }
+
+/// A running process that never opens the pool (a `sleep`), killed and reaped when dropped,
+/// also when the test fails: what a word naming a killed holder points at once the kernel has
+/// given the holder's pid to another program.
+pub struct Stranger(Child);
+
+impl Stranger {
+    pub fn start() -> Stranger {
+        Stranger(Command::new("sleep").arg("600").spawn().unwrap())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Stranger {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

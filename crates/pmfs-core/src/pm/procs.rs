@@ -1,0 +1,116 @@
+//! Which processes map a pool: the liveness test for the words a process takes by CAS and
+//! leaves behind when it is killed (a log's digest cursor, a file's tail).
+//!
+//! Such a word names its holder by process id, and a waiter takes it over once the holder is
+//! dead. "The pid runs" alone misjudges a holder killed long ago whose pid the kernel has
+//! since handed to an unrelated program: the word would stay taken until the next mount. A
+//! holder works on the pool through its mapping, so "the pid runs *and maps the pool file*"
+//! is the sharper test, and it never calls a live holder dead: a process that no longer maps
+//! the pool cannot store to it.
+
+use std::fs::Metadata;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+
+/// A file as the kernel names it in `/proc/<pid>/maps`: its device and inode numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DevIno {
+    /// `st_dev` of the file.
+    pub dev: u64,
+    /// `st_ino` of the file.
+    pub ino: u64,
+}
+
+impl DevIno {
+    /// The id of the file `meta` describes.
+    pub fn of(meta: &Metadata) -> DevIno {
+        DevIno {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    }
+}
+
+/// Whether process `pid` runs and maps file `id`: `Some(false)` when no such process exists or
+/// none of its mappings is of that file, `None` when its mappings cannot be read (a process of
+/// another user, without the privilege to inspect it).
+pub fn maps_file(pid: u32, id: DevIno) -> Option<bool> {
+    match std::fs::read(format!("/proc/{pid}/maps")) {
+        Ok(maps) => Some(lists_file(&maps, id)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Some(false),
+        // ESRCH: the process exited while the file was read.
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Some(false),
+        Err(_) => None,
+    }
+}
+
+/// Whether process `pid` exists (a zombie counts): the test where its mappings are unknown.
+pub fn exists(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Whether the text of a `maps` file has a line mapping file `id`. A line reads
+/// `start-end perms offset major:minor inode [path]`, the device numbers in hexadecimal.
+fn lists_file(maps: &[u8], id: DevIno) -> bool {
+    let (major, minor) = (libc::major(id.dev), libc::minor(id.dev));
+    maps.split(|&b| b == b'\n').any(|line| {
+        let mut fields = line.split(|&b| b == b' ').filter(|f| !f.is_empty()).skip(3);
+        let (Some(dev), Some(ino)) = (fields.next(), fields.next()) else {
+            return false;
+        };
+        let Some((maj, min)) = std::str::from_utf8(dev)
+            .ok()
+            .and_then(|d| d.split_once(':'))
+        else {
+            return false;
+        };
+        u32::from_str_radix(maj, 16) == Ok(major)
+            && u32::from_str_radix(min, 16) == Ok(minor)
+            && std::str::from_utf8(ino).ok().and_then(|i| i.parse().ok()) == Some(id.ino)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pm::{Media, PmRegion};
+
+    #[test]
+    fn a_maps_line_is_matched_on_device_and_inode() {
+        let id = DevIno {
+            dev: libc::makedev(0, 0x1a),
+            ino: 4242,
+        };
+        let maps = b"7f00-7f10 rw-s 00000000 00:1a 4242   /dev/shm/p (deleted)\n\
+                     7f10-7f20 r--p 00000000 00:1a 4243   /dev/shm/q\n";
+        assert!(lists_file(maps, id));
+        assert!(!lists_file(&maps[maps.len() / 2..], id));
+        let other_dev = DevIno {
+            dev: libc::makedev(0, 0x1b),
+            ino: 4242,
+        };
+        assert!(!lists_file(maps, other_dev));
+        assert!(!lists_file(b"7f00-7f10 rw-p 00000000 00:00 0 [heap]\n", id));
+        assert!(!lists_file(b"garbage\n\n", id));
+    }
+
+    #[test]
+    fn this_process_maps_its_region_and_a_child_does_not() {
+        let path = std::env::temp_dir().join(format!("pmfs-procs-{}.pool", std::process::id()));
+        let region = PmRegion::create(&path, crate::pm::MIN_POOL_SIZE).unwrap();
+        let id = region.file_id().expect("a pool file has an id");
+        assert_eq!(maps_file(std::process::id(), id), Some(true));
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        assert_eq!(maps_file(child.id(), id), Some(false));
+        assert!(exists(child.id()));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(maps_file(child.id(), id), Some(false));
+        assert!(!exists(child.id()));
+        drop(region);
+        std::fs::remove_file(&path).unwrap();
+    }
+}
