@@ -18,7 +18,10 @@
 //! - **Caching.** Attributes are cached for `attr_timeout` (default 0: every `stat` asks, so
 //!   sizes and times written by data clients that bypass the kernel are never stale), names
 //!   for `entry_timeout` (default 1 s: only the daemon changes names, and the kernel keeps
-//!   its own name cache exact). Open does not keep the page cache (`keep_cache` off) and the
+//!   its own name cache exact), and so is the absence of a name (a negative entry: the
+//!   kernel turns it into the new name when a file is created through the mount, which is
+//!   the only way names change; `sqlite3` looks for its journal and WAL files before every
+//!   transaction). Open does not keep the page cache (`keep_cache` off) and the
 //!   kernel drops cached pages when it sees mtime or size change (`FUSE_AUTO_INVAL_DATA`).
 //! - **Concurrency.** fuser runs several event-loop threads, each with its own cloned
 //!   `/dev/fuse` descriptor; handlers run on them concurrently (the engine is `Sync`).
@@ -64,6 +67,26 @@ impl Default for Timeouts {
         }
     }
 }
+
+/// The attributes of a negative entry: node id 0, which tells the kernel the name does not
+/// exist (the rest is ignored).
+const NO_ENTRY: FileAttr = FileAttr {
+    ino: INodeNo(0),
+    size: 0,
+    blocks: 0,
+    atime: UNIX_EPOCH,
+    mtime: UNIX_EPOCH,
+    ctime: UNIX_EPOCH,
+    crtime: UNIX_EPOCH,
+    kind: FileType::RegularFile,
+    perm: 0,
+    nlink: 0,
+    uid: 0,
+    gid: 0,
+    rdev: 0,
+    blksize: 4096,
+    flags: 0,
+};
 
 /// The errno for an engine error (the one conversion point).
 pub fn errno(e: &pmfs::Error) -> Errno {
@@ -300,7 +323,13 @@ impl Filesystem for PmfsFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.entry(reply, self.vol.lookup(self.ino(parent), name.as_bytes()));
+        match self.vol.lookup(self.ino(parent), name.as_bytes()) {
+            // Node id 0 with a timeout: the kernel caches that the name does not exist.
+            Err(e) if e.errno() == libc::ENOENT && !self.ttl.entry.is_zero() => {
+                reply.entry_with_ttls(&Duration::ZERO, &self.ttl.entry, &NO_ENTRY, Generation(0))
+            }
+            r => self.entry(reply, r),
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
