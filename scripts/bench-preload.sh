@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Benchmarks the preload library in one run (issue 9, "Evidence"): fio with the psync engine
-# (4 KiB random read, 4 KiB random write, 1 MiB sequential write and read) and RocksDB's
-# db_bench (fillrandom, readrandom, fillsync) on
+# (4 KiB random read, 4 KiB random write, 1 MiB sequential write and read), RocksDB's
+# db_bench (fillrandom, readrandom, fillsync) and sqlite3 (one-row transactions in every
+# journal mode, then PRAGMA integrity_check) on
 #   FUSE     a HashFS pool in /dev/shm mounted by `pmfs mount`, without the library,
 #   library  the same mount with libpmfs_preload.so preloaded,
 #   tmpfs    a directory on the same tmpfs as the pool,
@@ -14,7 +15,8 @@
 #
 # Usage: scripts/bench-preload.sh          (root: it mounts; uses $CARGO_TARGET_DIR/release)
 # Knobs: FIO_SECONDS (3), FIO_SIZE (256M), DB_NUM (200000), DB_SYNC_NUM (50000),
-#        POOL_SIZE (4G), HUGE (1). Every job is short: the whole run takes a few minutes.
+#        SQLITE_TXS (2000), POOL_SIZE (4G), HUGE (1). Every job is short: the whole run takes
+#        a few minutes.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,6 +27,8 @@ fio_seconds=${FIO_SECONDS:-3}
 fio_size=${FIO_SIZE:-256M}
 db_num=${DB_NUM:-200000}
 db_sync_num=${DB_SYNC_NUM:-50000}
+sqlite_txs=${SQLITE_TXS:-2000}
+journal_modes=(delete truncate persist memory wal off)
 pool_size=${POOL_SIZE:-4G}
 huge=${HUGE:-1}
 
@@ -34,7 +38,7 @@ fi
 if ! command -v db_bench > /dev/null; then
     apt-get install -y rocksdb-tools > /dev/null
 fi
-for tool in fio db_bench fusermount3 python3; do
+for tool in fio db_bench sqlite3 fusermount3 python3; do
     command -v "$tool" > /dev/null || { echo "bench-preload: $tool is missing" >&2; exit 1; }
 done
 
@@ -116,6 +120,37 @@ run_db() {
         awk '/ micros\/op / { print $1, $5 }'
 }
 
+# The sqlite3 script for journal mode $1: a table, $sqlite_txs transactions of one row each
+# (every commit syncs: synchronous=FULL), a scan, and the integrity check.
+sqlite_script() {
+    echo "PRAGMA journal_mode=$1; PRAGMA synchronous=FULL;"
+    echo "CREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT NOT NULL);"
+    awk -v n="$sqlite_txs" -v q="'" 'BEGIN {
+        for (i = 1; i <= n; i++)
+            printf "BEGIN; INSERT INTO t VALUES (%d, printf(%s%%0200d%s, %d)); COMMIT;\n", i, q, q, i * 7919
+    }'
+    echo "SELECT count(*), sum(length(v)) FROM t;"
+    echo "PRAGMA integrity_check;"
+}
+
+# sqlite3 in setup $1 with journal mode $2: committed transactions per second (the whole
+# script's wall time); fails unless the rows are all there and the check says ok.
+run_sqlite() {
+    local setup=$1 mode=$2
+    local db=${dir[$setup]}/sqlite-$mode.db script=$work/sqlite-$mode.sql out=$work/sqlite.out
+    rm -f "$db" "$db"-*
+    [ -f "$script" ] || sqlite_script "$mode" > "$script"
+    local start=$EPOCHREALTIME
+    under "$setup" sqlite3 "$db" < "$script" > "$out"
+    local end=$EPOCHREALTIME
+    if [ "$(tail -2 "$out" | tr '\n' ' ')" != "$sqlite_txs|$((sqlite_txs * 200)) ok " ]; then
+        echo "bench-preload: sqlite3 ($setup, $mode) went wrong:" >&2
+        tail -5 "$out" >&2
+        exit 1
+    fi
+    awk -v n="$sqlite_txs" -v s="$start" -v e="$end" 'BEGIN { printf "%.0f", n / (e - s) }'
+}
+
 for setup in "${setups[@]}"; do
     mkdir -p "${dir[$setup]}"
     echo "bench-preload: $setup" >&2
@@ -130,6 +165,9 @@ for setup in "${setups[@]}"; do
     while read -r name ops; do
         result[$setup,db_bench $name (ops/s)]=$ops
     done < <(run_db "$setup" fillrandom,readrandom "$db_num"; run_db "$setup" fillsync "$db_sync_num")
+    for mode in "${journal_modes[@]}"; do
+        result[$setup,sqlite3 journal_mode=$mode (tx/s)]=$(run_sqlite "$setup" "$mode")
+    done
 done
 
 rows=(
@@ -141,6 +179,9 @@ rows=(
     "db_bench readrandom (ops/s)"
     "db_bench fillsync (ops/s)"
 )
+for mode in "${journal_modes[@]}"; do
+    rows+=("sqlite3 journal_mode=$mode (tx/s)")
+done
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0 && a != "") printf "%.2f", a / b; else printf "-" }'; }
 echo
 echo "fio psync ${fio_seconds} s per job on a ${fio_size} file; db_bench ${db_num} ops" \
