@@ -750,6 +750,33 @@ impl<M: Media> HashFs<M> {
         Ok(freed)
     }
 
+    /// Tombstones every slot of the files `inos` (their data, log and extended-attribute
+    /// blocks, staged and tentative versions too) in one pass over the table: what
+    /// [`remove_file`](FileMapping::remove_file) does for each of them, with one scan for all.
+    /// Nothing may use these files meanwhile. Durable when it returns; returns the slots
+    /// freed.
+    pub fn remove_files(&self, inos: &std::collections::HashSet<u64>) -> Result<u64> {
+        if inos.is_empty() {
+            return Ok(0);
+        }
+        let mut freed = Vec::new();
+        for i in 0..self.slots {
+            if i % SLOTS_PER_LINE == 0 {
+                self.media.prefetch(self.slot_off(i + 4 * SLOTS_PER_LINE));
+            }
+            let (w, s) = self.load(i)?;
+            if let Slot::Committed(k) | Slot::Tentative(k) | Slot::Staged(k) = s
+                && inos.contains(&k.ino)
+                && self.media.cas_u64(self.slot_off(i), w, TOMBSTONE)?.is_ok()
+            {
+                freed.push(i);
+            }
+        }
+        self.flush_slots(&freed)?;
+        self.media.fence();
+        Ok(freed.len() as u64)
+    }
+
     /// Counts empty, tombstoned, tentative and committed slots (a full scan).
     pub fn occupancy(&self) -> Result<Occupancy> {
         let mut o = Occupancy::default();

@@ -237,7 +237,7 @@ impl Volume {
             return Err(Error::NotFound);
         }
         let rec = self.fs.inodes.read(self.fs.m(), h.ino)?;
-        if rec.state != h.live_state() {
+        if rec.state != h.live_state() || self.fs.is_released(h) {
             return Err(Error::NotFound);
         }
         Ok((h, rec))
@@ -367,7 +367,6 @@ impl Volume {
         }
         check_name(name)?;
         let dir = self.dir_of(parent)?;
-        let m = fs.m();
         let mut d = dir.inner.write().unwrap_or_else(|e| e.into_inner());
         if d.dead {
             return Err(Error::NotFound);
@@ -375,7 +374,7 @@ impl Volume {
         if d.get(name).is_some() {
             return Err(Error::AlreadyExists);
         }
-        let h = fs.inodes.alloc(m)?;
+        let h = fs.alloc_inode()?;
         let now = fs.now();
         let mut rec = InodeRaw::new(h, kind, perm, now, dir.h);
         rec.uid = owner.uid;

@@ -1431,6 +1431,7 @@ impl Fs {
                     digested = true;
                     self.digest(n.h.ino, &s, f)?;
                     self.digest_others(n.h.ino)?;
+                    self.release_deferred()?;
                     continue;
                 }
                 return Err(e);

@@ -31,6 +31,7 @@ pub(crate) mod data;
 pub(crate) mod ns;
 pub(crate) mod path;
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -57,6 +58,8 @@ pub(crate) const MAX_FILE_SIZE: u64 = pmfs_mapping::hashfs::LOG_LBLK_FIRST * BLO
 const _: () = assert!(pmfs_mapping::hashfs::LOG_LBLK_END <= crate::xattr::XATTR_LBLK);
 /// Most hard links an inode may have.
 pub(crate) const MAX_LINKS: u64 = 65_000;
+/// HashFS files freed together by one scan of the table (see [`Fs::defer_release`]).
+const RELEASE_BATCH: usize = 64;
 pub(crate) const LOCK_STRIPES: usize = 1024;
 
 /// What mounting found and repaired.
@@ -92,6 +95,10 @@ pub(crate) struct Fs {
     pub(crate) logs: Mutex<FastMap<u32, Arc<data::Shared>>>,
     /// This process's id as a digest holder.
     pub holder: u32,
+    /// HashFS files waiting to be freed by one scan of the table ([`Fs::defer_release`]).
+    releasing: Mutex<Vec<Handle>>,
+    /// Whether `releasing` holds any file (read without its lock).
+    releasing_any: AtomicBool,
     /// Holders of words of this pool found alive, and when ([`Fs::holder_alive`]).
     alive_seen: Mutex<FastMap<u32, std::time::Instant>>,
     free_count: FreeCount,
@@ -248,6 +255,8 @@ impl Fs {
             logs: Mutex::new(FastMap::default()),
             holder: std::process::id(),
             alive_seen: Mutex::new(FastMap::default()),
+            releasing: Mutex::new(Vec::new()),
+            releasing_any: AtomicBool::new(false),
             free_count: parts.free,
             inodes,
             dirs: RwLock::new(FastMap::default()),
@@ -716,6 +725,9 @@ impl Fs {
             }
             m.fence();
         }
+        if has_log && !thorough && matches!(self.stage, Stager::Hash(_)) {
+            return self.defer_release(h);
+        }
         let blocks = rec.size.div_ceil(BLOCK_SIZE);
         if self.map.kind() == MappingKind::HashFs
             && !thorough
@@ -745,6 +757,76 @@ impl Fs {
         }
         self.inodes.release(h.ino);
         Ok(())
+    }
+
+    /// Frees HashFS file `h`, whose log words are cleared, in a later batch. Its blocks lie
+    /// anywhere in the table, and not only those its size, its mapped end and its log chain
+    /// name: a compaction that ran while other processes had the log open leaves the blocks it
+    /// retired to whoever frees the file. Only a scan of the whole table finds them all, so
+    /// the files are freed [`RELEASE_BATCH`] at a time by one scan
+    /// ([`release_deferred`](Fs::release_deferred)); also when a write finds no space, when
+    /// free space is asked for, and at unmount. Until then the inode stays live without a
+    /// link, an orphan: nobody can open it, its number is not reused, and after a crash the
+    /// mount frees it as it frees every orphan.
+    fn defer_release(&self, h: Handle) -> Result<()> {
+        let mut pending = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
+        pending.push(h);
+        self.releasing_any.store(true, Ordering::Release);
+        if pending.len() >= RELEASE_BATCH {
+            self.release_batch(&mut pending)?;
+        }
+        Ok(())
+    }
+
+    /// A free inode number for a new file, after freeing the deferred files when none is left
+    /// ([`defer_release`](Fs::defer_release) keeps their numbers until then).
+    pub(crate) fn alloc_inode(&self) -> Result<Handle> {
+        match self.inodes.alloc(self.m()) {
+            Err(Error::NoSpace) => {
+                self.release_deferred()?;
+                self.inodes.alloc(self.m())
+            }
+            r => r,
+        }
+    }
+
+    /// Frees the files whose release was deferred ([`defer_release`](Fs::defer_release)).
+    pub fn release_deferred(&self) -> Result<()> {
+        let mut pending = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
+        self.release_batch(&mut pending)
+    }
+
+    fn release_batch(&self, pending: &mut Vec<Handle>) -> Result<()> {
+        let Stager::Hash(t) = &self.stage else {
+            return Ok(());
+        };
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let inos: HashSet<u64> = pending.iter().map(|h| u64::from(h.ino)).collect();
+        t.remove_files(&inos)?;
+        let m = self.m();
+        for h in pending.iter() {
+            self.inodes
+                .store(m, h.ino, field::STATE, u64::from(h.generation))?;
+        }
+        m.fence();
+        for h in pending.drain(..) {
+            self.inodes.release(h.ino);
+        }
+        self.releasing_any.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether incarnation `h` is freed already, though its release is deferred
+    /// ([`defer_release`](Fs::defer_release)): nothing may reach it by number any more.
+    pub(crate) fn is_released(&self, h: Handle) -> bool {
+        self.releasing_any.load(Ordering::Acquire)
+            && self
+                .releasing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&h)
     }
 
     /// Recovery of a hole punch whose edge copy committed but whose unmapping may not have:
@@ -812,6 +894,7 @@ impl Fs {
 
     /// Free data blocks.
     pub fn free_blocks(&self) -> Result<u64> {
+        self.release_deferred()?;
         (self.free_count)()
     }
 
@@ -845,6 +928,7 @@ impl Fs {
         if self.read_only || self.client || self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        self.release_deferred()?;
         self.sync_metadata()?;
         if let Some(a) = &self.alloc {
             a.flush_caches();

@@ -177,7 +177,7 @@ impl Fs {
         perm: u32,
         symlink_target: Option<&[u8]>,
     ) -> Result<Handle> {
-        let h = self.inodes.alloc(self.m())?;
+        let h = self.alloc_inode()?;
         let now = self.now();
         let mut rec = InodeRaw::new(h, kind, perm, now, owner);
         if let Some(t) = symlink_target {
