@@ -131,23 +131,51 @@ fn served_size(fd: c_int) -> Option<i64> {
     served::peek(fd, |s| s.size()).and_then(|n| i64::try_from(n).ok())
 }
 
-/// `fstat`: forwarded; the size of a served pmfs file is the log's.
+/// Fills `$buf` (a `stat` or `stat64`) for served descriptor `$fd`; evaluates to whether it
+/// did. The block size is the daemon's (a block).
+macro_rules! fill_stat {
+    ($fd:expr, $buf:expr) => {
+        match served::peek($fd, Served::stat) {
+            Some(st) => {
+                let b = &mut *$buf;
+                // SAFETY (caller): `$buf` points to a writable stat buffer. Zeroed first: the
+                // types have private padding fields.
+                *b = core::mem::zeroed();
+                b.st_dev = st.dev;
+                b.st_ino = st.ino;
+                b.st_mode = st.mode;
+                b.st_nlink = st.nlink;
+                b.st_uid = st.uid;
+                b.st_gid = st.gid;
+                b.st_size = st.size as i64;
+                b.st_blksize = pmfs_core::layout::BLOCK_SIZE as i64;
+                b.st_blocks = st.blocks as i64;
+                let [a, m, c] = st
+                    .times
+                    .map(|t| (t.div_euclid(1_000_000_000), t.rem_euclid(1_000_000_000)));
+                (b.st_atime, b.st_atime_nsec) = a;
+                (b.st_mtime, b.st_mtime_nsec) = m;
+                (b.st_ctime, b.st_ctime_nsec) = c;
+                true
+            }
+            None => false,
+        }
+    };
+}
+
+/// `fstat`: a served pmfs file's attributes come from its inode in the pool
+/// ([`Served::stat`]), with no request to the daemon; everything else is forwarded.
 ///
 /// # Safety
 /// The C function's contract.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn fstat(fd: c_int, buf: *mut libc::stat) -> c_int {
-    let pmfs = note_data_call(fd);
-    // SAFETY: forwarded under the same contract.
-    let r = unsafe { real::fstat(fd, buf) };
-    if pmfs
-        && r == 0
-        && let Some(n) = served_size(fd)
-    {
-        // SAFETY: the call succeeded, so `buf` is a filled stat buffer.
-        unsafe { (*buf).st_size = n };
+    // SAFETY: the contract makes `buf` a writable stat buffer.
+    if note_data_call(fd) && !buf.is_null() && unsafe { fill_stat!(fd, buf) } {
+        return 0;
     }
-    r
+    // SAFETY: forwarded under the same contract.
+    unsafe { real::fstat(fd, buf) }
 }
 
 /// `fstat64`: as [`fstat`].
@@ -156,17 +184,12 @@ pub unsafe extern "C" fn fstat(fd: c_int, buf: *mut libc::stat) -> c_int {
 /// The C function's contract.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int {
-    let pmfs = note_data_call(fd);
-    // SAFETY: forwarded under the same contract.
-    let r = unsafe { real::fstat64(fd, buf) };
-    if pmfs
-        && r == 0
-        && let Some(n) = served_size(fd)
-    {
-        // SAFETY: the call succeeded, so `buf` is a filled stat buffer.
-        unsafe { (*buf).st_size = n };
+    // SAFETY: the contract makes `buf` a writable stat buffer.
+    if note_data_call(fd) && !buf.is_null() && unsafe { fill_stat!(fd, buf) } {
+        return 0;
     }
-    r
+    // SAFETY: forwarded under the same contract.
+    unsafe { real::fstat64(fd, buf) }
 }
 
 /// `statx`: noted when it stats an open descriptor (`AT_EMPTY_PATH` and an empty path),

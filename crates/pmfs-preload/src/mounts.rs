@@ -116,6 +116,11 @@ fn rescan() {
     });
 }
 
+/// The device number of pmfs mount `m` (the `st_dev` of its files).
+pub(crate) fn dev_of(m: usize) -> u64 {
+    PMFS[m].load(Ordering::Relaxed)
+}
+
 /// Whether pmfs mount `m` is still in this process's mount table (a lazy unmount takes it
 /// out while its files stay open). Reads mountinfo afresh, without allocating.
 pub(crate) fn still_mounted(m: usize) -> bool {

@@ -696,6 +696,24 @@ impl Served {
         self.node().size().ok()
     }
 
+    /// What `fstat` reports for the file, from its inode in the pool (through this process's
+    /// attachment), as the daemon would answer the kernel: the kernel, which caches no
+    /// attributes of a pmfs mount, would ask the daemon for them on every call.
+    pub(crate) fn stat(&self) -> Option<Stat> {
+        let a = client(self.mount)?.getattr(self.node().ino()).ok()?;
+        Some(Stat {
+            dev: crate::mounts::dev_of(self.mount),
+            ino: self.node().ino().raw(),
+            mode: libc::S_IFREG | a.perm,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            size: a.size,
+            blocks: a.blocks,
+            times: [a.atime, a.mtime, a.ctime],
+        })
+    }
+
     /// `mmap` of the file with `MAP_SHARED`, from the pool (module `mapped`); `None` for the
     /// kernel path, which also answers the access modes it must refuse.
     pub(crate) fn map(&self, call: &MapCall) -> Option<isize> {
@@ -705,6 +723,20 @@ impl Served {
         let client = client(self.mount)?;
         crate::mapped::map(client, self.mount, self.node().ino(), self.write, call)
     }
+}
+
+/// The attributes of a served file `fstat` reports ([`Served::stat`]).
+pub(crate) struct Stat {
+    pub dev: u64,
+    pub ino: u64,
+    pub mode: u32,
+    pub nlink: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub blocks: u64,
+    /// Access, modification and change times, ns since the epoch.
+    pub times: [i64; 3],
 }
 
 /// The caller's iovec array, if its count is one the kernel accepts.

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +31,21 @@ __attribute__((constructor)) static void early(void) {
 struct job {
     int fd, id;
 };
+
+/* Whether fstat through libc (served in userspace under the library) reports what the
+ * kernel does, field by field. */
+static int fstat_agrees(int fd) {
+    struct stat a, k;
+    if (fstat(fd, &a) != 0 || syscall(SYS_fstat, fd, &k) != 0)
+        return -1;
+    return a.st_dev == k.st_dev && a.st_ino == k.st_ino && a.st_mode == k.st_mode &&
+           a.st_nlink == k.st_nlink && a.st_uid == k.st_uid && a.st_gid == k.st_gid &&
+           a.st_rdev == k.st_rdev && a.st_size == k.st_size && a.st_blksize == k.st_blksize &&
+           a.st_blocks == k.st_blocks && a.st_atim.tv_sec == k.st_atim.tv_sec &&
+           a.st_atim.tv_nsec == k.st_atim.tv_nsec && a.st_mtim.tv_sec == k.st_mtim.tv_sec &&
+           a.st_mtim.tv_nsec == k.st_mtim.tv_nsec && a.st_ctim.tv_sec == k.st_ctim.tv_sec &&
+           a.st_ctim.tv_nsec == k.st_ctim.tv_nsec;
+}
 
 static void *writer(void *arg) {
     struct job *j = arg;
@@ -127,6 +143,9 @@ int main(int argc, char **argv) {
     struct statx sx;
     show("statx", statx(fd, "", AT_EMPTY_PATH, STATX_SIZE, &sx));
     show("statx size", (long)sx.stx_size);
+    show("fstat agrees with the kernel", fstat_agrees(fd));
+    show("fchmod", fchmod(fd, 0640));
+    show("fstat agrees after fchmod", fstat_agrees(fd));
     show("fsync", fsync(fd));
     show("fdatasync", fdatasync(fd));
 

@@ -7,7 +7,7 @@ use pmfs_core::layout::BLOCK_SIZE;
 use pmfs_core::pm::PmRegion;
 
 use super::Volume;
-use super::ino::{Ino, OpenMode, OpenNode};
+use super::ino::{Attr, Ino, OpenMode, OpenNode, attr_of};
 use crate::error::{Error, Result};
 use crate::format::MOUNT_STATE_OFF;
 use crate::fs::Fs;
@@ -173,6 +173,15 @@ impl Client {
             }
         }
         Ok(FileMap { pin, pieces })
+    }
+
+    /// The attributes of inode `ino` as the owner would report them (its size as the log says
+    /// now): [`Error::NotFound`] unless it is live.
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        if !self.is_live(ino) {
+            return Err(Error::NotFound);
+        }
+        attr_of(&self.fs, ino.handle())
     }
 
     /// Whether inode `ino` is the live regular file it names.

@@ -260,32 +260,7 @@ impl Volume {
     }
 
     fn attr_of(&self, h: Handle) -> Result<Attr> {
-        let md: Metadata = self.fs.stat(h)?;
-        let rdev = self.fs.inodes.load(self.fs.m(), h.ino, field::RDEV)?;
-        let blocks = match md.kind {
-            Kind::File | Kind::Dir => md.size.div_ceil(BS) * (BS / 512),
-            Kind::Symlink => BS / 512,
-            _ => 0,
-        };
-        Ok(Attr {
-            ino: Ino::of(h),
-            kind: NodeKind::of(md.kind),
-            perm: md.mode & 0o7777,
-            uid: md.uid,
-            gid: md.gid,
-            nlink: md.nlink,
-            size: md.size,
-            blocks,
-            atime: md.atime,
-            mtime: md.mtime,
-            ctime: md.ctime,
-            btime: md.btime,
-            rdev: if matches!(md.kind, Kind::CharDevice | Kind::BlockDevice) {
-                rdev
-            } else {
-                0
-            },
-        })
+        attr_of(&self.fs, h)
     }
 
     /// The attributes of `ino`.
@@ -918,4 +893,34 @@ impl Volume {
         u.layout_score = pmfs_alloc::aging::layout_score(&files);
         Ok(u)
     }
+}
+
+/// The attributes of live incarnation `h` (the inode API's and a client's `getattr`).
+pub(crate) fn attr_of(fs: &Fs, h: Handle) -> Result<Attr> {
+    let md: Metadata = fs.stat(h)?;
+    let rdev = fs.inodes.load(fs.m(), h.ino, field::RDEV)?;
+    let blocks = match md.kind {
+        Kind::File | Kind::Dir => md.size.div_ceil(BS) * (BS / 512),
+        Kind::Symlink => BS / 512,
+        _ => 0,
+    };
+    Ok(Attr {
+        ino: Ino::of(h),
+        kind: NodeKind::of(md.kind),
+        perm: md.mode & 0o7777,
+        uid: md.uid,
+        gid: md.gid,
+        nlink: md.nlink,
+        size: md.size,
+        blocks,
+        atime: md.atime,
+        mtime: md.mtime,
+        ctime: md.ctime,
+        btime: md.btime,
+        rdev: if matches!(md.kind, Kind::CharDevice | Kind::BlockDevice) {
+            rdev
+        } else {
+            0
+        },
+    })
 }
