@@ -15,8 +15,10 @@
 //!   directories, who may chown/chmod/utime, and clears set-user-ID/set-group-ID bits on
 //!   write and chown (it sends the mode change). [`access`](Filesystem::access) answers from
 //!   the same mode bits, with the caller's supplementary groups.
-//! - **Caching.** Attributes are cached for `attr_timeout` (default 0: every `stat` asks, so
-//!   sizes and times written by data clients that bypass the kernel are never stale), names
+//! - **Caching.** Attributes of regular files are cached for `attr_timeout` (default 0:
+//!   every `stat` asks, so sizes and times written by data clients that bypass the kernel
+//!   are never stale), those of everything else as long as names (see `PmfsFs::attr_ttl`),
+//!   names
 //!   for `entry_timeout` (default 1 s: only the daemon changes names, and the kernel keeps
 //!   its own name cache exact), and so is the absence of a name (a negative entry: the
 //!   kernel turns it into the new name when a file is created through the mount, which is
@@ -188,6 +190,21 @@ impl PmfsFs {
         }
     }
 
+    /// How long the kernel may cache the attributes of an object of kind `kind`. A regular
+    /// file's size and times change behind the kernel's back (preload clients write it in
+    /// userspace), so they are never cached (`attr_timeout`, default 0). Everything else
+    /// changes only through the mount, and the kernel drops what it cached of a directory
+    /// whenever it creates or removes an entry there: those attributes are cached as long
+    /// as names (`entry_timeout`, when longer). Directories matter most: with
+    /// `default_permissions` the kernel checks search permission on every directory of
+    /// every path it walks, and asks for attributes it may not cache each time.
+    fn attr_ttl(&self, kind: NodeKind) -> Duration {
+        match kind {
+            NodeKind::File => self.ttl.attr,
+            _ => self.ttl.attr.max(self.ttl.entry),
+        }
+    }
+
     fn attr(&self, a: &Attr) -> FileAttr {
         FileAttr {
             ino: self.node_id(a.ino),
@@ -211,7 +228,7 @@ impl PmfsFs {
     fn entry(&self, reply: ReplyEntry, r: pmfs::Result<Attr>) {
         match r {
             Ok(a) => reply.entry_with_ttls(
-                &self.ttl.attr,
+                &self.attr_ttl(a.kind),
                 &self.ttl.entry,
                 &self.attr(&a),
                 Generation(u64::from(a.ino.generation())),
@@ -339,7 +356,7 @@ impl Filesystem for PmfsFs {
             _ => self.ino(ino),
         };
         match self.vol.getattr(ino) {
-            Ok(a) => reply.attr(&self.ttl.attr, &self.attr(&a)),
+            Ok(a) => reply.attr(&self.attr_ttl(a.kind), &self.attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -377,7 +394,7 @@ impl Filesystem for PmfsFs {
         let via = fh.and_then(|fh| self.file(fh).ok());
         let ino = via.as_ref().map_or(self.ino(ino), |f| f.ino());
         match self.vol.set_attr(ino, change, via.as_deref()) {
-            Ok(a) => reply.attr(&self.ttl.attr, &self.attr(&a)),
+            Ok(a) => reply.attr(&self.attr_ttl(a.kind), &self.attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -653,7 +670,7 @@ impl Filesystem for PmfsFs {
                     self.node_id(ino),
                     next,
                     OsStr::from_bytes(name),
-                    &self.ttl.attr,
+                    &self.attr_ttl(a.kind),
                     &self.attr(&a),
                     Generation(u64::from(ino.generation())),
                 ),

@@ -1,7 +1,9 @@
 //! The kernel caches names for `entry_timeout`, and since the daemon answers a lookup of a
 //! missing name with a negative entry, it caches their absence too: every change of a name
 //! made through the mount (create, mkdir, link, symlink, rename, unlink, rmdir) must show at
-//! once, in this process and in others, while the entries involved are cached.
+//! once, in this process and in others, while the entries involved are cached. It caches
+//! the attributes of directories as long (those of regular files not at all): a directory's
+//! link count and permissions must follow every change at once too.
 
 mod common;
 
@@ -9,7 +11,9 @@ use std::fs;
 use std::io::ErrorKind;
 use std::path::Path;
 
-use common::{Pool, sh};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use common::{Pool, as_nobody, sh};
 
 fn missing(p: &Path) -> bool {
     matches!(fs::symlink_metadata(p), Err(e) if e.kind() == ErrorKind::NotFound)
@@ -67,6 +71,42 @@ fn names_appear_and_vanish_at_once() {
         assert_eq!(fs::read(&a).unwrap(), b"z\n");
         sh(&format!("rm '{}'", a.display()));
         assert!(missing(&a));
+    }
+    m.unmount();
+    pool.fsck_clean();
+}
+
+#[test]
+fn directory_attributes_follow_every_change_at_once() {
+    let pool = Pool::new("dir-attrs", "64M", "hashfs");
+    let dir = pool.mount_point("mnt");
+    let m = pool.mount(&dir, &[]);
+    let d = m.join("d");
+    fs::create_dir(&d).unwrap();
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(d.join("f"), b"x").unwrap();
+    let nlink = |p: &Path| fs::metadata(p).unwrap().nlink();
+    let listable = |p: &Path| as_nobody(&format!("ls '{}'", p.display()));
+    for _ in 0..3 {
+        assert_eq!(nlink(&d), 2);
+        fs::create_dir(d.join("sub")).unwrap();
+        assert_eq!(nlink(&d), 3, "a new subdirectory's link is not seen");
+        fs::remove_dir(d.join("sub")).unwrap();
+        assert_eq!(nlink(&d), 2, "a removed subdirectory's link is still seen");
+
+        assert!(listable(&d));
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
+        assert!(
+            !listable(&d),
+            "search permission taken away is still granted"
+        );
+        sh(&format!("chmod 755 '{}'", d.display()));
+        assert_eq!(fs::metadata(&d).unwrap().mode() & 0o777, 0o755);
+        assert!(
+            listable(&d),
+            "search permission given back is still refused"
+        );
     }
     m.unmount();
     pool.fsck_clean();
