@@ -19,7 +19,7 @@ use libc::{FILE, iovec, off_t, size_t, ssize_t};
 
 use crate::mapped::{self, MapCall};
 use crate::served::{self, Served};
-use crate::{closed, duplicated, note_data_call, opened, real};
+use crate::{active, closed, duplicated, note_data_call, opened, real};
 
 /// Data calls whose first argument is the descriptor, served in userspace by `$serve` (on
 /// the description's [`Served`] object) when it returns `Some`, else forwarded.
@@ -131,31 +131,37 @@ fn served_size(fd: c_int) -> Option<i64> {
     served::peek(fd, |s| s.size()).and_then(|n| i64::try_from(n).ok())
 }
 
-/// Fills `$buf` (a `stat` or `stat64`) for served descriptor `$fd`; evaluates to whether it
-/// did. The block size is the daemon's (a block).
+/// Writes served attributes `$st` ([`served::Stat`]) into `$buf`, a `stat` or `stat64`
+/// (zeroed first: the types have private padding fields). The block size is the daemon's (a
+/// block).
+macro_rules! write_stat {
+    ($buf:expr, $st:expr) => {{
+        let (b, st) = (&mut *$buf, $st);
+        *b = core::mem::zeroed();
+        b.st_dev = st.dev;
+        b.st_ino = st.ino;
+        b.st_mode = st.mode;
+        b.st_nlink = st.nlink;
+        b.st_uid = st.uid;
+        b.st_gid = st.gid;
+        b.st_size = st.size as i64;
+        b.st_blksize = pmfs_core::layout::BLOCK_SIZE as i64;
+        b.st_blocks = st.blocks as i64;
+        let [a, m, c] = st
+            .times
+            .map(|t| (t.div_euclid(1_000_000_000), t.rem_euclid(1_000_000_000)));
+        (b.st_atime, b.st_atime_nsec) = a;
+        (b.st_mtime, b.st_mtime_nsec) = m;
+        (b.st_ctime, b.st_ctime_nsec) = c;
+    }};
+}
+
+/// Fills `$buf` for served descriptor `$fd`; evaluates to whether it did.
 macro_rules! fill_stat {
     ($fd:expr, $buf:expr) => {
         match served::peek($fd, Served::stat) {
             Some(st) => {
-                let b = &mut *$buf;
-                // SAFETY (caller): `$buf` points to a writable stat buffer. Zeroed first: the
-                // types have private padding fields.
-                *b = core::mem::zeroed();
-                b.st_dev = st.dev;
-                b.st_ino = st.ino;
-                b.st_mode = st.mode;
-                b.st_nlink = st.nlink;
-                b.st_uid = st.uid;
-                b.st_gid = st.gid;
-                b.st_size = st.size as i64;
-                b.st_blksize = pmfs_core::layout::BLOCK_SIZE as i64;
-                b.st_blocks = st.blocks as i64;
-                let [a, m, c] = st
-                    .times
-                    .map(|t| (t.div_euclid(1_000_000_000), t.rem_euclid(1_000_000_000)));
-                (b.st_atime, b.st_atime_nsec) = a;
-                (b.st_mtime, b.st_mtime_nsec) = m;
-                (b.st_ctime, b.st_ctime_nsec) = c;
+                write_stat!($buf, st);
                 true
             }
             None => false,
@@ -163,8 +169,116 @@ macro_rules! fill_stat {
     };
 }
 
+/// The path forms of `stat`: a pmfs regular file's attributes come from its inode in the
+/// pool once the kernel has resolved the name from its caches ([`served::stat_path`]);
+/// anything else is `$forward`.
+macro_rules! stat_path {
+    ($dirfd:expr, $path:expr, $flags:expr, $buf:expr, $forward:expr) => {{
+        match (active() && !$buf.is_null())
+            .then(|| served::stat_path($dirfd, $path, $flags))
+            .flatten()
+        {
+            Some(Ok(st)) => {
+                // SAFETY: the contract makes `$buf` a writable stat buffer.
+                unsafe { write_stat!($buf, st) };
+                0
+            }
+            Some(Err(e)) => {
+                crate::set_errno(e);
+                -1
+            }
+            // SAFETY: forwarded under the same contract.
+            None => unsafe { $forward },
+        }
+    }};
+}
+
+/// `stat`: a pmfs regular file answers from its inode in the pool (`served::stat_path`).
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn stat(path: *const c_char, buf: *mut libc::stat) -> c_int {
+    stat_path!(libc::AT_FDCWD, path, 0, buf, real::stat(path, buf))
+}
+
+/// `stat64`: as [`stat`].
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn stat64(path: *const c_char, buf: *mut libc::stat64) -> c_int {
+    stat_path!(libc::AT_FDCWD, path, 0, buf, real::stat64(path, buf))
+}
+
+/// `lstat`: as [`stat`], not following a final symbolic link.
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn lstat(path: *const c_char, buf: *mut libc::stat) -> c_int {
+    let nofollow = libc::AT_SYMLINK_NOFOLLOW;
+    stat_path!(libc::AT_FDCWD, path, nofollow, buf, real::lstat(path, buf))
+}
+
+/// `lstat64`: as [`lstat`].
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn lstat64(path: *const c_char, buf: *mut libc::stat64) -> c_int {
+    let nofollow = libc::AT_SYMLINK_NOFOLLOW;
+    stat_path!(
+        libc::AT_FDCWD,
+        path,
+        nofollow,
+        buf,
+        real::lstat64(path, buf)
+    )
+}
+
+/// `fstatat`: as [`stat`] (with `AT_EMPTY_PATH` and an empty path, forwarded).
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn fstatat(
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut libc::stat,
+    flags: c_int,
+) -> c_int {
+    stat_path!(
+        dirfd,
+        path,
+        flags,
+        buf,
+        real::fstatat(dirfd, path, buf, flags)
+    )
+}
+
+/// `fstatat64`: as [`fstatat`].
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn fstatat64(
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut libc::stat64,
+    flags: c_int,
+) -> c_int {
+    stat_path!(
+        dirfd,
+        path,
+        flags,
+        buf,
+        real::fstatat64(dirfd, path, buf, flags)
+    )
+}
+
 /// `fstat`: a served pmfs file's attributes come from its inode in the pool
-/// ([`Served::stat`]), with no request to the daemon; everything else is forwarded.
+/// (`Served::stat`), with no request to the daemon; everything else is forwarded.
 ///
 /// # Safety
 /// The C function's contract.

@@ -172,9 +172,9 @@ fn slot_value(slot: &AtomicUsize) -> Option<usize> {
 use libc::{
     AT_FDCWD, O_CREAT, O_TRUNC, O_WRONLY, SYS_close, SYS_close_range, SYS_dup, SYS_dup3,
     SYS_fallocate, SYS_fcntl, SYS_fdatasync, SYS_fstat, SYS_fsync, SYS_ftruncate, SYS_lseek,
-    SYS_mmap, SYS_mremap, SYS_msync, SYS_munmap, SYS_openat, SYS_pread64, SYS_preadv, SYS_preadv2,
-    SYS_pwrite64, SYS_pwritev, SYS_pwritev2, SYS_read, SYS_readv, SYS_statx, SYS_write, SYS_writev,
-    syscall,
+    SYS_mmap, SYS_mremap, SYS_msync, SYS_munmap, SYS_newfstatat, SYS_openat, SYS_pread64,
+    SYS_preadv, SYS_preadv2, SYS_pwrite64, SYS_pwritev, SYS_pwritev2, SYS_read, SYS_readv,
+    SYS_statx, SYS_write, SYS_writev, syscall,
 };
 
 syscall_backed! {
@@ -229,6 +229,18 @@ syscall_backed! {
         { let _ = ver; syscall(SYS_fstat, fd, buf) };
     fn __fxstat64(ver: c_int, fd: c_int, buf: *mut libc::stat64) -> c_int =
         { let _ = ver; syscall(SYS_fstat, fd, buf) };
+    fn stat(path: *const c_char, buf: *mut libc::stat) -> c_int =
+        syscall(SYS_newfstatat, libc::AT_FDCWD, path, buf, 0);
+    fn stat64(path: *const c_char, buf: *mut libc::stat64) -> c_int =
+        syscall(SYS_newfstatat, libc::AT_FDCWD, path, buf, 0);
+    fn lstat(path: *const c_char, buf: *mut libc::stat) -> c_int =
+        syscall(SYS_newfstatat, libc::AT_FDCWD, path, buf, libc::AT_SYMLINK_NOFOLLOW);
+    fn lstat64(path: *const c_char, buf: *mut libc::stat64) -> c_int =
+        syscall(SYS_newfstatat, libc::AT_FDCWD, path, buf, libc::AT_SYMLINK_NOFOLLOW);
+    fn fstatat(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int =
+        syscall(SYS_newfstatat, dirfd, path, buf, flags);
+    fn fstatat64(dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int)
+        -> c_int = syscall(SYS_newfstatat, dirfd, path, buf, flags);
     fn statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint,
         buf: *mut libc::statx) -> c_int = syscall(SYS_statx, dirfd, path, flags, mask, buf);
     fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t)

@@ -38,7 +38,7 @@
 //!   mount (see `Volume::attach`).
 
 use core::cell::UnsafeCell;
-use core::ffi::c_int;
+use core::ffi::{c_char, c_int};
 use core::mem::ManuallyDrop;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::os::unix::ffi::OsStrExt;
@@ -701,17 +701,7 @@ impl Served {
     /// attributes of a pmfs mount, would ask the daemon for them on every call.
     pub(crate) fn stat(&self) -> Option<Stat> {
         let a = client(self.mount)?.getattr(self.node().ino()).ok()?;
-        Some(Stat {
-            dev: crate::mounts::dev_of(self.mount),
-            ino: self.node().ino().raw(),
-            mode: libc::S_IFREG | a.perm,
-            nlink: a.nlink,
-            uid: a.uid,
-            gid: a.gid,
-            size: a.size,
-            blocks: a.blocks,
-            times: [a.atime, a.mtime, a.ctime],
-        })
+        Some(Stat::of(self.mount, &a))
     }
 
     /// `mmap` of the file with `MAP_SHARED`, from the pool (module `mapped`); `None` for the
@@ -723,6 +713,58 @@ impl Served {
         let client = client(self.mount)?;
         crate::mapped::map(client, self.mount, self.node().ino(), self.write, call)
     }
+}
+
+/// The attributes of the pmfs regular file that `path` names (from `dirfd`; `flags` may hold
+/// `AT_SYMLINK_NOFOLLOW` and `AT_NO_AUTOMOUNT`), from its inode in the pool, for `stat` and
+/// its relatives. The kernel resolves the name from what it has cached: a `statx` asking for
+/// no refresh of attributes (`AT_STATX_DONT_SYNC`) walks the path with its permission checks
+/// and its name cache, which the daemon keeps exact, and reports the inode number, while the
+/// attributes, which preload clients change behind the kernel's back, come from the pool.
+/// `Some(Err(errno))` when the walk fails (its answer is the call's); `None` for anything
+/// that is not a pmfs regular file this process can attach to (left to the kernel).
+pub(crate) fn stat_path(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+) -> Option<Result<Stat, c_int>> {
+    if path.is_null() || flags & !(libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT) != 0 {
+        return None;
+    }
+    // SAFETY: the caller's contract makes `path` a NUL-terminated string.
+    if unsafe { *path } == 0 {
+        return None;
+    }
+    let mut stx = core::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: a NUL-terminated path and a statx buffer.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_statx,
+            dirfd,
+            path,
+            flags | libc::AT_STATX_DONT_SYNC,
+            libc::STATX_TYPE | libc::STATX_INO,
+            stx.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return match crate::errno() {
+            libc::ENOSYS => None,
+            e => Some(Err(e)),
+        };
+    }
+    // SAFETY: statx filled the buffer.
+    let stx = unsafe { stx.assume_init() };
+    if u32::from(stx.stx_mode) & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    let m = crate::mounts::pmfs_mount_of(libc::makedev(stx.stx_dev_major, stx.stx_dev_minor))?;
+    let saved = crate::errno();
+    let attr = client(m)
+        .filter(|_| !gone(m))?
+        .getattr(Ino::from_raw(stx.stx_ino));
+    crate::set_errno(saved);
+    attr.ok().map(|a| Ok(Stat::of(m, &a)))
 }
 
 /// The attributes of a served file `fstat` reports ([`Served::stat`]).
@@ -737,6 +779,23 @@ pub(crate) struct Stat {
     pub blocks: u64,
     /// Access, modification and change times, ns since the epoch.
     pub times: [i64; 3],
+}
+
+impl Stat {
+    /// Regular file `a` on pmfs mount `m`.
+    fn of(m: usize, a: &pmfs::Attr) -> Stat {
+        Stat {
+            dev: crate::mounts::dev_of(m),
+            ino: a.ino.raw(),
+            mode: libc::S_IFREG | a.perm,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            size: a.size,
+            blocks: a.blocks,
+            times: [a.atime, a.mtime, a.ctime],
+        }
+    }
 }
 
 /// The caller's iovec array, if its count is one the kernel accepts.

@@ -32,19 +32,38 @@ struct job {
     int fd, id;
 };
 
+static int same_stat(const struct stat *a, const struct stat *k) {
+    return a->st_dev == k->st_dev && a->st_ino == k->st_ino && a->st_mode == k->st_mode &&
+           a->st_nlink == k->st_nlink && a->st_uid == k->st_uid && a->st_gid == k->st_gid &&
+           a->st_rdev == k->st_rdev && a->st_size == k->st_size &&
+           a->st_blksize == k->st_blksize && a->st_blocks == k->st_blocks &&
+           a->st_atim.tv_sec == k->st_atim.tv_sec && a->st_atim.tv_nsec == k->st_atim.tv_nsec &&
+           a->st_mtim.tv_sec == k->st_mtim.tv_sec && a->st_mtim.tv_nsec == k->st_mtim.tv_nsec &&
+           a->st_ctim.tv_sec == k->st_ctim.tv_sec && a->st_ctim.tv_nsec == k->st_ctim.tv_nsec;
+}
+
 /* Whether fstat through libc (served in userspace under the library) reports what the
  * kernel does, field by field. */
 static int fstat_agrees(int fd) {
     struct stat a, k;
     if (fstat(fd, &a) != 0 || syscall(SYS_fstat, fd, &k) != 0)
         return -1;
-    return a.st_dev == k.st_dev && a.st_ino == k.st_ino && a.st_mode == k.st_mode &&
-           a.st_nlink == k.st_nlink && a.st_uid == k.st_uid && a.st_gid == k.st_gid &&
-           a.st_rdev == k.st_rdev && a.st_size == k.st_size && a.st_blksize == k.st_blksize &&
-           a.st_blocks == k.st_blocks && a.st_atim.tv_sec == k.st_atim.tv_sec &&
-           a.st_atim.tv_nsec == k.st_atim.tv_nsec && a.st_mtim.tv_sec == k.st_mtim.tv_sec &&
-           a.st_mtim.tv_nsec == k.st_mtim.tv_nsec && a.st_ctim.tv_sec == k.st_ctim.tv_sec &&
-           a.st_ctim.tv_nsec == k.st_ctim.tv_nsec;
+    return same_stat(&a, &k);
+}
+
+/* The same for stat (lstat with AT_SYMLINK_NOFOLLOW) of `path`: 1 if both agree, -1 if both
+ * fail with the same errno, other values if they differ. */
+static int stat_agrees(const char *path, int flags) {
+    struct stat a, k;
+    int ra = flags ? lstat(path, &a) : stat(path, &a);
+    int ea = errno;
+    int rk = syscall(SYS_newfstatat, AT_FDCWD, path, &k, flags);
+    int ek = errno;
+    if (ra != rk)
+        return -2;
+    if (ra != 0)
+        return ea == ek ? -1 : -3;
+    return same_stat(&a, &k);
 }
 
 static void *writer(void *arg) {
@@ -146,6 +165,13 @@ int main(int argc, char **argv) {
     show("fstat agrees with the kernel", fstat_agrees(fd));
     show("fchmod", fchmod(fd, 0640));
     show("fstat agrees after fchmod", fstat_agrees(fd));
+    show("stat agrees with the kernel", stat_agrees("f", 0));
+    show("lstat agrees with the kernel", stat_agrees("f", AT_SYMLINK_NOFOLLOW));
+    show("stat of a missing file", stat_agrees("missing", 0));
+    show("symlink", symlink("f", "link"));
+    show("stat through a symlink", stat_agrees("link", 0));
+    show("lstat of a symlink", stat_agrees("link", AT_SYMLINK_NOFOLLOW));
+    show("unlink symlink", unlink("link"));
     show("fsync", fsync(fd));
     show("fdatasync", fdatasync(fd));
 
