@@ -125,12 +125,6 @@ forwarded_calls! {
     fn pwritev2(fd, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
 }
 
-/// The size in a stat result of a pmfs file served in userspace: the log's, which may be
-/// ahead of what the daemon read from the inode.
-fn served_size(fd: c_int) -> Option<i64> {
-    served::peek(fd, |s| s.size()).and_then(|n| i64::try_from(n).ok())
-}
-
 /// Writes served attributes `$st` ([`served::Stat`]) into `$buf`, a `stat` or `stat64`
 /// (zeroed first: the types have private padding fields). The block size is the daemon's (a
 /// block).
@@ -306,8 +300,9 @@ pub unsafe extern "C" fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int {
     unsafe { real::fstat64(fd, buf) }
 }
 
-/// `statx`: noted when it stats an open descriptor (`AT_EMPTY_PATH` and an empty path),
-/// then forwarded; the size of a served pmfs file is the log's.
+/// `statx`: a pmfs regular file (named by a path, or open at `dirfd` with `AT_EMPTY_PATH`)
+/// gets the kernel's cached answer with its attributes from its inode in the pool
+/// (`served::cached_statx`), with no request to the daemon; anything else is forwarded.
 ///
 /// # Safety
 /// The C function's contract.
@@ -319,21 +314,27 @@ pub unsafe extern "C" fn statx(
     mask: c_uint,
     buf: *mut libc::statx,
 ) -> c_int {
-    // SAFETY: the contract makes `path` a valid C string when it is not null.
-    let on_fd = flags & libc::AT_EMPTY_PATH != 0 && !path.is_null() && unsafe { *path } == 0;
-    let pmfs = on_fd && note_data_call(dirfd);
-    // SAFETY: forwarded under the same contract.
-    let r = unsafe { real::statx(dirfd, path, flags, mask, buf) };
-    if pmfs
-        && r == 0
-        // SAFETY: the call succeeded, so `buf` is a filled statx buffer.
-        && unsafe { (*buf).stx_mask } & libc::STATX_SIZE != 0
-        && let Some(n) = served_size(dirfd)
-    {
-        // SAFETY: as above.
-        unsafe { (*buf).stx_size = n as u64 };
+    if !path.is_null() && !buf.is_null() && active() {
+        // SAFETY: the contract makes `path` a valid C string.
+        let on_fd = flags & libc::AT_EMPTY_PATH != 0 && unsafe { *path } == 0;
+        if !on_fd || note_data_call(dirfd) {
+            // SAFETY: the contract makes `buf` a writable statx buffer.
+            let out = unsafe { &mut *buf };
+            match served::cached_statx(dirfd, path, flags, mask, out) {
+                Ok(Some(st)) => {
+                    st.patch(out);
+                    return 0;
+                }
+                Err(e) if e != libc::ENOSYS => {
+                    crate::set_errno(e);
+                    return -1;
+                }
+                _ => {}
+            }
+        }
     }
-    r
+    // SAFETY: forwarded under the same contract.
+    unsafe { real::statx(dirfd, path, flags, mask, buf) }
 }
 
 /// `mmap` of a pmfs file: a shared mapping of a description served in userspace maps the

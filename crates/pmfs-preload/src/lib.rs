@@ -20,9 +20,9 @@
 //!   copy-on-write log path (atomic and durable on return, coherent with the daemon and other
 //!   processes). `fstat(64)` answers from the file's inode in the pool, with no request to
 //!   the daemon (whose mount caches no file attributes); `stat`, `lstat`, `fstatat` (and
-//!   their `64` forms) of a pmfs regular file let the kernel resolve the name from its
-//!   caches (`statx` with `AT_STATX_DONT_SYNC`: permission checks, no attribute refresh) and
-//!   answer from the inode too; `statx` goes to the kernel and reports the size the log holds.
+//!   their `64` forms) and `statx` of a pmfs regular file let the kernel resolve the name
+//!   from its caches (`statx` with `AT_STATX_DONT_SYNC`: permission checks, no attribute
+//!   refresh) and answer from the inode too.
 //!   The kernel's file offset stays the truth (`lseek` around `read`/`write`), so `dup`s,
 //!   `fork` children and kernel-path users of the same description agree on it.
 //! - **`O_APPEND`**: writes on appending descriptions (`write`, `writev`, and `pwrite`/
@@ -126,7 +126,7 @@
 //!   one process are not told apart (kernel path for the rest).
 //! - Functions not interposed: `fopen`'s and other stdio opens and reads (glibc calls its
 //!   internal functions: stdio streams on pmfs files take the kernel path), `fstatat` with
-//!   `AT_EMPTY_PATH` (kernel path), `statx` of a path, `posix_fallocate`,
+//!   `AT_EMPTY_PATH` (kernel path), `posix_fallocate`,
 //!   `copy_file_range`, `sendfile`, `splice`, and raw `syscall(SYS_close, …)`. A recorded
 //!   descriptor closed by a raw system call and reused would keep a stale entry.
 //! - Children made without glibc's `fork` (`_Fork`, raw `clone`) run no `pthread_atfork`

@@ -691,11 +691,6 @@ impl Served {
         })
     }
 
-    /// The file's size as the log says now.
-    pub(crate) fn size(&self) -> Option<u64> {
-        self.node().size().ok()
-    }
-
     /// What `fstat` reports for the file, from its inode in the pool (through this process's
     /// attachment), as the daemon would answer the kernel: the kernel, which caches no
     /// attributes of a pmfs mount, would ask the daemon for them on every call.
@@ -717,12 +712,9 @@ impl Served {
 
 /// The attributes of the pmfs regular file that `path` names (from `dirfd`; `flags` may hold
 /// `AT_SYMLINK_NOFOLLOW` and `AT_NO_AUTOMOUNT`), from its inode in the pool, for `stat` and
-/// its relatives. The kernel resolves the name from what it has cached: a `statx` asking for
-/// no refresh of attributes (`AT_STATX_DONT_SYNC`) walks the path with its permission checks
-/// and its name cache, which the daemon keeps exact, and reports the inode number, while the
-/// attributes, which preload clients change behind the kernel's back, come from the pool.
-/// `Some(Err(errno))` when the walk fails (its answer is the call's); `None` for anything
-/// that is not a pmfs regular file this process can attach to (left to the kernel).
+/// its relatives (see [`cached_statx`]). `Some(Err(errno))` when the walk fails (its answer
+/// is the call's); `None` for anything that is not a pmfs regular file this process can
+/// attach to (left to the kernel).
 pub(crate) fn stat_path(
     dirfd: c_int,
     path: *const c_char,
@@ -735,36 +727,61 @@ pub(crate) fn stat_path(
     if unsafe { *path } == 0 {
         return None;
     }
-    let mut stx = core::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: a NUL-terminated path and a statx buffer.
+    // SAFETY: a zeroed statx buffer is a valid one.
+    let mut stx = unsafe { core::mem::zeroed::<libc::statx>() };
+    match cached_statx(dirfd, path, flags, 0, &mut stx) {
+        Ok(st) => st.map(Ok),
+        Err(libc::ENOSYS) => None,
+        Err(e) => Some(Err(e)),
+    }
+}
+
+/// A `statx` of `path` from `dirfd` (`flags` and `mask` as the call's) into `out` that lets
+/// the kernel answer from what it has cached (`AT_STATX_DONT_SYNC` in place of the caller's
+/// sync type): the path walk keeps its permission checks and uses the name cache, which the
+/// daemon keeps exact, but no attribute is asked of the daemon. Then, for a pmfs regular file
+/// this process can attach to, its attributes from its inode in the pool, which preload
+/// clients change behind the kernel's back: `Ok(Some(..))`, and `out` holds the file's
+/// unchanging fields. `Ok(None)` for anything else, whose cached attributes may be stale (the
+/// caller forwards the call); `Err(errno)` when the walk fails, its answer being the call's.
+pub(crate) fn cached_statx(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mask: u32,
+    out: &mut libc::statx,
+) -> Result<Option<Stat>, c_int> {
+    let flags = (flags & !libc::AT_STATX_SYNC_TYPE) | libc::AT_STATX_DONT_SYNC;
+    // SAFETY: the caller passes a NUL-terminated path and a statx buffer.
     let r = unsafe {
         libc::syscall(
             libc::SYS_statx,
             dirfd,
             path,
-            flags | libc::AT_STATX_DONT_SYNC,
-            libc::STATX_TYPE | libc::STATX_INO,
-            stx.as_mut_ptr(),
+            flags,
+            mask | libc::STATX_TYPE | libc::STATX_INO,
+            out as *mut libc::statx,
         )
     };
     if r != 0 {
-        return match crate::errno() {
-            libc::ENOSYS => None,
-            e => Some(Err(e)),
-        };
+        return Err(crate::errno());
     }
-    // SAFETY: statx filled the buffer.
-    let stx = unsafe { stx.assume_init() };
-    if u32::from(stx.stx_mode) & libc::S_IFMT != libc::S_IFREG {
-        return None;
+    if u32::from(out.stx_mode) & libc::S_IFMT != libc::S_IFREG {
+        return Ok(None);
     }
-    let m = crate::mounts::pmfs_mount_of(libc::makedev(stx.stx_dev_major, stx.stx_dev_minor))?;
+    let Some(m) = crate::mounts::pmfs_mount_of(libc::makedev(out.stx_dev_major, out.stx_dev_minor))
+    else {
+        return Ok(None);
+    };
     let saved = crate::errno();
     let attr = client(m)
-        .filter(|_| !gone(m))?
-        .getattr(Ino::from_raw(stx.stx_ino));
+        .filter(|_| !gone(m))
+        .map(|c| c.getattr(Ino::from_raw(out.stx_ino)));
     crate::set_errno(saved);
-    attr.ok().map(|a| Ok(Stat::of(m, &a)))
+    Ok(match attr {
+        Some(Ok(a)) => Some(Stat::of(m, &a)),
+        _ => None,
+    })
 }
 
 /// The attributes of a served file `fstat` reports ([`Served::stat`]).
@@ -782,6 +799,24 @@ pub(crate) struct Stat {
 }
 
 impl Stat {
+    /// Writes these attributes into the basic fields of `x` and marks them filled.
+    pub(crate) fn patch(&self, x: &mut libc::statx) {
+        x.stx_mode = self.mode as u16;
+        x.stx_nlink = u32::try_from(self.nlink).unwrap_or(u32::MAX);
+        x.stx_uid = self.uid;
+        x.stx_gid = self.gid;
+        x.stx_size = self.size;
+        x.stx_blocks = self.blocks;
+        for (ts, t) in [&mut x.stx_atime, &mut x.stx_mtime, &mut x.stx_ctime]
+            .into_iter()
+            .zip(self.times)
+        {
+            ts.tv_sec = t.div_euclid(1_000_000_000);
+            ts.tv_nsec = t.rem_euclid(1_000_000_000) as u32;
+        }
+        x.stx_mask |= libc::STATX_BASIC_STATS;
+    }
+
     /// Regular file `a` on pmfs mount `m`.
     fn of(m: usize, a: &pmfs::Attr) -> Stat {
         Stat {

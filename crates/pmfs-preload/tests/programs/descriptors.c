@@ -66,6 +66,32 @@ static int stat_agrees(const char *path, int flags) {
     return same_stat(&a, &k);
 }
 
+static int same_ts(struct statx_timestamp a, struct statx_timestamp k) {
+    return a.tv_sec == k.tv_sec && a.tv_nsec == k.tv_nsec;
+}
+
+/* The same for statx of `path` (from the working directory, or of `fd` with an empty path),
+ * over the basic fields. */
+static int statx_agrees(int fd, const char *path, int flags) {
+    struct statx a, k;
+    int dirfd = *path ? AT_FDCWD : fd;
+    int ra = statx(dirfd, path, flags, STATX_BASIC_STATS, &a);
+    int ea = errno;
+    int rk = syscall(SYS_statx, dirfd, path, flags, STATX_BASIC_STATS, &k);
+    int ek = errno;
+    if (ra != rk)
+        return -2;
+    if (ra != 0)
+        return ea == ek ? -1 : -3;
+    return (a.stx_mask & STATX_BASIC_STATS) == (k.stx_mask & STATX_BASIC_STATS) &&
+           a.stx_dev_major == k.stx_dev_major && a.stx_dev_minor == k.stx_dev_minor &&
+           a.stx_ino == k.stx_ino && a.stx_mode == k.stx_mode && a.stx_nlink == k.stx_nlink &&
+           a.stx_uid == k.stx_uid && a.stx_gid == k.stx_gid && a.stx_size == k.stx_size &&
+           a.stx_blocks == k.stx_blocks && a.stx_blksize == k.stx_blksize &&
+           same_ts(a.stx_atime, k.stx_atime) && same_ts(a.stx_mtime, k.stx_mtime) &&
+           same_ts(a.stx_ctime, k.stx_ctime);
+}
+
 static void *writer(void *arg) {
     struct job *j = arg;
     unsigned char b[4096];
@@ -168,7 +194,12 @@ int main(int argc, char **argv) {
     show("stat agrees with the kernel", stat_agrees("f", 0));
     show("lstat agrees with the kernel", stat_agrees("f", AT_SYMLINK_NOFOLLOW));
     show("stat of a missing file", stat_agrees("missing", 0));
+    show("statx agrees with the kernel", statx_agrees(fd, "f", 0));
+    show("statx of the descriptor agrees", statx_agrees(fd, "", AT_EMPTY_PATH));
+    show("statx of a missing file", statx_agrees(fd, "missing", 0));
     show("symlink", symlink("f", "link"));
+    show("statx through a symlink", statx_agrees(fd, "link", 0));
+    show("statx of a symlink", statx_agrees(fd, "link", AT_SYMLINK_NOFOLLOW));
     show("stat through a symlink", stat_agrees("link", 0));
     show("lstat of a symlink", stat_agrees("link", AT_SYMLINK_NOFOLLOW));
     show("unlink symlink", unlink("link"));
