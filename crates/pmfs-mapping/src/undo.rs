@@ -72,7 +72,7 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, CACHE_LINE, Le32, Le64, PmOff, Pod, crc32c};
 use pmfs_core::pm::{Media, MediaExt};
-use pmfs_core::traits::{AllocHint, AllocKind, BlockAllocator, Extent};
+use pmfs_core::traits::{AllocHint, AllocKind, BlockAllocator, Extent, Run};
 use pmfs_core::{Error, Result};
 
 /// Version of the meta-area and undo-log format.
@@ -786,6 +786,11 @@ impl Ledger {
         self.released.push(e);
     }
 
+    /// How many blocks the call gave up so far.
+    pub fn released_blocks(&self) -> u64 {
+        self.released.iter().map(|e| e.len).sum()
+    }
+
     /// After a commit: frees the given-up blocks. Reports the first failure.
     pub fn finish_committed<A: BlockAllocator + ?Sized>(self, alloc: &A) -> Result<()> {
         free_merged(alloc, self.released)
@@ -795,6 +800,30 @@ impl Ledger {
     pub fn finish_aborted<A: BlockAllocator + ?Sized>(self, alloc: &A) -> Result<()> {
         free_merged(alloc, self.allocated)
     }
+}
+
+/// The `replace_many` of the trees: `in_place` stores, under the file lock, the runs it can
+/// overwrite word by word (flushed, their old blocks released to the ledger) and hands back
+/// the others; one fence makes the stores durable before their old blocks are freed (also
+/// when `in_place` failed partway); then each other run is a `replace`. Returns the blocks
+/// freed.
+pub(crate) fn replace_many_in_place<M: Media + ?Sized, A: BlockAllocator + ?Sized>(
+    media: &M,
+    alloc: &A,
+    in_place: impl FnOnce(&mut Ledger, &mut Vec<Run>) -> Result<()>,
+    mut replace: impl FnMut(Run) -> Result<u64>,
+) -> Result<u64> {
+    let mut ledger = Ledger::new();
+    let mut rest = Vec::new();
+    let stored = in_place(&mut ledger, &mut rest);
+    media.fence();
+    let mut freed = ledger.released_blocks();
+    ledger.finish_committed(alloc)?;
+    stored?;
+    for run in rest {
+        freed += replace(run)?;
+    }
+    Ok(freed)
 }
 
 /// Frees extents, merging neighbours first; reports the first failure after trying all.

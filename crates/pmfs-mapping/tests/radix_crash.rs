@@ -16,7 +16,7 @@ use pmfs_core::sim::{Explorer, SimRegion};
 use pmfs_core::traits::{BlockAllocator, FileMapping, SimpleAllocator};
 use pmfs_mapping::radix::{RadixOptions, RadixTree};
 use pmfs_mapping::undo::UndoGeometry;
-use tree_common::{CrashOp, Geometry, apply, crash_check};
+use tree_common::{CrashOp, Geometry, apply, crash_check, many};
 
 const OPTS: RadixOptions = RadixOptions {
     undo: UndoGeometry {
@@ -129,6 +129,20 @@ fn replace_in_one_call_is_atomic_over_mapped_blocks_holes_and_new_levels() {
     assert_eq!(height_after(&[setup.as_slice(), &ops[..3]].concat()), 2);
     assert_eq!(height_after(&[setup.as_slice(), &ops[..4]].concat()), 3);
     run(Explorer::new(16), 2, false, &setup, &ops);
+}
+
+#[test]
+fn replace_many_overwrites_in_place_and_stops_only_between_blocks() {
+    use CrashOp::*;
+    let setup = [Insert(0, 0, 24), Insert(0, 508, 8)];
+    let ops = [
+        many(0, 1, 1, 3, 6),   // single blocks of a leaf: stores in place
+        many(0, 504, 2, 4, 3), // across the leaf's end, over holes and blocks: a replace
+        many(0, 508, 8, 0, 1), // a run across two leaves, all mapped: in place
+        many(0, 20, 6, 0, 1),  // reaches past the mapped blocks: a replace
+        many(0, 2, 4, 6, 2),   // the same blocks again, and others
+    ];
+    run(Explorer::new(17), 1, false, &setup, &ops);
 }
 
 #[test]

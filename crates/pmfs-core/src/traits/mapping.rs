@@ -123,12 +123,13 @@ pub trait FileMapping: Send + Sync {
     /// [`replace`](FileMapping::replace) of each of `runs`, which must not overlap, skipping
     /// those the file maps exactly already (so a batch can be applied again); returns how
     /// many blocks it freed. Durable when it returns. A crash before that can leave any subset
-    /// of the runs replaced, not only a prefix: the caller applies the batch again after one.
-    /// The blocks a run replaces are freed only once its new mapping is durable. On error,
-    /// the runs before the failing one are replaced, durably.
+    /// of the runs' blocks replaced, not only a prefix, and a block of a run that had a hole
+    /// unmapped (a replace may be a remove and then an insert): the caller applies the batch
+    /// again after one. The blocks a run replaces are freed only once its new mapping is
+    /// durable. On error, the runs before the failing one are replaced, durably.
     ///
-    /// The default replaces the runs one at a time; structures override it to make the
-    /// runs durable together.
+    /// The default replaces the runs one at a time; the structures override it to overwrite
+    /// mapped runs in place with one fence for the whole batch.
     fn replace_many(&self, file: &Self::File, runs: &[Run]) -> Result<u64> {
         let mut freed = 0;
         let mut got = Vec::new();

@@ -50,6 +50,11 @@
 //!   holes, and removes top levels whose node only uses entry 0 (one root-word switch).
 //! - replace: an insert without the check that the range is unmapped; the data blocks of the
 //!   leaf entries it overwrites are released, in the same transaction.
+//! - replace_many: a run whose every block is mapped already is an overwrite; its leaf
+//!   entries are stored in place, each an atomic 8-byte store that needs no undo record (the
+//!   call may stop after any of its blocks, see [`FileMapping::replace_many`]), flushed, and
+//!   one fence covers the whole batch before the replaced blocks go back to the allocator.
+//!   Any other run is a `replace`.
 //! - remove_file: stores 0 into the root word (one atomic commit), then frees every block.
 //!
 //! # Concurrency
@@ -76,7 +81,9 @@ use pmfs_core::{Error, Result};
 pub use node::{BITS_PER_LEVEL, ENTRIES, MAX_HEIGHT};
 use node::{Root, covers, decode_entry, entry_off, entry_span, entry_word, height_for, span};
 
-use crate::undo::{AreaKind, Ledger, Tx, UndoGeometry, UndoLog, format_area, open_area};
+use crate::undo::{
+    AreaKind, Ledger, Tx, UndoGeometry, UndoLog, format_area, open_area, replace_many_in_place,
+};
 
 /// Where the data blocks of a new mapping come from.
 #[derive(Clone, Copy, Debug)]
@@ -516,6 +523,98 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
         Ok((data, count))
     }
 
+    /// The leaf holding `lblk`, if the tree has one (nothing is created).
+    fn find_leaf(&self, root: Root, lblk: u64) -> Result<Option<BlockNo>> {
+        if u128::from(lblk) >= span(root.level()) {
+            return Ok(None);
+        }
+        let mut node = self.check_block(root.block, root.block.offset(), "radix node pointer")?;
+        for level in (1..=root.level()).rev() {
+            let i = (lblk >> (BITS_PER_LEVEL * u32::from(level))) & (ENTRIES - 1);
+            match self.entry(node, i)?.1 {
+                Some(child) => {
+                    node = self.check_block(child, entry_off(node, i), "radix node pointer")?;
+                }
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(node))
+    }
+
+    /// The leaf entries of `run` with the data blocks they map, or `None` if any block of the
+    /// run is a hole. The caller holds the file lock.
+    fn mapped_entries(&self, root: Root, run: &Run) -> Result<Option<Vec<(PmOff, BlockNo)>>> {
+        let mut out = Vec::with_capacity(run.len as usize);
+        let end = run.lblk + run.len;
+        let mut l = run.lblk;
+        while l < end {
+            let Some(leaf) = self.find_leaf(root, l)? else {
+                return Ok(None);
+            };
+            let leaf_end = ((l >> BITS_PER_LEVEL) + 1)
+                .checked_mul(ENTRIES)
+                .map_or(end, |e| e.min(end));
+            for l in l..leaf_end {
+                let i = l & (ENTRIES - 1);
+                let at = entry_off(leaf, i);
+                let Some(old) = self.entry(leaf, i)?.1 else {
+                    return Ok(None);
+                };
+                out.push((at, self.check_block(old, at, "radix data pointer")?));
+            }
+            l = leaf_end;
+        }
+        Ok(Some(out))
+    }
+
+    /// Stores in place the runs of a `replace_many` whose every block is mapped, flushed but
+    /// not fenced; their old blocks go to `ledger`, the other runs to `rest`. The caller holds
+    /// the file lock.
+    fn overwrite_in_place(
+        &self,
+        file: &RadixFile,
+        runs: &[Run],
+        ledger: &mut Ledger,
+        rest: &mut Vec<Run>,
+    ) -> Result<()> {
+        let Some(root) = self.root(file)? else {
+            rest.extend_from_slice(runs);
+            return Ok(());
+        };
+        let mut dirty: Option<(PmOff, PmOff)> = None;
+        let r = runs.iter().try_for_each(|run| {
+            let entries = match run.lblk.checked_add(run.len) {
+                Some(_) if self.inside(run.extent()) => self.mapped_entries(root, run)?,
+                _ => None,
+            };
+            let Some(entries) = entries else {
+                rest.push(*run);
+                return Ok(());
+            };
+            for (k, (at, old)) in entries.into_iter().enumerate() {
+                let new = run.pblk + k as u64;
+                if old == new {
+                    continue;
+                }
+                self.media.store_u64(at, entry_word(new))?;
+                ledger.release(Extent::new(old, 1));
+                // Neighbouring entries are flushed as one range.
+                match &mut dirty {
+                    Some((_, end)) if *end == at => *end = at + 8,
+                    _ => {
+                        if let Some((from, end)) = dirty.replace((at, at + 8)) {
+                            self.media.flush(from, end.0 - from.0)?;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        });
+        // Flushed also after an error: the caller frees the old blocks of what was stored.
+        let flushed = dirty.map_or(Ok(()), |(from, end)| self.media.flush(from, end.0 - from.0));
+        r.and(flushed)
+    }
+
     /// Runs `body` as one transaction of `file` with the call's `ledger`: on success commits
     /// and frees the blocks the call gave up; on failure rolls back and frees the blocks it
     /// allocated.
@@ -761,6 +860,18 @@ impl<M: Media, A: BlockAllocator> FileMapping for RadixTree<M, A> {
     fn replace(&self, file: &RadixFile, run: Run) -> Result<u64> {
         self.map_range(file, run.lblk, run.len, Data::Over(run.extent()))
             .map(|(_, count)| count)
+    }
+
+    fn replace_many(&self, file: &RadixFile, runs: &[Run]) -> Result<u64> {
+        replace_many_in_place(
+            &self.media,
+            &*self.alloc,
+            |ledger, rest| {
+                let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
+                self.overwrite_in_place(file, runs, ledger, rest)
+            },
+            |run| self.replace(file, run),
+        )
     }
 
     fn remove(&self, file: &RadixFile, lblk: u64, len: u64) -> Result<u64> {

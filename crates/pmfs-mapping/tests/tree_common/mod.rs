@@ -8,13 +8,17 @@
 //! runs alike); every other operation, [`Replace`](CrashOp::Replace) over mapped blocks
 //! included, must succeed. Every post-crash image is opened,
 //! recovered and compared, file by file and over the whole logical space, with the state before or after the operation in progress
-//! (only "after" once the workload has returned); its owned blocks must rebuild an allocator
+//! (only "after" once the workload has returned; during a
+//! [`ReplaceMany`](CrashOp::ReplaceMany), which may stop after any block, each block the call
+//! changes may also map its old block, its new one, or — inside a run that was not mapped
+//! whole, which is a remove and an insert — none); its owned blocks must rebuild an allocator
 //! (inside the data area, no block owned twice), and it must accept a further insert and
 //! remove.
 
 #![allow(dead_code)]
 
 use std::cell::Cell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
@@ -87,12 +91,70 @@ pub enum CrashOp {
     /// it at `lblk`, over whatever the range maps (the extent goes back to the allocator if
     /// `replace` fails).
     Replace(usize, u64, u64),
+    /// `replace_many(file, runs)` of `count` runs of `len` blocks from the allocator at
+    /// `lblk`, `lblk + stride`, … (the extents go back to the allocator if it fails). Tests
+    /// use it where the allocator hands out the whole length.
+    ReplaceMany {
+        file: usize,
+        lblk: u64,
+        len: u64,
+        stride: u64,
+        count: u64,
+    },
     /// `remove(file, lblk, len)`.
     Remove(usize, u64, u64),
     /// `remove(file, lblk, u64::MAX - lblk)`: truncate from `lblk`.
     Truncate(usize, u64),
     /// `remove_file(file)`.
     RemoveFile(usize),
+}
+
+/// A [`CrashOp::ReplaceMany`] of `file`.
+pub fn many(file: usize, lblk: u64, len: u64, stride: u64, count: u64) -> CrashOp {
+    CrashOp::ReplaceMany {
+        file,
+        lblk,
+        len,
+        stride,
+        count,
+    }
+}
+
+/// `count` runs of `len` blocks from `alloc` at `lblk`, `lblk + stride`, … (for
+/// `replace_many`).
+pub fn fresh_runs<A: BlockAllocator + ?Sized>(
+    alloc: &A,
+    lblk: u64,
+    len: u64,
+    stride: u64,
+    count: u64,
+) -> pmfs_core::Result<Vec<Run>> {
+    (0..count)
+        .map(|i| {
+            let e = alloc.alloc(len, AllocHint::default())?;
+            Ok(Run {
+                lblk: lblk + i * stride,
+                pblk: e.start,
+                len: e.len,
+            })
+        })
+        .collect()
+}
+
+/// Whether the block map `got` is `before` with some of the blocks that differ in `after`
+/// mapped as in `after`, or unmapped (what a `replace_many` cut short leaves, see
+/// [`CrashOp::ReplaceMany`]).
+pub fn between<K: Ord>(
+    got: &BTreeMap<K, u64>,
+    before: &BTreeMap<K, u64>,
+    after: &BTreeMap<K, u64>,
+) -> bool {
+    let keys: BTreeSet<&K> = before.keys().chain(after.keys()).collect();
+    got.keys().all(|k| keys.contains(k))
+        && keys.iter().all(|k| {
+            let (g, b, a) = (got.get(k), before.get(k), after.get(k));
+            g == b || g == a || (g.is_none() && b != a)
+        })
 }
 
 /// Applies `op`; `alloc` is the allocator `m` was built with.
@@ -126,6 +188,24 @@ pub fn apply<F: FileMapping>(
                 Err(err)
             })
         }),
+        CrashOp::ReplaceMany {
+            file,
+            lblk,
+            len,
+            stride,
+            count,
+        } => {
+            let runs =
+                fresh_runs(alloc, lblk, len, stride, count).map_err(|e| format!("{op:?}: {e}"))?;
+            m.replace_many(&files[file], &runs)
+                .map(drop)
+                .or_else(|err| {
+                    for r in &runs {
+                        alloc.free(r.extent())?;
+                    }
+                    Err(err)
+                })
+        }
         CrashOp::Remove(f, l, n) => m.remove(&files[f], l, n).map(drop),
         CrashOp::Truncate(f, l) => m.remove(&files[f], l, u64::MAX - l).map(drop),
         CrashOp::RemoveFile(f) => m.remove_file(&files[f]),
@@ -167,6 +247,17 @@ pub fn rebuild_alloc<F: FileMapping>(
         .rebuild(&mut used.into_iter())
         .map_err(|e| format!("owned blocks do not rebuild an allocator: {e}"))?;
     Ok(alloc)
+}
+
+/// Every mapped block of `s`, by file and logical block.
+fn blocks(s: &State) -> BTreeMap<(usize, u64), u64> {
+    s.iter()
+        .enumerate()
+        .flat_map(|(f, runs)| {
+            runs.iter()
+                .flat_map(move |r| (0..r.len).map(move |k| ((f, r.lblk + k), r.pblk.0 + k)))
+        })
+        .collect()
 }
 
 fn describe(s: &State) -> String {
@@ -262,7 +353,11 @@ where
             let ok = if cp.end {
                 got == states[ops.len()]
             } else {
-                got == *before || after == Some(&got)
+                got == *before
+                    || after == Some(&got)
+                    || (matches!(ops.get(k), Some(CrashOp::ReplaceMany { .. }))
+                        && after
+                            .is_some_and(|a| between(&blocks(&got), &blocks(before), &blocks(a))))
             };
             if !ok {
                 return Err(format!(
