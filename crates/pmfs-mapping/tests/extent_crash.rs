@@ -15,7 +15,7 @@ use pmfs_core::sim::{Explorer, SimRegion};
 use pmfs_core::traits::{BlockAllocator, FileMapping, SimpleAllocator};
 use pmfs_mapping::extent::{ExtentOptions, ExtentTree};
 use pmfs_mapping::undo::UndoGeometry;
-use tree_common::{CrashOp, Geometry, apply, crash_check};
+use tree_common::{CrashOp, Geometry, apply, crash_check, many};
 
 const OPTS: ExtentOptions = ExtentOptions {
     fanout: 4,
@@ -171,6 +171,27 @@ fn replace_in_one_call_is_atomic_inside_a_leaf_and_across_leaves() {
     ];
     assert_eq!(height_after(false, &setup[..4]), 1);
     run(Explorer::new(9), 3, false, &setup, &ops);
+}
+
+#[test]
+fn replace_many_rewrites_whole_entries_in_place_and_stops_only_between_them() {
+    use CrashOp::*;
+    let setup = [
+        Insert(0, 0, 4),
+        Insert(0, 10, 4),
+        Insert(0, 20, 4),
+        Insert(0, 30, 4),
+        Insert(0, 40, 4),
+    ];
+    let ops = [
+        many(0, 0, 4, 10, 5),  // five whole entries in two leaves: stored in place
+        many(0, 10, 4, 20, 2), // two of them again
+        many(0, 1, 2, 10, 2),  // parts of entries: replaces
+        many(0, 20, 14, 0, 1), // two entries and the hole between them: a replace
+        many(0, 0, 1, 1, 4),   // the entries the cuts left, one block each
+    ];
+    assert!(height_after(false, &setup) > 1);
+    run(Explorer::new(19), 1, false, &setup, &ops);
 }
 
 /// Every block its own extent and every free extent one block long: each replace maps one

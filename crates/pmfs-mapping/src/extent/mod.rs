@@ -75,6 +75,13 @@
 //!   copy-on-write overwrites, whose fresh block often continues the logical neighbour's,
 //!   paid that on most writes). Otherwise the bodies of remove and insert run in the same
 //!   transaction.
+//! - replace_many: a run that whole leaf entries cover exactly, without a hole, is an
+//!   overwrite; each of those entries gets the new blocks by one atomic store of its second
+//!   word, with no undo record (the call may stop after any entry, see
+//!   [`FileMapping::replace_many`]), and one fence covers the whole batch before the replaced
+//!   blocks go back to the allocator. Neighbours are not merged: random overwrites soon cut a
+//!   file into entries of the size they write, which this then rewrites in place. Any other
+//!   run is a `replace`.
 //! - remove_file: stores 0 into the root word (one atomic commit), then frees every block.
 //!
 //! # Concurrency
@@ -101,13 +108,17 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use pmfs_core::layout::{BlockNo, PmOff};
 use pmfs_core::pm::{Media, MediaExt};
-use pmfs_core::traits::{BlockAllocator, Extent, FileId, FileMapping, MappingKind, Run};
+use pmfs_core::traits::{
+    BlockAllocator, Extent, FileId, FileMapping, MappingKind, Run, maps_exactly,
+};
 use pmfs_core::{Error, Result};
 
 use node::{Entry, Node, Root, encode_entries, encode_node, header_word};
 pub use node::{MAX_EXTENT_LEN, MAX_FANOUT, MAX_HEIGHT};
 
-use crate::undo::{AreaKind, Ledger, Tx, UndoGeometry, UndoLog, format_area, open_area};
+use crate::undo::{
+    AreaKind, Ledger, Tx, UndoGeometry, UndoLog, format_area, open_area, replace_many_in_place,
+};
 
 /// Magic of the extent tree's meta area.
 pub const EXTENT_MAGIC: u64 = u64::from_le_bytes(*b"pmfsEXTT");
@@ -510,6 +521,91 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
             prev = e.end();
         }
         Ok(())
+    }
+
+    /// The offsets and contents of the leaf entries that cover `[a, b)` exactly (the first
+    /// starts at `a`, each next one where the previous one ends, the last ends at `b`), or
+    /// `None` if no such entries exist. The caller holds the file lock.
+    fn covering_entries(
+        &self,
+        file: &ExtentFile,
+        root_word: u64,
+        root: Root,
+        a: u64,
+        b: u64,
+    ) -> Result<Option<Vec<(PmOff, Entry)>>> {
+        let m = &self.media;
+        let mut path = Vec::new();
+        let mut out = Vec::new();
+        let mut at = a;
+        while at < b {
+            let (leaf, _, hi) = self.leaf_for(file, root_word, root, at, &mut path)?;
+            let Some(mut i) = leaf.search(m, at)? else {
+                return Ok(None);
+            };
+            while at < b && at < hi {
+                if i >= leaf.nr {
+                    return Ok(None);
+                }
+                let e = leaf.entry(m, i)?;
+                if e.key != at || e.end() > b {
+                    return Ok(None);
+                }
+                self.check_data(&e, leaf.entry_off(i))?;
+                out.push((leaf.entry_off(i), e));
+                at = e.end();
+                i += 1;
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Stores in place the runs of a `replace_many` that whole entries cover exactly, flushed
+    /// but not fenced; their old blocks go to `ledger`, the other runs to `rest`. The caller
+    /// holds the file lock.
+    fn overwrite_in_place(
+        &self,
+        file: &ExtentFile,
+        runs: &[Run],
+        ledger: &mut Ledger,
+        rest: &mut Vec<Run>,
+    ) -> Result<()> {
+        let root_word = self.media.load_u64(file.id.root)?;
+        let Some(root) = Root::unpack(root_word, file.id.root)? else {
+            rest.extend_from_slice(runs);
+            return Ok(());
+        };
+        let mut dirty = Vec::new();
+        let r = runs.iter().try_for_each(|run| {
+            let entries = match run.lblk.checked_add(run.len) {
+                Some(b) if self.inside(run.extent()) => {
+                    self.covering_entries(file, root_word, root, run.lblk, b)?
+                }
+                _ => None,
+            };
+            let Some(entries) = entries else {
+                // Mapped exactly already, by entries that go on past the run: applied again.
+                let mut got = Vec::new();
+                self.lookup_locked(file, run.lblk, run.lblk.saturating_add(run.len), &mut got)?;
+                if !maps_exactly(run, &mut got) {
+                    rest.push(*run);
+                }
+                return Ok(());
+            };
+            for (at, e) in entries {
+                let new = Entry::extent(e.key, run.pblk.0 + (e.key - run.lblk), e.len);
+                if new == e {
+                    continue;
+                }
+                self.media.store_u64(at + 8, new.word1())?;
+                dirty.push(at + 8);
+                ledger.release(Extent::new(BlockNo(e.block), e.len));
+            }
+            Ok(())
+        });
+        // Flushed also after an error: the caller frees the old blocks of what was stored.
+        let flushed = dirty.iter().try_for_each(|&at| self.media.flush(at, 8));
+        r.and(flushed)
     }
 
     fn invalidate(&self, file: &ExtentFile) {
@@ -1299,6 +1395,18 @@ impl<M: Media, A: BlockAllocator> FileMapping for ExtentTree<M, A> {
     fn insert_at(&self, file: &ExtentFile, run: Run) -> Result<()> {
         self.map_range(file, run.lblk, run.len, Data::Given(run.extent()))
             .map(drop)
+    }
+
+    fn replace_many(&self, file: &ExtentFile, runs: &[Run]) -> Result<u64> {
+        replace_many_in_place(
+            &self.media,
+            &*self.alloc,
+            |ledger, rest| {
+                let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
+                self.overwrite_in_place(file, runs, ledger, rest)
+            },
+            |run| self.replace(file, run),
+        )
     }
 
     fn remove(&self, file: &ExtentFile, lblk: u64, len: u64) -> Result<u64> {
