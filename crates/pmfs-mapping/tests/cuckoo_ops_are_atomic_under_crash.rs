@@ -6,9 +6,14 @@
 //! Every operation that returned is durable. The same holds for `insert_at` of blocks the
 //! caller took from the table's allocator, alone, as the remove-then-`insert_at` of a
 //! copy-on-write apply, and for runs longer than a ranged entry allows (split inside).
+//! `replace_many` of fresh blocks may stop after any of its blocks (its contract): every
+//! block it changes maps its old block, its new one or (inside a run that was not mapped
+//! whole) none in a recovered image, and nothing else changes.
 //!
 //! The table starts 75% full so that inserts displace entries. The expected states come from
 //! a twin table on a heap region with the same salt and an allocator in the same state.
+
+mod tree_common;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -25,6 +30,7 @@ use pmfs_mapping::cuckoo::bucket::RUN_MAX;
 use pmfs_mapping::hashfs::LBLK_LIMIT;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use tree_common::{between, fresh_runs};
 
 const SALT: u64 = 0xbeef;
 const INOS: [u64; 4] = [1, 2, 3, 4];
@@ -57,6 +63,15 @@ enum Op {
     Remove(usize, u64, u64),
     Truncate(usize, u64),
     RemoveFile(usize),
+    /// `replace_many` of `count` runs of `len` fresh blocks from the table's allocator at
+    /// `lblk`, `lblk + stride`, … (the blocks go back if it fails).
+    ReplaceMany {
+        file: usize,
+        lblk: u64,
+        len: u64,
+        stride: u64,
+        count: u64,
+    },
 }
 
 /// 144 entries in 192 ways: file 4 gets blocks 0..144 inserted one by one (so its blocks are
@@ -159,6 +174,17 @@ fn apply<M: Media>(t: &Table<M>, op: Op) -> String {
         Op::Remove(f, l, n) => t.remove(&file(f), l, n),
         Op::Truncate(f, l) => t.remove(&file(f), l, u64::MAX - l),
         Op::RemoveFile(f) => t.remove_file(&file(f)).map(|()| 0),
+        Op::ReplaceMany {
+            file: f,
+            lblk,
+            len,
+            stride,
+            count,
+        } => {
+            let runs =
+                fresh_runs(&**t.allocator(), lblk, len, stride, count).expect("fresh blocks");
+            t.replace_many(&file(f), &runs)
+        }
     };
     format!("{r:?}")
 }
@@ -191,7 +217,7 @@ fn check_ops_in(meta: Extent, seed: u64, ops: &[Op], prefixes: bool) -> Vec<Stri
     let twin_region = HeapRegion::new(meta.len * BLOCK_SIZE).expect("heap region");
     let twin = CuckooMapping::format_with_salt(&twin_region, meta, alloc(), SALT).expect("twin");
     setup(&twin);
-    let window = RefCell::new((State::new(), State::new()));
+    let window = RefCell::new((State::new(), State::new(), false));
     let mut results = Vec::new();
     let result = Explorer::new(seed).store_prefixes(prefixes).run(
         &region,
@@ -200,18 +226,19 @@ fn check_ops_in(meta: Extent, seed: u64, ops: &[Op], prefixes: bool) -> Vec<Stri
             for &op in ops {
                 let before = state(&twin).expect("twin state");
                 let want = apply(&twin, op);
-                *window.borrow_mut() = (before, state(&twin).expect("twin state"));
+                let many = matches!(op, Op::ReplaceMany { .. });
+                *window.borrow_mut() = (before, state(&twin).expect("twin state"), many);
                 let got = apply(&t, op);
                 assert_eq!(got, want, "{op:?} differs from the twin");
                 results.push(got);
                 let after = window.borrow().1.clone();
-                *window.borrow_mut() = (after.clone(), after);
+                *window.borrow_mut() = (after.clone(), after, false);
             }
         },
         |cp| {
             let got = recovered(cp.image, meta)?;
-            let (before, after) = &*window.borrow();
-            if got == *before || got == *after {
+            let (before, after, many) = &*window.borrow();
+            if got == *before || got == *after || (*many && between(&got, before, after)) {
                 Ok(())
             } else {
                 Err(format!(
@@ -274,4 +301,48 @@ fn cuckoo_insert_at_of_runs_longer_than_an_entry_allows_is_all_or_nothing() {
     ];
     let results = check_ops_in(big_meta(), 21, &ops, false);
     assert_eq!(insert_at_outcomes(&ops, &results), (2, 1), "{results:?}");
+}
+
+#[test]
+fn cuckoo_replace_many_in_place_keeps_every_block_old_or_new() {
+    let many = |file, lblk, len, stride, count| Op::ReplaceMany {
+        file,
+        lblk,
+        len,
+        stride,
+        count,
+    };
+    let ops = [
+        Op::Insert(0, 0, 24),
+        many(0, 1, 1, 3, 6),  // single blocks cut out of a run: recorded
+        many(0, 1, 1, 3, 6),  // single blocks that are whole runs: lone stores
+        many(0, 12, 4, 5, 2), // longer pieces, cutting runs on both sides
+        many(0, 20, 8, 0, 1), // reaches past the mapped blocks: remove, then insert
+        Op::Insert(1, 0, 8),
+        many(1, 1, 3, 4, 2),
+    ];
+    let results = check_ops(33, &ops, false);
+    let freed: Vec<&str> = results.iter().map(String::as_str).collect();
+    assert_eq!(
+        freed,
+        [
+            "Ok(0)", "Ok(6)", "Ok(6)", "Ok(8)", "Ok(4)", "Ok(0)", "Ok(6)"
+        ]
+    );
+}
+
+#[test]
+fn cuckoo_replace_many_of_a_run_longer_than_an_entry_allows_keeps_every_block_old_or_new() {
+    let ops = [
+        Op::Insert(0, 0, RUN_MAX + 40),
+        Op::ReplaceMany {
+            file: 0,
+            lblk: 5,
+            len: RUN_MAX + 20,
+            stride: 0,
+            count: 1,
+        },
+    ];
+    let results = check_ops_in(big_meta(), 22, &ops, false);
+    assert_eq!(results[1], format!("Ok({})", RUN_MAX + 20));
 }

@@ -54,6 +54,14 @@
 //!   whose `size` must shrink, `[end, right)` whose `rev` must shrink), then the entries are
 //!   rewritten and deleted; recovery redoes all of it (the rewrites are idempotent). The data
 //!   blocks go back to the allocator only after the record is freed.
+//! - Replace ([`replace_many`](FileMapping::replace_many)) of a range whose every block is
+//!   mapped rewrites the value words in place, in pieces of at most [`RUN_MAX`] blocks. A
+//!   piece that is one block and the whole run of its old entry (`size` 1, `rev` 0, the usual
+//!   case once random overwrites have cut a file into single blocks) is one atomic 8-byte
+//!   store, fenced with the rest of the batch. Any other piece is recorded first (range, new
+//!   first block and the cut runs as for a remove), then the neighbours are trimmed and the
+//!   values rewritten; recovery redoes it. The replaced blocks go back to the allocator after
+//!   the final fence. A range with a hole is a remove followed by an insert.
 //! - An entry move (displacement) is recorded in the record's second line (`src`, `dst`,
 //!   key), then the entry is copied to `dst`, fenced, cleared at `src`, fenced, and the line is
 //!   freed durably. A crash leaves the entry at `src`, at `dst`, or at both with identical
@@ -102,7 +110,9 @@ use std::time::{Duration, Instant};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, CACHE_LINE, Le64, PmOff, Pod, crc32c};
 use pmfs_core::pm::{Media, MediaExt};
-use pmfs_core::traits::{AllocHint, BlockAllocator, Extent, FileId, FileMapping, MappingKind, Run};
+use pmfs_core::traits::{
+    AllocHint, BlockAllocator, Extent, FileId, FileMapping, MappingKind, Run, maps_exactly,
+};
 use pmfs_core::{Error, Result};
 
 use self::bucket::{Bucket, RUN_MAX, SeqLock, Value, WAYS, key_off, value_off};
@@ -142,6 +152,7 @@ const SECOND_SEED: u64 = 0x5bd1_e995_c2b2_ae35;
 const OP_INSERT: u8 = 2;
 const OP_REMOVE: u8 = 3;
 const OP_MOVE: u8 = 4;
+const OP_REPLACE: u8 = 5;
 
 type Header = [Le64; HEADER_WORDS];
 const EMPTY_BUCKET: Bucket = Bucket {
@@ -976,8 +987,9 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
         Ok(n)
     }
 
-    /// The run repairs and deletions of a remove; idempotent (also the recovery redo).
-    fn apply_remove(&self, ino: u64, fields: [u64; 4], dirty: &mut Vec<u64>) -> Result<()> {
+    /// Trims the runs that `[lblk, end)` cuts: `size` of the entries in `[left, lblk)` so that
+    /// they end at `lblk`, `rev` of those in `[end, right)` so that they start at `end`.
+    fn trim_cut(&self, ino: u64, fields: [u64; 4], dirty: &mut Vec<u64>) -> Result<()> {
         let [lblk, end, left, right] = fields;
         for l in left..lblk {
             self.update(Key::new(ino, l), dirty, |v| {
@@ -993,8 +1005,92 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
                 Some(Value { rev, ..v })
             })?;
         }
-        self.delete_range(ino, lblk, end, dirty)?;
         Ok(())
+    }
+
+    /// The run repairs and deletions of a remove; idempotent (also the recovery redo).
+    fn apply_remove(&self, ino: u64, fields: [u64; 4], dirty: &mut Vec<u64>) -> Result<()> {
+        self.trim_cut(ino, fields, dirty)?;
+        self.delete_range(ino, fields[0], fields[1], dirty)?;
+        Ok(())
+    }
+
+    /// The in-place rewrite of a replace (see the module documentation), idempotent (also the
+    /// recovery redo): the runs cut at `lblk` and `end` are trimmed
+    /// ([`trim_cut`](Self::trim_cut)), then every entry of `[lblk, end)` gets its block of the
+    /// run starting at `pblk`. Every key of the range must be mapped.
+    fn apply_replace(&self, ino: u64, fields: [u64; 5], dirty: &mut Vec<u64>) -> Result<()> {
+        let [lblk, end, pblk, left, right] = fields;
+        self.trim_cut(ino, [lblk, end, left, right], dirty)?;
+        for l in lblk..end {
+            let new = Value {
+                pblk: pblk + (l - lblk),
+                size: end - l,
+                rev: l - lblk,
+            };
+            if self
+                .update(Key::new(ino, l), dirty, |_| Some(new))?
+                .is_none()
+            {
+                return Err(Error::Corrupt {
+                    what: "cuckoo replace of an unmapped block",
+                    at: self.meta.start.offset(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces in place the mapping of `[lblk, lblk + len)` (`len` ≤ [`RUN_MAX`], every
+    /// block mapped) by the run starting at `pblk`, without the final fence: a lone block is
+    /// one value store left in `dirty`, any other piece runs under an intent record (flushing
+    /// `dirty` and fencing before the record is freed).
+    fn replace_piece(
+        &self,
+        file: &CuckooFile,
+        lblk: u64,
+        len: u64,
+        pblk: u64,
+        dirty: &mut Vec<u64>,
+    ) -> Result<()> {
+        let end = lblk + len;
+        let corrupt = || Error::Corrupt {
+            what: "cuckoo run fields",
+            at: self.meta.start.offset(),
+        };
+        let first = self.get(file, lblk)?.ok_or_else(corrupt)?;
+        let last = if len == 1 {
+            first
+        } else {
+            self.get(file, end - 1)?.ok_or_else(corrupt)?
+        };
+        let left = lblk.checked_sub(first.rev).ok_or_else(corrupt)?;
+        let right = (end - 1 + last.size).min(LBLK_LIMIT);
+        let fields = [lblk, end, pblk, left, right];
+        if len == 1 && left == lblk && right == end {
+            return self.apply_replace(file.ino, fields, dirty);
+        }
+        let mut intent = self.intents.acquire(&self.media)?;
+        intent.begin(OP_REPLACE, [file.ino, lblk, end, pblk, left, right])?;
+        self.apply_replace(file.ino, fields, dirty)?;
+        self.flush_buckets(dirty)?;
+        self.media.fence();
+        intent.finish()
+    }
+
+    /// Whether `run` may be mapped by this table: below the logical limit, below the
+    /// physical limit of a value word, and outside the table's own blocks.
+    fn mappable(&self, run: &Run) -> bool {
+        let given = run.extent();
+        run.lblk
+            .checked_add(run.len)
+            .is_some_and(|e| e <= LBLK_LIMIT)
+            && given
+                .start
+                .0
+                .checked_add(run.len)
+                .is_some_and(|e| e <= bucket::PBLK_LIMIT)
+            && !(given.start < self.meta.end() && given.end() > self.meta.start)
     }
 
     /// Checks the whole table (fsck): every entry sits in one of its two buckets, no key and
@@ -1225,6 +1321,53 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
         Ok(runs.iter().map(|r| r.len).sum())
     }
 
+    fn replace_many(&self, file: &CuckooFile, runs: &[Run]) -> Result<u64> {
+        let mut dirty = Vec::new();
+        let mut replaced: Vec<Extent> = Vec::new();
+        let mut freed = 0;
+        let mut got = Vec::new();
+        let mut r = runs.iter().try_for_each(|run| {
+            got.clear();
+            self.lookup(file, run.lblk, run.len, &mut got)?;
+            if maps_exactly(run, &mut got) {
+                return Ok(());
+            }
+            if !self.mappable(run) || got.iter().map(|g| g.len).sum::<u64>() != run.len {
+                freed += self.replace(file, *run)?;
+                return Ok(());
+            }
+            let mut at = 0;
+            while at < run.len {
+                let len = (run.len - at).min(RUN_MAX);
+                self.replace_piece(file, run.lblk + at, len, run.pblk.0 + at, &mut dirty)?;
+                at += len;
+            }
+            for g in &got {
+                for k in 0..g.len {
+                    let (old, new) = (g.pblk.0 + k, run.pblk.0 + (g.lblk + k - run.lblk));
+                    if old == new {
+                        continue;
+                    }
+                    match replaced.last_mut() {
+                        Some(e) if e.end().0 == old => e.len += 1,
+                        _ => replaced.push(Extent::new(BlockNo(old), 1)),
+                    }
+                }
+            }
+            Ok(())
+        });
+        // The pieces replaced so far are made durable, and only then are their old blocks
+        // freed, also when a later run failed.
+        let flushed = self.flush_buckets(&mut dirty);
+        self.media.fence();
+        r = r.and(flushed);
+        for e in replaced {
+            freed += e.len;
+            self.alloc.free(e)?;
+        }
+        r.map(|()| freed)
+    }
+
     fn remove_file(&self, file: &CuckooFile) -> Result<()> {
         self.remove(file, 0, LBLK_LIMIT).map(drop)
     }
@@ -1244,7 +1387,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
         self.media.store_u64(self.gate_off(), 0)?;
         let records = self
             .intents
-            .scan(&self.media, &[OP_INSERT, OP_REMOVE, OP_MOVE])?;
+            .scan(&self.media, &[OP_INSERT, OP_REMOVE, OP_MOVE, OP_REPLACE])?;
         for r in records.iter().filter(|r| r.line == 1) {
             let at = self.intents.record(r.index) + CACHE_LINE;
             let [sb, sw, db, dw, key, _] = r.fields;
@@ -1289,6 +1432,23 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
                             && right <= LBLK_LIMIT,
                     )?;
                     self.apply_remove(ino, [lblk, end, left, right], &mut dirty)?;
+                }
+                OP_REPLACE => {
+                    let [_, _, _, pblk, left, right] = r.fields;
+                    self.check_recovered(
+                        at,
+                        range_ok
+                            && end - lblk <= RUN_MAX
+                            && left <= lblk
+                            && lblk - left < RUN_MAX
+                            && end <= right
+                            && right - end < RUN_MAX
+                            && right <= LBLK_LIMIT
+                            && pblk
+                                .checked_add(end - lblk)
+                                .is_some_and(|e| e <= bucket::PBLK_LIMIT),
+                    )?;
+                    self.apply_replace(ino, [lblk, end, pblk, left, right], &mut dirty)?;
                 }
                 _ => self.check_recovered(at, false)?,
             }

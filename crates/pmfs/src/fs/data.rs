@@ -44,8 +44,10 @@
 //! undigested entry to the mapping in log order, one holder at a time across processes (the
 //! cursor word, holder = process id, a dead holder is taken over), in batches of consecutive
 //! writes that move the cursor once. Applying is idempotent: a write's run that the mapping
-//! already maps exactly is skipped, else the mapping's `replace` maps it over the range
-//! (freeing the replaced blocks; one undo transaction on the trees); a truncation stores the
+//! already maps exactly is skipped, else the mapping maps it over the range and frees the
+//! replaced blocks (`replace_many`: a run over mapped blocks is rewritten in place, one
+//! atomic word per block or entry, with one fence per batch; a cuckoo run that cuts
+//! another's needs an intent record; any other run is a `replace`); a truncation stores the
 //! size, unmaps `[ceil(size / 4096), MAPPED_END)` and lowers `MAPPED_END`; a punch unmaps. On
 //! the extent tree, radix tree and cuckoo hash a batch holds writes to disjoint blocks only,
 //! so applying it again after a crash cannot map a block back to an older version; its runs
