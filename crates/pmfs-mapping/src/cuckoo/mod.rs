@@ -147,6 +147,9 @@ const MAX_NODES: usize = 1024;
 const LOCK_PATIENCE: Duration = Duration::from_secs(1);
 /// Attempts of one entry insert when concurrent writers keep invalidating its chain.
 const MAX_ATTEMPTS: usize = 32;
+/// How many keys ahead a range update prefetches buckets (see
+/// [`CuckooMapping::update_range`]).
+const PREFETCH_KEYS: u64 = 8;
 const SECOND_SEED: u64 = 0x5bd1_e995_c2b2_ae35;
 
 const OP_INSERT: u8 = 2;
@@ -970,16 +973,11 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
 
     /// Deletes every entry of `ino` in `[lblk, end)` (insert rollback); returns how many.
     fn delete_range(&self, ino: u64, lblk: u64, end: u64, dirty: &mut Vec<u64>) -> Result<u64> {
-        let keys: Vec<u64> = if self.use_scan(lblk, end) {
-            self.scan_blocks(ino, lblk, end)?
-                .into_iter()
-                .map(|h| h.0)
-                .collect()
-        } else {
-            (lblk..end).collect()
-        };
+        if !self.use_scan(lblk, end) {
+            return self.update_range(ino, lblk, end, dirty, |_, _| None);
+        }
         let mut n = 0;
-        for l in keys {
+        for (l, _) in self.scan_blocks(ino, lblk, end)? {
             if self.update(Key::new(ino, l), dirty, |_| None)?.is_some() {
                 n += 1;
             }
@@ -987,24 +985,52 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
         Ok(n)
     }
 
+    /// [`update`](Self::update)s the entries of `ino` in `[from, to)` with `f(lblk, value)`;
+    /// returns how many it found. The buckets of keys a few ahead are prefetched: neighbouring
+    /// keys hash to unrelated lines, and each would otherwise be a miss of its own.
+    fn update_range(
+        &self,
+        ino: u64,
+        from: u64,
+        to: u64,
+        dirty: &mut Vec<u64>,
+        f: impl Fn(u64, Value) -> Option<Value>,
+    ) -> Result<u64> {
+        let seeds = seeds(ino, self.salt);
+        let prefetch = |l: u64| {
+            if l < to {
+                let (b1, b2) = self.buckets_of(seeds, l);
+                self.media.prefetch(self.bucket_off(b1));
+                self.media.prefetch(self.bucket_off(b2));
+            }
+        };
+        (from..to.min(from + PREFETCH_KEYS)).for_each(prefetch);
+        let mut found = 0;
+        for l in from..to {
+            prefetch(l + PREFETCH_KEYS);
+            if self.update(Key::new(ino, l), dirty, |v| f(l, v))?.is_some() {
+                found += 1;
+            }
+        }
+        Ok(found)
+    }
+
     /// Trims the runs that `[lblk, end)` cuts: `size` of the entries in `[left, lblk)` so that
     /// they end at `lblk`, `rev` of those in `[end, right)` so that they start at `end`.
     fn trim_cut(&self, ino: u64, fields: [u64; 4], dirty: &mut Vec<u64>) -> Result<()> {
         let [lblk, end, left, right] = fields;
-        for l in left..lblk {
-            self.update(Key::new(ino, l), dirty, |v| {
-                Some(Value {
-                    size: v.size.min(lblk - l),
-                    ..v
-                })
-            })?;
-        }
-        for l in end..right {
-            self.update(Key::new(ino, l), dirty, |v| {
-                let rev = v.rev.min(l - end);
-                Some(Value { rev, ..v })
-            })?;
-        }
+        self.update_range(ino, left, lblk, dirty, |l, v| {
+            Some(Value {
+                size: v.size.min(lblk - l),
+                ..v
+            })
+        })?;
+        self.update_range(ino, end, right, dirty, |l, v| {
+            Some(Value {
+                rev: v.rev.min(l - end),
+                ..v
+            })
+        })?;
         Ok(())
     }
 
@@ -1022,21 +1048,18 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
     fn apply_replace(&self, ino: u64, fields: [u64; 5], dirty: &mut Vec<u64>) -> Result<()> {
         let [lblk, end, pblk, left, right] = fields;
         self.trim_cut(ino, [lblk, end, left, right], dirty)?;
-        for l in lblk..end {
-            let new = Value {
+        let found = self.update_range(ino, lblk, end, dirty, |l, _| {
+            Some(Value {
                 pblk: pblk + (l - lblk),
                 size: end - l,
                 rev: l - lblk,
-            };
-            if self
-                .update(Key::new(ino, l), dirty, |_| Some(new))?
-                .is_none()
-            {
-                return Err(Error::Corrupt {
-                    what: "cuckoo replace of an unmapped block",
-                    at: self.meta.start.offset(),
-                });
-            }
+            })
+        })?;
+        if found != end - lblk {
+            return Err(Error::Corrupt {
+                what: "cuckoo replace of an unmapped block",
+                at: self.meta.start.offset(),
+            });
         }
         Ok(())
     }
