@@ -18,13 +18,16 @@
 //! - **Caching.** Attributes of regular files are cached for `attr_timeout` (default 0:
 //!   every `stat` asks, so sizes and times written by data clients that bypass the kernel
 //!   are never stale), those of everything else as long as names (see `PmfsFs::attr_ttl`),
-//!   names
-//!   for `entry_timeout` (default 1 s: only the daemon changes names, and the kernel keeps
+//!   names for `entry_timeout` (default 1 s: only the daemon changes names, and the kernel keeps
 //!   its own name cache exact), and so is the absence of a name (a negative entry: the
 //!   kernel turns it into the new name when a file is created through the mount, which is
 //!   the only way names change; `sqlite3` looks for its journal and WAL files before every
 //!   transaction). Open does not keep the page cache (`keep_cache` off) and the
 //!   kernel drops cached pages when it sees mtime or size change (`FUSE_AUTO_INVAL_DATA`).
+//! - **Requests declined for good.** FLUSH, FSYNC, FSYNCDIR and OPENDIR are answered
+//!   `ENOSYS`, which the kernel takes as "succeed without asking from now on": every update
+//!   is durable when it returns and directory listings need no per-open state, so `close`,
+//!   `fsync` and `opendir` cost no round trip (`sqlite3` does all three per transaction).
 //! - **Concurrency.** fuser runs several event-loop threads, each with its own cloned
 //!   `/dev/fuse` descriptor; handlers run on them concurrently (the engine is `Sync`).
 
@@ -580,15 +583,14 @@ impl Filesystem for PmfsFs {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Every write is durable when it returns: nothing is buffered here.
-        match self.file(fh) {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        // Nothing is buffered (every write is durable when it returns) and locks stay with
+        // the kernel, so `close` has nothing to ask: ENOSYS makes the kernel stop sending
+        // FLUSH for the rest of the mount, a round trip saved on every close.
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
@@ -612,25 +614,21 @@ impl Filesystem for PmfsFs {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.file(fh) {
-            Ok(f) => {
-                f.sync();
-                reply.ok();
-            }
-            Err(e) => reply.error(e),
-        }
+        // Every write and attribute change is durable when it returns, and the kernel writes
+        // its dirty pages (shared mappings) back before it asks: ENOSYS tells it that fsync
+        // needs no round trip here, from now on.
+        reply.error(Errno::ENOSYS);
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.vol.getattr(self.ino(ino)) {
-            Ok(a) if a.kind == NodeKind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
-            Ok(_) => reply.error(Errno::ENOTDIR),
-            Err(e) => reply.error(errno(&e)),
-        }
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Listings go by node id and offset and need no per-open state: ENOSYS lets the
+        // kernel open directories without asking (FUSE_NO_OPENDIR_SUPPORT), and then it
+        // sends no RELEASEDIR either. A directory removed meanwhile fails at READDIR.
+        reply.error(Errno::ENOSYS);
     }
 
     fn readdir(
@@ -692,8 +690,8 @@ impl Filesystem for PmfsFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.vol.sync();
-        reply.ok();
+        // Name changes are durable when they return (see `fsync`).
+        reply.error(Errno::ENOSYS);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -130,3 +130,52 @@ fn large_directories_list_completely_while_changing() {
     assert_eq!(fs::read_dir(m.join("big")).unwrap().count(), n / 2);
     m.unmount();
 }
+
+/// The daemon keeps no state for open directories and answers neither FLUSH, FSYNC nor
+/// FSYNCDIR (everything is durable on return): handles must behave as POSIX says anyway.
+#[test]
+fn directory_handles_and_syncs_behave_without_daemon_state() {
+    let pool = Pool::new("handles", "64M", "hashfs");
+    let dir = pool.mount_point("mnt");
+    let m = pool.mount(&dir, &[]);
+    let d = m.join("d");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("f"), b"kept").unwrap();
+
+    // A handle opened before a rename lists the directory under its new name.
+    let before = fs::read_dir(&d).unwrap();
+    fs::rename(&d, m.join("e")).unwrap();
+    let names: Vec<_> = before.map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["f"]);
+
+    // fsync and fdatasync of files and directories succeed, again and again.
+    let e = m.join("e");
+    for _ in 0..3 {
+        let f = OpenOptions::new().write(true).open(e.join("f")).unwrap();
+        f.sync_all().unwrap();
+        f.sync_data().unwrap();
+        fs::File::open(&e).unwrap().sync_all().unwrap();
+    }
+
+    // A handle on a directory removed since it was opened lists nothing (the kernel's ENOENT
+    // for a dead directory is the end of the listing to libc), not even `.` and `..`.
+    fs::remove_file(e.join("f")).unwrap();
+    let stale = fs::File::open(&e).unwrap();
+    fs::remove_dir(&e).unwrap();
+    let mut buf = [0u8; 4096];
+    // SAFETY: the buffer is valid for writes of its length for the duration of the call.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_getdents64,
+            std::os::fd::AsRawFd::as_raw_fd(&stale),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    };
+    assert_eq!(n, -1);
+    assert_eq!(Errno::last(), Errno::ENOENT);
+    drop(stale);
+
+    m.unmount();
+    pool.fsck_clean();
+}
