@@ -257,9 +257,8 @@ const DIGEST_AFTER_BLOCKS: u64 = 2048;
 /// Runs a read hints into the cache ahead of the one it copies (see [`Fs::prefetch_run`]).
 const PREFETCH_RUNS: usize = 3;
 
-/// Bytes at the start of a run that a read hints (eight cache lines; see
-/// [`Fs::prefetch_run`]).
-const PREFETCH_BYTES: u64 = 512;
+/// Bytes at the start of a run that a read hints (one block; see [`Fs::prefetch_run`]).
+const PREFETCH_BYTES: u64 = 4096;
 
 /// One range of a copy-on-write update: logical blocks `[lblk, lblk + len)` get fresh blocks;
 /// the bytes `[from, to)` (file offsets inside the range) become `data` (zeros for `None`);
@@ -885,8 +884,11 @@ impl Fs {
             let out = &mut buf[..len as usize];
             // Holes read as zeros: only the bytes no run covers are zeroed.
             let mut filled = off;
+            for ahead in runs.iter().take(PREFETCH_RUNS + 1) {
+                self.prefetch_run(ahead, off, end);
+            }
             for (i, r) in runs.iter().enumerate() {
-                for ahead in runs.iter().skip(i + 1).take(PREFETCH_RUNS) {
+                if let Some(ahead) = runs.get(i + 1 + PREFETCH_RUNS) {
                     self.prefetch_run(ahead, off, end);
                 }
                 let rs = r.lblk * BS;
@@ -913,12 +915,14 @@ impl Fs {
 
     /// Hints the first [`PREFETCH_BYTES`] of `r` that a read of `[off, end)` copies: the runs
     /// of a HashFS file lie anywhere in the pool, and the hardware prefetcher does not follow
-    /// a copy from one block into another. Before each run it copies, a read hints the next
-    /// [`PREFETCH_RUNS`], each run so three times. Hinting only the start of a run is enough
-    /// to get its memory moving (the copy's own accesses then keep the prefetcher inside the
-    /// page), and hinting whole blocks was slower: the hints fill the core's queue of misses
-    /// ahead of the copy's own loads. A 1 MiB HashFS read (ad-hoc driver, huge pages) took
-    /// 72-74 µs this way, 107-115 µs hinting the whole first block of the next two runs.
+    /// a copy from one block into another. A read hints its first [`PREFETCH_RUNS`] + 1 runs,
+    /// then, before copying run `i`, run `i + 1 + PREFETCH_RUNS`: each run once, a few blocks
+    /// ahead. Hinting every run again before each copy (each so three times) filled the
+    /// core's queue of misses with hints that were already in flight, and so did hinting
+    /// whole blocks that way; hinted once, a whole block is best. 1 MiB HashFS reads in
+    /// `data_fig6`, three alternated rounds on huge pages: 106-116 µs hinting the first 512
+    /// bytes of the next three runs before every copy, 92-98 µs hinting 512 bytes once,
+    /// 75-85 µs hinting the whole block once.
     fn prefetch_run(&self, r: &Run, off: u64, end: u64) {
         let a = (r.lblk * BS).max(off);
         let e = ((r.lblk + r.len) * BS).min(end).min(a + PREFETCH_BYTES);
