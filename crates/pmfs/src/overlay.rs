@@ -220,12 +220,16 @@ impl Overlay {
             return;
         }
         self.pruned = digested.min(self.next);
+        if digested >= self.next {
+            // Every folded entry is applied (the common case after a digest): clearing is
+            // much cheaper than dropping spans one at a time. The digested size is the size.
+            self.spans.clear();
+            self.truncs.clear();
+            self.size = Size::AtLeast(0);
+            return;
+        }
         self.spans.retain(|_, sp| sp.lsn >= digested);
         self.truncs.retain(|&(lsn, _)| lsn >= digested);
-        if self.spans.is_empty() && self.truncs.is_empty() && digested >= self.next {
-            // Nothing undigested is left: the digested size is the size.
-            self.size = Size::AtLeast(0);
-        }
     }
 
     /// Describes `[lblk, lblk + len)` as consecutive pieces, appended to `out`.

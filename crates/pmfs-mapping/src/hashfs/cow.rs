@@ -2,8 +2,6 @@
 //! the current version ([`FileMapping::insert_at`]), giving them back, and sweeping the ones
 //! whose write never committed. The design is in the [module docs](super).
 
-use std::collections::BTreeMap;
-
 use pmfs_core::pm::Media;
 use pmfs_core::traits::Run;
 use pmfs_core::{Error, Result};
@@ -257,8 +255,7 @@ impl<M: Media> HashFs<M> {
     /// [`insert_at`]: pmfs_core::traits::FileMapping::insert_at
     /// [`Log::digest_batched`]: pmfs_core::log::Log::digest_batched
     pub fn apply_writes(&self, file: &HashFsFile, runs: &[Run]) -> Result<Vec<(u64, u64)>> {
-        let mut wins: BTreeMap<u64, u64> = BTreeMap::new();
-        let mut losers = Vec::new();
+        let mut all: Vec<(u64, u64)> = Vec::new();
         for r in runs {
             if r.len == 0 {
                 continue;
@@ -266,17 +263,28 @@ impl<M: Media> HashFs<M> {
             range_end(r.lblk, r.len)?;
             self.run_slot(r, r.len - 1)?;
             for k in 0..r.len {
-                let i = self.run_slot(r, k)?;
-                if let Some(old) = wins.insert(r.lblk + k, i)
-                    && old != i
-                {
-                    losers.push((r.lblk + k, old));
+                all.push((r.lblk + k, self.run_slot(r, k)?));
+            }
+        }
+        // A stable sort keeps each block's writes in log order: the last one wins, the
+        // others lose their slots.
+        all.sort_by_key(|&(lblk, _)| lblk);
+        let mut wins: Vec<(u64, u64)> = Vec::with_capacity(all.len());
+        let mut losers = Vec::new();
+        for (lblk, i) in all {
+            match wins.last_mut() {
+                Some((l, w)) if *l == lblk => {
+                    if *w != i {
+                        losers.push((lblk, *w));
+                    }
+                    *w = i;
                 }
+                _ => wins.push((lblk, i)),
             }
         }
         // The lines step 1 probes and step 2 flips, fetched together rather than one miss
         // after another.
-        for (&lblk, &win) in &wins {
+        for &(lblk, win) in &wins {
             self.media
                 .prefetch(self.slot_off(self.home(file.seed, lblk)));
             self.media.prefetch(self.slot_off(win));
@@ -295,7 +303,7 @@ impl<M: Media> HashFs<M> {
                 gone.push(i);
             }
         }
-        for (&lblk, &win) in &wins {
+        for &(lblk, win) in &wins {
             let key = Key::new(file.ino, lblk);
             let current = match self.cached(file, lblk)? {
                 Some(i) => Some(i),
@@ -317,7 +325,7 @@ impl<M: Media> HashFs<M> {
         // Step 2.
         let mut flipped = Vec::with_capacity(wins.len());
         let mut bad = false;
-        for (&lblk, &i) in &wins {
+        for &(lblk, i) in &wins {
             let key = Key::new(file.ino, lblk);
             let w = self.media.load_u64(self.slot_off(i))?;
             if w == key.staged()
