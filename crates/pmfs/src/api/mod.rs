@@ -121,7 +121,10 @@ impl Volume {
     /// The volume owns the pool: it holds an exclusive `flock` on the pool file (the lock the
     /// `pmfs` command and its FUSE daemon take too) until it is closed and its last file is
     /// dropped. A pool that another owner holds fails with [`Error::PoolInUse`]: mounting it
-    /// twice would run recovery under a live volume.
+    /// twice would run recovery under a live volume. The lock belongs to the pool file's open
+    /// file description, which a child forked by another thread shares until it execs (the
+    /// descriptor is close-on-exec): a volume closed and opened again meanwhile finds the pool
+    /// in use.
     pub fn open(path: impl AsRef<Path>) -> Result<Volume> {
         let path = path.as_ref();
         let region = PmRegion::open(path)?;
