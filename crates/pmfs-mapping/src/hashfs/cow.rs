@@ -255,7 +255,8 @@ impl<M: Media> HashFs<M> {
     /// [`insert_at`]: pmfs_core::traits::FileMapping::insert_at
     /// [`Log::digest_batched`]: pmfs_core::log::Log::digest_batched
     pub fn apply_writes(&self, file: &HashFsFile, runs: &[Run]) -> Result<Vec<(u64, u64)>> {
-        let mut all: Vec<(u64, u64)> = Vec::new();
+        let mut all: Vec<(u64, u64)> =
+            Vec::with_capacity(runs.iter().map(|r| r.len as usize).sum());
         for r in runs {
             if r.len == 0 {
                 continue;

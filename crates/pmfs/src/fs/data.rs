@@ -254,8 +254,9 @@ const DIGEST_AFTER_ENTRIES: u64 = 128;
 /// See [`DIGEST_AFTER_ENTRIES`].
 const DIGEST_AFTER_BLOCKS: u64 = 2048;
 
-/// Runs a read hints into the cache ahead of the one it copies (see [`Fs::prefetch_run`]).
-const PREFETCH_RUNS: usize = 3;
+/// How many runs ahead of the one it copies a read hints into the cache (see
+/// [`Fs::prefetch_run`]).
+const PREFETCH_RUNS: usize = 4;
 
 /// Bytes at the start of a run that a read hints (one block; see [`Fs::prefetch_run`]).
 const PREFETCH_BYTES: u64 = 4096;
@@ -884,11 +885,11 @@ impl Fs {
             let out = &mut buf[..len as usize];
             // Holes read as zeros: only the bytes no run covers are zeroed.
             let mut filled = off;
-            for ahead in runs.iter().take(PREFETCH_RUNS + 1) {
+            for ahead in runs.iter().take(PREFETCH_RUNS) {
                 self.prefetch_run(ahead, off, end);
             }
             for (i, r) in runs.iter().enumerate() {
-                if let Some(ahead) = runs.get(i + 1 + PREFETCH_RUNS) {
+                if let Some(ahead) = runs.get(i + PREFETCH_RUNS) {
                     self.prefetch_run(ahead, off, end);
                 }
                 let rs = r.lblk * BS;
@@ -915,14 +916,14 @@ impl Fs {
 
     /// Hints the first [`PREFETCH_BYTES`] of `r` that a read of `[off, end)` copies: the runs
     /// of a HashFS file lie anywhere in the pool, and the hardware prefetcher does not follow
-    /// a copy from one block into another. A read hints its first [`PREFETCH_RUNS`] + 1 runs,
-    /// then, before copying run `i`, run `i + 1 + PREFETCH_RUNS`: each run once, a few blocks
+    /// a copy from one block into another. A read hints its first [`PREFETCH_RUNS`] runs,
+    /// then, before copying run `i`, run `i + PREFETCH_RUNS`: each run once, four runs
     /// ahead. Hinting every run again before each copy (each so three times) filled the
     /// core's queue of misses with hints that were already in flight, and so did hinting
     /// whole blocks that way; hinted once, a whole block is best. 1 MiB HashFS reads in
     /// `data_fig6`, three alternated rounds on huge pages: 106-116 µs hinting the first 512
     /// bytes of the next three runs before every copy, 92-98 µs hinting 512 bytes once,
-    /// 75-85 µs hinting the whole block once.
+    /// 75-85 µs hinting the whole block once (four runs ahead each time).
     fn prefetch_run(&self, r: &Run, off: u64, end: u64) {
         let a = (r.lblk * BS).max(off);
         let e = ((r.lblk + r.len) * BS).min(end).min(a + PREFETCH_BYTES);
