@@ -16,6 +16,14 @@
 //!   measured right after the subjects so that load on the machine hits both alike. The
 //!   buffer is anonymous memory advised `MADV_HUGEPAGE`, as the pools are: in 4 KiB pages it
 //!   would miss the TLB where a pool read does not, and flatter the subjects.
+//! - Floors of the random groups, what no implementation of the operation can beat on this
+//!   machine, measured right after the subjects too: in `fig6_read_rand`, `memcpy` copies
+//!   from the same offsets of the DRAM buffer; in `fig6_overwrite_rand`, `durable-copy` is
+//!   the least a durable copy-on-write write does on a pool (`floor_pool`, mapped like the
+//!   volumes' pools): a streaming copy of the bytes to the same offsets and a fence, then one
+//!   8-byte compare-and-swap (the commit), flushed and fenced. In `fig6_read_seq`,
+//!   `memcpy-scattered` copies `size` bytes as 4 KiB pieces from unrelated blocks of the DRAM
+//!   buffer: the floor of a file whose blocks lie apart, as HashFS places them.
 //! - `fig6_memcpy`: more 1 MiB bandwidth references, measured once at the end
 //!   (`copy_from_slice`): `dram-read` from a 64 MiB DRAM buffer (at consecutive 1 MiB
 //!   windows) into a 1 MiB buffer, `dram-write` the other way, and `shm-read` / `shm-write`
@@ -36,6 +44,8 @@ use criterion::{
 };
 use memmap2::{Advice, MmapMut};
 use pmfs_benches::data::{BLOCK, DataFile, Pattern, Subject, Timing, bench_dir, offsets};
+use pmfs_core::layout::PmOff;
+use pmfs_core::pm::{Media, PmRegion};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -50,8 +60,15 @@ const POOL: u64 = 256 << 20;
 /// Offsets drawn per benchmark (cycled).
 const OFFSETS: usize = 1 << 14;
 const MEMCPY: usize = 1 << 20;
-/// The function name of the memcpy reference inside the sequential and append groups.
+/// The function name of the memcpy reference inside the sequential and append groups and
+/// `fig6_read_rand`.
 const MEMCPY_COLUMN: &str = "memcpy";
+/// The function name of the floor of a durable write inside `fig6_overwrite_rand`.
+const DURABLE_COLUMN: &str = "durable-copy";
+/// The function name of the scattered-block copy inside `fig6_read_seq`.
+const SCATTERED_COLUMN: &str = "memcpy-scattered";
+/// Where the `durable-copy` floor puts its commit word: past the data of [`FILE_LEN`].
+const COMMIT_WORD: PmOff = PmOff(FILE_LEN);
 
 /// One subject with its files.
 struct Rig {
@@ -97,19 +114,52 @@ fn reads(
                 })
             });
         }
-        if pattern == Pattern::Sequential {
-            g.bench_function(BenchmarkId::new(MEMCPY_COLUMN, size), |b| {
-                copy_windows(b, dram, &mut buf, false)
-            });
+        match pattern {
+            Pattern::Sequential => {
+                g.bench_function(BenchmarkId::new(MEMCPY_COLUMN, size), |b| {
+                    copy_windows(b, dram, &mut buf, false)
+                });
+                if size > BLOCK {
+                    let blocks = offsets(Pattern::Uniform, BLOCK, FILE_LEN, OFFSETS, &mut rng);
+                    g.bench_function(BenchmarkId::new(SCATTERED_COLUMN, size), |b| {
+                        copy_scattered(b, dram, &mut buf, &blocks)
+                    });
+                }
+            }
+            _ => {
+                let mut i = 0;
+                g.bench_function(BenchmarkId::new(MEMCPY_COLUMN, size), |b| {
+                    b.iter(|| {
+                        let at = offs[i % OFFSETS] as usize;
+                        i += 1;
+                        buf.copy_from_slice(black_box(&dram[at..at + size as usize]));
+                        black_box(&buf);
+                    })
+                });
+            }
         }
     }
     g.finish();
+}
+
+/// Fills `small` from 4 KiB pieces of `big` at the offsets `blocks` (cycled).
+fn copy_scattered(b: &mut Bencher<'_>, big: &[u8], small: &mut [u8], blocks: &[u64]) {
+    let mut i = 0;
+    b.iter(|| {
+        for piece in small.chunks_mut(BLOCK as usize) {
+            let at = blocks[i % blocks.len()] as usize;
+            i += 1;
+            piece.copy_from_slice(black_box(&big[at..at + piece.len()]));
+        }
+        black_box(&*small);
+    });
 }
 
 fn overwrites(
     c: &mut Criterion,
     rigs: &[Rig],
     dram: &mut [u8],
+    floor: &PmRegion,
     t: Timing,
     name: &str,
     pattern: Pattern,
@@ -129,13 +179,48 @@ fn overwrites(
                 })
             });
         }
-        if pattern == Pattern::Sequential {
-            g.bench_function(BenchmarkId::new(MEMCPY_COLUMN, size), |b| {
-                copy_windows(b, dram, &mut buf, true)
-            });
+        match pattern {
+            Pattern::Sequential => {
+                g.bench_function(BenchmarkId::new(MEMCPY_COLUMN, size), |b| {
+                    copy_windows(b, dram, &mut buf, true)
+                });
+            }
+            _ => {
+                let mut i = 0;
+                g.bench_function(BenchmarkId::new(DURABLE_COLUMN, size), |b| {
+                    b.iter(|| {
+                        durable_copy(floor, offs[i % OFFSETS], &buf, i as u64);
+                        i += 1;
+                    })
+                });
+            }
         }
     }
     g.finish();
+}
+
+/// The least a durable copy-on-write write of `data` does: streams it to `off` and fences
+/// (the data is durable before it is committed), then swaps the commit word to `n + 1`,
+/// flushes and fences it (the commit is durable before the call returns).
+fn durable_copy(pool: &PmRegion, off: u64, data: &[u8], n: u64) {
+    pool.write_persist(PmOff(off), black_box(data))
+        .expect("stream into the floor pool");
+    let seen = pool.load_u64(COMMIT_WORD).expect("load the commit word");
+    pool.cas_u64_persist(COMMIT_WORD, seen, black_box(n.wrapping_add(1)))
+        .expect("commit in the floor pool")
+        .expect("only this thread swaps the commit word");
+}
+
+/// The pool of the `durable-copy` floor: a pool file of the bench directory mapped as the
+/// volumes' pools are, faulted in. Removed when the benchmarks end.
+fn floor_pool() -> (PmRegion, std::path::PathBuf) {
+    let path = bench_dir().join(format!("pmfs-fig6-floor-{}.pool", std::process::id()));
+    let len = FILE_LEN + (2 << 20);
+    let pool = PmRegion::create(&path, len).expect("create the floor pool");
+    pool.fill_nt(PmOff(0), len, 0)
+        .expect("fault in the floor pool");
+    pool.fence();
+    (pool, path)
 }
 
 fn sub_block(c: &mut Criterion, rigs: &[Rig], t: Timing) {
@@ -281,8 +366,27 @@ fn fig6(c: &mut Criterion) {
     let d = &mut dram[..];
     reads(c, &rigs, d, t, "fig6_read_seq", Pattern::Sequential);
     reads(c, &rigs, d, t, "fig6_read_rand", Pattern::Uniform);
-    overwrites(c, &rigs, d, t, "fig6_overwrite_seq", Pattern::Sequential);
-    overwrites(c, &rigs, d, t, "fig6_overwrite_rand", Pattern::Uniform);
+    let (floor, floor_path) = floor_pool();
+    overwrites(
+        c,
+        &rigs,
+        d,
+        &floor,
+        t,
+        "fig6_overwrite_seq",
+        Pattern::Sequential,
+    );
+    overwrites(
+        c,
+        &rigs,
+        d,
+        &floor,
+        t,
+        "fig6_overwrite_rand",
+        Pattern::Uniform,
+    );
+    drop(floor);
+    let _ = std::fs::remove_file(&floor_path);
     sub_block(c, &rigs, t);
     appends(c, &rigs, Some(&mut *d), t);
     appends(c, &rigs, None, t);
