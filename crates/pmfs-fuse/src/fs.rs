@@ -28,6 +28,11 @@
 //!   `ENOSYS`, which the kernel takes as "succeed without asking from now on": every update
 //!   is durable when it returns and directory listings need no per-open state, so `close`,
 //!   `fsync` and `opendir` cost no round trip (`sqlite3` does all three per transaction).
+//! - **Set-ID bits are the daemon's.** With `FUSE_HANDLE_KILLPRIV_V2` the daemon clears
+//!   set-user-ID and set-group-ID (with group-execute) where the kernel's VFS would: flagged
+//!   writes and O_TRUNC opens, changes of owner, truncations and fallocate by callers other
+//!   than root. In exchange the kernel stops asking for `security.capability` before every
+//!   write (it asks once per inode, and still removes file capabilities itself).
 //! - **Concurrency.** fuser runs several event-loop threads, each with its own cloned
 //!   `/dev/fuse` descriptor; handlers run on them concurrently (the engine is `Sync`).
 
@@ -53,7 +58,9 @@ use pmfs::{
 
 /// Largest attribute value the kernel passes (`XATTR_SIZE_MAX`).
 const XATTR_SIZE_MAX: usize = 65536;
+const S_ISUID: u32 = 0o4000;
 const S_ISGID: u32 = 0o2000;
+const S_IXGRP: u32 = 0o0010;
 
 /// How long the kernel may cache what the daemon tells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,6 +156,18 @@ fn groups_of(pid: u32) -> Vec<u32> {
             })
         })
         .unwrap_or_default()
+}
+
+/// The set-ID bits of `perm` that a write, a truncation or a change of owner clears, as the
+/// kernel's VFS does: set-user-ID, and set-group-ID when group-execute is set (without it the
+/// bit marks mandatory locking, not a privilege).
+fn privilege_bits(perm: u32) -> u32 {
+    let sgid = if perm & (S_ISGID | S_IXGRP) == S_ISGID | S_IXGRP {
+        S_ISGID
+    } else {
+        0
+    };
+    perm & S_ISUID | sgid
 }
 
 fn in_group(req: &Request, gid: u32) -> bool {
@@ -299,6 +318,30 @@ impl PmfsFs {
         }
     }
 
+    /// Clears the set-ID bits ([`privilege_bits`]) of `ino` if it is a regular file, as a
+    /// write, a truncation or a change of owner does. Under `FUSE_HANDLE_KILLPRIV_V2` this is
+    /// the daemon's job: the kernel flags the writes (`FUSE_WRITE_KILL_SUIDGID`) and O_TRUNC
+    /// opens of callers without `CAP_FSETID`, and sends changes of owner and truncations
+    /// without clearing anything. (It still removes `security.capability` itself.)
+    fn kill_suid_sgid(&self, ino: Ino) -> pmfs::Result<()> {
+        let Some(perm) = self.without_privileges(ino)? else {
+            return Ok(());
+        };
+        let change = AttrChange {
+            perm: Some(perm),
+            ..AttrChange::default()
+        };
+        self.vol.set_attr(ino, change, None).map(drop)
+    }
+
+    /// The permission bits of `ino` without its [`privilege_bits`], if it is a regular file
+    /// that has any.
+    fn without_privileges(&self, ino: Ino) -> pmfs::Result<Option<u32>> {
+        let a = self.vol.getattr(ino)?;
+        let bits = privilege_bits(a.perm);
+        Ok((a.kind == NodeKind::File && bits != 0).then_some(a.perm & !bits))
+    }
+
     fn list(
         &self,
         ino: Ino,
@@ -337,7 +380,11 @@ impl Filesystem for PmfsFs {
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_AUTO_INVAL_DATA
             | InitFlags::FUSE_ATOMIC_O_TRUNC
-            | InitFlags::FUSE_PARALLEL_DIROPS;
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            // The daemon clears set-ID bits itself (`kill_suid_sgid`). Without this the
+            // kernel asks for `security.capability` before every write, a second round trip
+            // per write; with it the kernel asks once per inode and remembers the answer.
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         let _ = config.add_capabilities(wanted & config.capabilities());
         Ok(())
     }
@@ -366,7 +413,7 @@ impl Filesystem for PmfsFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -386,7 +433,7 @@ impl Filesystem for PmfsFs {
             TimeOrNow::Now => SetTime::Now,
             TimeOrNow::SpecificTime(t) => SetTime::At(ns(t)),
         };
-        let change = AttrChange {
+        let mut change = AttrChange {
             perm: mode.map(|m| m & 0o7777),
             uid,
             gid,
@@ -396,6 +443,16 @@ impl Filesystem for PmfsFs {
         };
         let via = fh.and_then(|fh| self.file(fh).ok());
         let ino = via.as_ref().map_or(self.ino(ino), |f| f.ino());
+        // A change of owner clears the set-ID bits of a regular file whoever makes it; a
+        // truncation when its caller lacks CAP_FSETID (the kernel's FATTR_KILL_SUIDGID, which
+        // fuser does not pass on; uid 0 stands for the capability). An explicit mode wins.
+        let owner = uid.is_some() || gid.is_some();
+        if change.perm.is_none() && (owner || (size.is_some() && req.uid() != 0)) {
+            match self.without_privileges(ino) {
+                Ok(perm) => change.perm = perm,
+                Err(e) => return reply.error(errno(&e)),
+            }
+        }
         match self.vol.set_attr(ino, change, via.as_deref()) {
             Ok(a) => reply.attr(&self.attr_ttl(a.kind), &self.attr(&a)),
             Err(e) => reply.error(errno(&e)),
@@ -528,8 +585,17 @@ impl Filesystem for PmfsFs {
         self.entry(reply, r);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.vol.open_ino(self.ino(ino), Self::open_mode(flags)) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let mode = Self::open_mode(flags);
+        // FUSE_OPEN_KILL_SUIDGID, which fuser does not pass on: an O_TRUNC open by a caller
+        // without CAP_FSETID (uid 0 stands for it).
+        if mode.truncate
+            && req.uid() != 0
+            && let Err(e) = self.kill_suid_sgid(self.ino(ino))
+        {
+            return reply.error(errno(&e));
+        }
+        match self.vol.open_ino(self.ino(ino), mode) {
             Ok(node) => reply.opened(self.add_file(node), FopenFlags::empty()),
             Err(e) => reply.error(errno(&e)),
         }
@@ -564,7 +630,7 @@ impl Filesystem for PmfsFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -573,6 +639,11 @@ impl Filesystem for PmfsFs {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)
+            && let Err(e) = self.kill_suid_sgid(f.ino())
+        {
+            return reply.error(errno(&e));
+        }
         match f.write_at(data, offset) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
@@ -832,7 +903,7 @@ impl Filesystem for PmfsFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -844,13 +915,21 @@ impl Filesystem for PmfsFs {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        if ![0, libc::FALLOC_FL_KEEP_SIZE, punch].contains(&mode) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        // The kernel's attempt to clear the set-ID bits before a fallocate reaches the daemon
+        // as nothing under FUSE_HANDLE_KILLPRIV_V2; the request carries no flag either.
+        if req.uid() != 0
+            && let Err(e) = self.kill_suid_sgid(f.ino())
+        {
+            return reply.error(errno(&e));
+        }
         let r = match mode {
             0 => f.allocate(offset, length, false),
             libc::FALLOC_FL_KEEP_SIZE => f.allocate(offset, length, true),
-            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => {
-                f.punch_hole(offset, length)
-            }
-            _ => return reply.error(Errno::EOPNOTSUPP),
+            _ => f.punch_hole(offset, length),
         };
         match r {
             Ok(()) => reply.ok(),

@@ -1,6 +1,7 @@
 //! POSIX permission and timestamp rules on the mount: an unprivileged user is refused where
 //! it should be (mode bits, sticky directories, chmod/chown of others' files), set-user-ID
-//! and set-group-ID bits are cleared on write and chown, set-group-ID directories pass their
+//! and set-group-ID bits are cleared on write, truncation, fallocate and chown as the kernel's
+//! VFS clears them, file capabilities on write, set-group-ID directories pass their
 //! group on, ctime moves on chmod, chown, link and rename, and utimensat honours UTIME_NOW
 //! and UTIME_OMIT.
 
@@ -108,6 +109,45 @@ fn privilege_bits_are_cleared_and_inherited_as_posix_says() {
     chmod(&m.join("suid"), 0o6777);
     assert!(as_nobody(&format!("echo appended >> {}", q("suid"))));
     assert_eq!(mode(&m.join("suid")), 0o777);
+
+    // So do truncation, an O_TRUNC open and fallocate by another user; the daemon clears
+    // them itself, which the kernel leaves to it (FUSE_HANDLE_KILLPRIV_V2).
+    for cmd in ["truncate -s 1", ": >", "fallocate -l 8192"] {
+        chmod(&m.join("suid"), 0o6777);
+        assert!(as_nobody(&format!("{cmd} {}", q("suid"))), "{cmd}");
+        assert_eq!(mode(&m.join("suid")), 0o777, "{cmd}");
+    }
+
+    // Set-group-ID without group-execute marks mandatory locking, not a privilege: it stays.
+    chmod(&m.join("suid"), 0o2666);
+    assert!(as_nobody(&format!("echo appended >> {}", q("suid"))));
+    assert_eq!(mode(&m.join("suid")), 0o2666);
+
+    // The owner's writes and truncations as root (CAP_FSETID) keep both bits.
+    chmod(&m.join("suid"), 0o6777);
+    sh(&format!(
+        "echo appended >> {0} && truncate -s 3 {0}",
+        q("suid")
+    ));
+    assert_eq!(mode(&m.join("suid")), 0o6777);
+
+    // A write removes file capabilities, whoever writes (cap_net_raw+ep, revision 2).
+    let caps = |p: &str| format!("getfattr -n security.capability {} 2>/dev/null", q(p));
+    sh(&format!(
+        "setfattr -n security.capability -v 0x0100000200200000000000000000000000000000 {}",
+        q("suid")
+    ));
+    sh(&caps("suid"));
+    sh(&format!("echo appended >> {}", q("suid")));
+    assert!(
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(caps("suid"))
+            .status()
+            .unwrap()
+            .code()
+            != Some(0)
+    );
 
     // chown clears them too.
     chmod(&m.join("suid"), 0o6755);
