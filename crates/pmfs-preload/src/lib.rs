@@ -58,7 +58,12 @@
 //!   kernel is made to refresh the size first. So is a description whose shared mapping
 //!   reaches past the end of file (its pages within the file still come from the pool). So
 //!   are `preadv2`/`pwritev2`, other `lseek` and `fallocate` modes, and calls the kernel must
-//!   reject (wrong access mode, negative offsets, zero lengths), for the exact errno.
+//!   reject (wrong access mode, negative offsets, zero lengths), for the exact errno. So are
+//!   the updates (reads stay served) of a file that has set-ID bits which a write by this
+//!   process clears (a process not running as root; set-user-ID, or set-group-ID with
+//!   group-execute) when its node is opened: only the daemon changes modes, and it clears
+//!   them on those updates as the kernel would. Bits set by a `chmod` after that stay until
+//!   the next update through the kernel.
 //! - **Interposition** of every call above plus `open`/`open64`/`openat`/`openat64`/`creat`/
 //!   `creat64`, `close`, `close_range`, `closefrom`, `dup`/`dup2`/`dup3`, `fcntl`/`fcntl64`
 //!   (`F_DUPFD`, `F_DUPFD_CLOEXEC`, `F_SETFL`'s `O_APPEND` followed; the rest forwarded),

@@ -254,6 +254,7 @@ fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
         return None;
     }
     let saved = crate::errno();
+    let write = write && !keeps_privileges(client, ino);
     let node = client.open_ino(
         Ino::from_raw(ino),
         OpenMode {
@@ -275,6 +276,24 @@ fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
         mount: m,
         refs: AtomicUsize::new(1),
     })
+}
+
+/// Whether inode `ino` is a file whose set-ID bits a write by this process would clear: its
+/// updates then go through the kernel, whose daemon clears them (only the daemon changes
+/// modes). The kernel's rule: set-user-ID, and set-group-ID with group-execute, when the
+/// writer lacks CAP_FSETID; uid 0 stands for the capability, as in the daemon. Checked when
+/// the descriptor is opened in userspace: bits set later by a chmod stay until the next
+/// update through the kernel.
+fn keeps_privileges(client: &Client, ino: u64) -> bool {
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return false;
+    }
+    let Ok(a) = client.getattr(Ino::from_raw(ino)) else {
+        return true;
+    };
+    let sgid = libc::S_ISGID | libc::S_IXGRP;
+    a.perm & libc::S_ISUID != 0 || a.perm & sgid == sgid
 }
 
 /// `fd` no longer refers to what it did (closed or replaced).
