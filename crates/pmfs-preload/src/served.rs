@@ -254,7 +254,7 @@ fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
         return None;
     }
     let saved = crate::errno();
-    let write = write && !keeps_privileges(client, ino);
+    let write = write && !write_clears_set_id(client, ino);
     let node = client.open_ino(
         Ino::from_raw(ino),
         OpenMode {
@@ -284,7 +284,7 @@ fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
 /// writer lacks CAP_FSETID; uid 0 stands for the capability, as in the daemon. Checked when
 /// the descriptor is opened in userspace: bits set later by a chmod stay until the next
 /// update through the kernel.
-fn keeps_privileges(client: &Client, ino: u64) -> bool {
+fn write_clears_set_id(client: &Client, ino: u64) -> bool {
     // SAFETY: geteuid takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         return false;
