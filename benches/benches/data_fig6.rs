@@ -16,14 +16,15 @@
 //!   measured right after the subjects so that load on the machine hits both alike. The
 //!   buffer is anonymous memory advised `MADV_HUGEPAGE`, as the pools are: in 4 KiB pages it
 //!   would miss the TLB where a pool read does not, and flatter the subjects.
-//! - Floors of the random groups, what no implementation of the operation can beat on this
-//!   machine, measured right after the subjects too: in `fig6_read_rand`, `memcpy` copies
+//! - Floors, the bare cost of each operation on this machine, measured right after the
+//!   subjects too: in `fig6_read_rand`, `memcpy` copies
 //!   from the same offsets of the DRAM buffer; in `fig6_overwrite_rand`, `durable-copy` is
 //!   the least a durable copy-on-write write does on a pool (`floor_pool`, mapped like the
 //!   volumes' pools): a streaming copy of the bytes to the same offsets and a fence, then one
 //!   8-byte compare-and-swap (the commit), flushed and fenced. In `fig6_read_seq`,
 //!   `memcpy-scattered` copies `size` bytes as 4 KiB pieces from unrelated blocks of the DRAM
-//!   buffer: the floor of a file whose blocks lie apart, as HashFS places them.
+//!   buffer: the floor of a file whose blocks lie apart, as HashFS places them. It is a plain
+//!   copy; the engine's reads also hint the blocks ahead, and can come in slightly under it.
 //! - `fig6_memcpy`: more 1 MiB bandwidth references, measured once at the end
 //!   (`copy_from_slice`): `dram-read` from a 64 MiB DRAM buffer (at consecutive 1 MiB
 //!   windows) into a 1 MiB buffer, `dram-write` the other way, and `shm-read` / `shm-write`

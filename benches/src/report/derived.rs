@@ -6,7 +6,7 @@
 //! - the data-path goals of issue 6 ([`data_path_goals`]): 4 KiB random reads and
 //!   overwrites and 4 KiB appends against tmpfs, 1 MiB sequential reads and writes (and
 //!   appends) against memcpy, from the groups of the `data_fig6` bench, each with the floor
-//!   measured beside it where the bench has one (what no implementation can beat).
+//!   measured beside it where the bench has one (the bare cost of the operation).
 //!
 //! A ratio is the subject's rate over the baseline's (operations or bytes per second, from the
 //! declared throughput when both declare one), so above 1 means faster than the baseline.
