@@ -58,9 +58,7 @@ use pmfs::{
 
 /// Largest attribute value the kernel passes (`XATTR_SIZE_MAX`).
 const XATTR_SIZE_MAX: usize = 65536;
-const S_ISUID: u32 = 0o4000;
 const S_ISGID: u32 = 0o2000;
-const S_IXGRP: u32 = 0o0010;
 
 /// How long the kernel may cache what the daemon tells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,18 +154,6 @@ fn groups_of(pid: u32) -> Vec<u32> {
             })
         })
         .unwrap_or_default()
-}
-
-/// The set-ID bits of `perm` that a write, a truncation or a change of owner clears, as the
-/// kernel's VFS does: set-user-ID, and set-group-ID when group-execute is set (without it the
-/// bit marks mandatory locking, not a privilege).
-fn privilege_bits(perm: u32) -> u32 {
-    let sgid = if perm & (S_ISGID | S_IXGRP) == S_ISGID | S_IXGRP {
-        S_ISGID
-    } else {
-        0
-    };
-    perm & S_ISUID | sgid
 }
 
 fn in_group(req: &Request, gid: u32) -> bool {
@@ -318,7 +304,7 @@ impl PmfsFs {
         }
     }
 
-    /// Clears the set-ID bits ([`privilege_bits`]) of `ino` if it is a regular file, as a
+    /// Clears the set-ID bits ([`Attr::privilege_bits`]) of `ino` if it is a regular file, as a
     /// write, a truncation or a change of owner does. Under `FUSE_HANDLE_KILLPRIV_V2` this is
     /// the daemon's job: the kernel flags the writes (`FUSE_WRITE_KILL_SUIDGID`) and O_TRUNC
     /// opens of callers without `CAP_FSETID`, and sends changes of owner and truncations
@@ -334,12 +320,11 @@ impl PmfsFs {
         self.vol.set_attr(ino, change, None).map(drop)
     }
 
-    /// The permission bits of `ino` without its [`privilege_bits`], if it is a regular file
-    /// that has any.
+    /// The permission bits of `ino` without its [`Attr::privilege_bits`], if it has any.
     fn without_privileges(&self, ino: Ino) -> pmfs::Result<Option<u32>> {
         let a = self.vol.getattr(ino)?;
-        let bits = privilege_bits(a.perm);
-        Ok((a.kind == NodeKind::File && bits != 0).then_some(a.perm & !bits))
+        let bits = a.privilege_bits();
+        Ok((bits != 0).then_some(a.perm & !bits))
     }
 
     fn list(

@@ -278,22 +278,20 @@ fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
     })
 }
 
-/// Whether inode `ino` is a file whose set-ID bits a write by this process would clear: its
-/// updates then go through the kernel, whose daemon clears them (only the daemon changes
-/// modes). The kernel's rule: set-user-ID, and set-group-ID with group-execute, when the
-/// writer lacks CAP_FSETID; uid 0 stands for the capability, as in the daemon. Checked when
-/// the descriptor is opened in userspace: bits set later by a chmod stay until the next
-/// update through the kernel.
+/// Whether inode `ino` is a file whose set-ID bits ([`pmfs::Attr::privilege_bits`]) a write
+/// by this process would clear: its updates then go through the kernel, whose daemon clears
+/// them (only the daemon changes modes). The kernel clears them when the writer lacks
+/// CAP_FSETID; uid 0 stands for the capability, as in the daemon. Checked when the
+/// descriptor is opened in userspace: bits set later by a chmod stay until the next update
+/// through the kernel.
 fn write_clears_set_id(client: &Client, ino: u64) -> bool {
     // SAFETY: geteuid takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         return false;
     }
-    let Ok(a) = client.getattr(Ino::from_raw(ino)) else {
-        return true;
-    };
-    let sgid = libc::S_ISGID | libc::S_IXGRP;
-    a.perm & libc::S_ISUID != 0 || a.perm & sgid == sgid
+    client
+        .getattr(Ino::from_raw(ino))
+        .map_or(true, |a| a.privilege_bits() != 0)
 }
 
 /// `fd` no longer refers to what it did (closed or replaced).

@@ -149,6 +149,25 @@ pub struct Attr {
     pub rdev: u64,
 }
 
+impl Attr {
+    /// The set-ID bits of a regular file that a write, a truncation or a change of owner
+    /// clears, as Linux's VFS does: set-user-ID, and set-group-ID when group-execute is set
+    /// (without it the bit marks mandatory locking, not a privilege). 0 for other objects.
+    pub fn privilege_bits(&self) -> u32 {
+        const S_ISUID: u32 = 0o4000;
+        const SGID_XGRP: u32 = 0o2010;
+        if self.kind != NodeKind::File {
+            return 0;
+        }
+        let sgid = if self.perm & SGID_XGRP == SGID_XGRP {
+            0o2000
+        } else {
+            0
+        };
+        self.perm & S_ISUID | sgid
+    }
+}
+
 /// Owner and group of a new object.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Owner {
