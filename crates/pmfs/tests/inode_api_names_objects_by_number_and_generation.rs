@@ -1,6 +1,6 @@
 //! The inode-number API on every mapping: a stale `Ino` never reaches the object that reuses
 //! its number, an open handle keeps an unlinked file alive, listings resume after any
-//! position, and holes are found, made and filled.
+//! position, and holes are found, made and filled, also across the chunks a seek looks up.
 
 mod common;
 
@@ -103,6 +103,65 @@ fn listings_resume_after_any_position() {
         assert_eq!(vol.parent_of(d).unwrap(), root);
         vol.rmdir_at(root, b"d").unwrap();
         assert!(matches!(vol.list_dir(d, None, 1), Err(Error::NotFound)));
+    }
+}
+
+/// Seeks that pass over long data runs and long holes (a seek looks blocks up in chunks that
+/// grow from 16 blocks to 4096) land where a block-by-block scan of the layout says.
+#[test]
+fn seeks_agree_with_the_layout_across_lookup_chunks() {
+    const B: u64 = 4096;
+    // Data runs as [start, end) in blocks; everything else below SIZE_BLOCKS is a hole.
+    const DATA: [(u64, u64); 4] = [(0, 3), (17, 70), (5000, 5001), (9000, 9050)];
+    const SIZE_BLOCKS: u64 = 9100;
+    let is_data = |b: u64| DATA.iter().any(|&(s, e)| (s..e).contains(&b));
+    let expect = |off: u64, data: bool| -> Option<u64> {
+        let size = SIZE_BLOCKS * B;
+        if off >= size {
+            return None;
+        }
+        match (off / B..SIZE_BLOCKS).find(|&b| is_data(b) == data) {
+            Some(b) => Some((b * B).max(off)),
+            None => (!data).then_some(size),
+        }
+    };
+    // Every block of the first runs, and for each edge between data and hole the offsets
+    // from which a chunk boundary falls right on it (16, 48, 112, ... blocks before it).
+    let edges = DATA.iter().flat_map(|&(s, e)| [s, e]).chain([SIZE_BLOCKS]);
+    let mut offsets: Vec<u64> = (0..120).map(|b| b * B).collect();
+    for e in edges {
+        let mut before = 0;
+        for k in 0..10 {
+            before += (16u64 << k).min(4096);
+            offsets.extend(e.checked_sub(before).map(|b| b * B));
+        }
+    }
+    offsets.extend([
+        B + 7,
+        17 * B + 1,
+        69 * B + 4095,
+        5000 * B + 9,
+        SIZE_BLOCKS * B - 1,
+    ]);
+    for kind in KINDS {
+        let (vol, _media) = fresh(kind);
+        let (_, f, _) = vol
+            .create_open(vol.root(), b"s", 0o644, Owner::default(), true, RW)
+            .unwrap();
+        for (s, e) in DATA {
+            f.write_at(&vec![1u8; ((e - s) * B) as usize], s * B)
+                .unwrap();
+        }
+        f.set_len(SIZE_BLOCKS * B).unwrap();
+        for &off in &offsets {
+            for (target, data) in [(SeekTarget::Data, true), (SeekTarget::Hole, false)] {
+                assert_eq!(
+                    f.seek(off, target).unwrap(),
+                    expect(off, data),
+                    "{kind:?}: {target:?} from {off}"
+                );
+            }
+        }
     }
 }
 

@@ -677,8 +677,13 @@ pub enum SeekTarget {
     Hole,
 }
 
-/// How many blocks a seek looks up at once.
+/// How many blocks a seek or a usage scan looks up at once, at most.
 const SEEK_CHUNK: u64 = 4096;
+
+/// How many blocks a seek looks up first; each further lookup doubles, up to [`SEEK_CHUNK`].
+/// On the hashed mappings a lookup costs a probe per block, so a seek that lands on what it
+/// looks for answers after a few probes instead of a whole chunk's.
+const SEEK_FIRST: u64 = 16;
 
 impl OpenNode {
     /// An open handle of `h`, which the caller already counted as open (a client's open).
@@ -767,8 +772,10 @@ impl OpenNode {
         }
         let end_blk = size.div_ceil(BS);
         let mut blk = offset / BS;
+        let mut chunk = SEEK_FIRST;
         while blk < end_blk {
-            let len = SEEK_CHUNK.min(end_blk - blk);
+            let len = chunk.min(end_blk - blk);
+            chunk = (chunk * 2).min(SEEK_CHUNK);
             let runs = self.runs(blk, len)?;
             match target {
                 SeekTarget::Data => {
