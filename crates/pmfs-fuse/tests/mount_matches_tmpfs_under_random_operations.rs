@@ -9,6 +9,7 @@ mod common;
 
 use std::fs::{self, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
@@ -67,11 +68,34 @@ enum Op {
     Mkfifo(String),
     Read(String),
     List(String),
+    /// `copy_file_range` from (path, offset) to (path, offset), this many bytes.
+    CopyRange(String, u64, String, u64, usize),
 }
 
-fn draw(rng: &mut SmallRng) -> Op {
+/// The regular files under `root`/`rel`, as paths relative to `root`, in a stable order.
+fn regular_files(root: &Path, rel: &Path) -> Vec<String> {
+    let Ok(dir) = fs::read_dir(root.join(rel)) else {
+        return Vec::new();
+    };
+    let mut names: Vec<_> = dir.map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        let p = rel.join(name);
+        let md = fs::symlink_metadata(root.join(&p)).unwrap();
+        if md.is_file() {
+            out.push(p.to_string_lossy().into_owned());
+        } else if md.is_dir() {
+            out.extend(regular_files(root, &p));
+        }
+    }
+    out
+}
+
+/// The next operation; copies pick their files from `tree` (the reference tree).
+fn draw(rng: &mut SmallRng, tree: &Path) -> Op {
     let p = random_path(rng);
-    match rng.gen_range(0..20) {
+    match rng.gen_range(0..21) {
         0..=2 => Op::Write(p, data(rng)),
         3 => Op::Append(p, data(rng)),
         4 => Op::WriteAt(p, rng.gen_range(0..50000), data(rng)),
@@ -90,7 +114,24 @@ fn draw(rng: &mut SmallRng) -> Op {
         16 => Op::Chmod(p, [0o644, 0o600, 0o755, 0o711, 0o4755][rng.gen_range(0..5)]),
         17 => Op::Mkfifo(p),
         18 => Op::Read(p),
-        _ => Op::List(p),
+        19 => Op::List(p),
+        _ => {
+            let len = match rng.gen_range(0..4) {
+                0 => rng.gen_range(0..100),
+                1 => rng.gen_range(4000..4200),
+                2 => rng.gen_range(1..70000),
+                _ => 1 << 20,
+            };
+            // Mostly between files that exist, which random paths seldom are.
+            let files = regular_files(tree, Path::new(""));
+            let mut file = || match files.len() {
+                0 => random_path(rng),
+                n if rng.gen_bool(0.9) => files[rng.gen_range(0..n)].clone(),
+                _ => random_path(rng),
+            };
+            let (a, b) = (file(), file());
+            Op::CopyRange(a, rng.gen_range(0..20000), b, rng.gen_range(0..50000), len)
+        }
     }
 }
 
@@ -102,6 +143,7 @@ enum Outcome {
     Names(Vec<String>),
     Err(Option<i32>),
     Fifo,
+    Copied(usize),
 }
 
 fn apply(root: &Path, op: &Op) -> Outcome {
@@ -112,7 +154,13 @@ fn apply(root: &Path, op: &Op) -> Outcome {
     | Op::Append(p, _)
     | Op::WriteAt(p, _, _)
     | Op::Truncate(p, _)
-    | Op::Read(p) = op
+    | Op::Read(p)
+    | Op::CopyRange(p, ..) = op
+        && fs::metadata(at(p)).is_ok_and(|m| m.file_type().is_fifo())
+    {
+        return Outcome::Fifo;
+    }
+    if let Op::CopyRange(_, _, p, _, _) = op
         && fs::metadata(at(p)).is_ok_and(|m| m.file_type().is_fifo())
     {
         return Outcome::Fifo;
@@ -149,6 +197,26 @@ fn apply(root: &Path, op: &Op) -> Outcome {
                     .map_err(io::Error::from)?
             }
             Op::Read(p) => return Ok(Outcome::Data(Bytes(fs::read(at(p))?))),
+            Op::CopyRange(a, from, b, to, len) => {
+                let src = fs::File::open(at(a))?;
+                let dst = OpenOptions::new().write(true).open(at(b))?;
+                let (mut from, mut to) = (*from as i64, *to as i64);
+                // SAFETY: both descriptors are open for the call and the offsets are locals.
+                let n = unsafe {
+                    libc::copy_file_range(
+                        src.as_raw_fd(),
+                        &mut from,
+                        dst.as_raw_fd(),
+                        &mut to,
+                        *len,
+                        0,
+                    )
+                };
+                if n < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                return Ok(Outcome::Copied(n as usize));
+            }
             Op::List(p) => {
                 let mut names: Vec<String> = fs::read_dir(at(p))?
                     .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
@@ -180,7 +248,7 @@ fn run(seed: u64, mapping: &str, ops: usize) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut log = Vec::new();
     for i in 0..ops {
-        let op = draw(&mut rng);
+        let op = draw(&mut rng, reference.path());
         let ours = apply(m.path(), &op);
         let theirs = apply(reference.path(), &op);
         log.push(format!("{op:?} -> {theirs:?}"));

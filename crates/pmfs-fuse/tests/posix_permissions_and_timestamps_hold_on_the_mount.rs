@@ -118,6 +118,14 @@ fn privilege_bits_are_cleared_and_inherited_as_posix_says() {
         assert_eq!(mode(&m.join("suid")), 0o777, "{cmd}");
     }
 
+    // And a copy into the file: coreutils' cat copies with copy_file_range, which the daemon
+    // serves, into a descriptor opened without O_TRUNC or O_APPEND here.
+    fs::write(m.join("plain"), b"copied").unwrap();
+    chmod(&m.join("suid"), 0o6777);
+    assert!(as_nobody(&format!("cat {} 1<> {}", q("plain"), q("suid"))));
+    assert_eq!(mode(&m.join("suid")), 0o777);
+    assert!(fs::read(m.join("suid")).unwrap().starts_with(b"copied"));
+
     // Set-group-ID without group-execute marks mandatory locking, not a privilege: it stays.
     chmod(&m.join("suid"), 0o2666);
     assert!(as_nobody(&format!("echo appended >> {}", q("suid"))));

@@ -165,6 +165,67 @@ fn seeks_agree_with_the_layout_across_lookup_chunks() {
     }
 }
 
+/// `copy_range` copies bytes (holes as zeros) in several pieces, stops at the end of the
+/// source, works within one file, and needs a readable source and a writable target.
+#[test]
+fn ranges_copy_between_and_within_files() {
+    const B: u64 = 4096;
+    let src_len = 3 * (1 << 20) + 5;
+    let data: Vec<u8> = (0..src_len).map(|i| (i * 7 + i / 4096) as u8).collect();
+    for kind in KINDS {
+        let (vol, _media) = fresh(kind);
+        let create = |name: &[u8]| {
+            vol.create_open(vol.root(), name, 0o644, Owner::default(), true, RW)
+                .unwrap()
+                .1
+        };
+        let (src, dst) = (create(b"src"), create(b"dst"));
+        src.write_at(&data, 0).unwrap();
+        dst.write_at(&[9u8; 100], 0).unwrap();
+        // Asking for more than there is copies to the source's end, over several pieces.
+        assert_eq!(
+            src.copy_range(0, &dst, 100, u64::MAX).unwrap(),
+            src_len as u64
+        );
+        let mut back = vec![0u8; 100 + src_len];
+        assert_eq!(dst.read_at(&mut back, 0).unwrap(), back.len());
+        assert!(back[..100].iter().all(|&b| b == 9));
+        assert!(back[100..] == data[..], "{kind:?}: copied bytes differ");
+        assert_eq!(src.copy_range(src_len as u64, &dst, 0, 10).unwrap(), 0);
+
+        // A hole in the source arrives as zeros over older bytes.
+        let sparse = create(b"sparse");
+        sparse.set_len(8 * B).unwrap();
+        sparse.write_at(b"end", 8 * B).unwrap();
+        assert_eq!(sparse.copy_range(B, &dst, 0, 7 * B + 3).unwrap(), 7 * B + 3);
+        let mut head = vec![1u8; (7 * B + 3) as usize];
+        dst.read_at(&mut head, 0).unwrap();
+        assert!(head[..(7 * B) as usize].iter().all(|&b| b == 0));
+        assert_eq!(&head[(7 * B) as usize..], b"end");
+
+        // Within one file, between ranges that do not overlap.
+        src.copy_range(0, &src, 2 << 20, 4 * B + 1).unwrap();
+        let mut moved = vec![0u8; (4 * B + 1) as usize];
+        src.read_at(&mut moved, 2 << 20).unwrap();
+        assert!(moved[..] == data[..moved.len()]);
+
+        // Handles without the access a copy needs.
+        let ro = OpenMode { write: false, ..RW };
+        let wo = OpenMode { read: false, ..RW };
+        let src_ino = src.ino();
+        let read_only = vol.open_ino(src_ino, ro).unwrap();
+        let write_only = vol.open_ino(src_ino, wo).unwrap();
+        assert!(matches!(
+            dst.copy_range(0, &read_only, 0, 1),
+            Err(Error::BadHandle(_))
+        ));
+        assert!(matches!(
+            write_only.copy_range(0, &dst, 0, 1),
+            Err(Error::BadHandle(_))
+        ));
+    }
+}
+
 #[test]
 fn holes_are_found_made_and_filled() {
     const B: u64 = 4096;

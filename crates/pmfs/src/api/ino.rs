@@ -677,6 +677,9 @@ pub enum SeekTarget {
     Hole,
 }
 
+/// The largest piece [`OpenNode::copy_range`] reads and writes at a time.
+const COPY_CHUNK: u64 = 1 << 20;
+
 /// How many blocks a seek or a usage scan looks up at once, at most.
 const SEEK_CHUNK: u64 = 4096;
 
@@ -726,6 +729,29 @@ impl OpenNode {
             return Err(Error::BadHandle("file not opened for writing"));
         }
         self.fs.write_at(&self.node, buf, offset)
+    }
+
+    /// Copies up to `len` bytes at `offset` of this file to `to_offset` of `to` (which may be
+    /// this file, at a range that does not overlap) and returns how many it copied: fewer only
+    /// when this file ends first. Holes are copied as zeros. The copy goes in pieces of at
+    /// most 1 MiB, each one atomic and durable write, so a crash can leave a prefix of the
+    /// copy behind (as `copy_file_range(2)` can).
+    pub fn copy_range(&self, offset: u64, to: &OpenNode, to_offset: u64, len: u64) -> Result<u64> {
+        if !to.mode.write {
+            return Err(Error::BadHandle("file not opened for writing"));
+        }
+        let mut buf = vec![0u8; len.min(COPY_CHUNK) as usize];
+        let mut done = 0;
+        while done < len {
+            let want = (len - done).min(COPY_CHUNK) as usize;
+            let n = self.read_at(&mut buf[..want], offset + done)?;
+            if n == 0 {
+                break;
+            }
+            to.write_at(&buf[..n], to_offset + done)?;
+            done += n as u64;
+        }
+        Ok(done)
     }
 
     /// Appends `buf` at the end of the file as one atomic, durable update: the end is the size
