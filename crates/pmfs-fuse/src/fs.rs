@@ -33,6 +33,10 @@
 //!   writes and O_TRUNC opens, changes of owner, truncations, fallocate and copies by callers
 //!   other than root. In exchange the kernel stops asking for `security.capability` before every
 //!   write (it asks once per inode, and still removes file capabilities itself).
+//! - **Appends go to the real end.** A WRITE on an `O_APPEND` description appends at the
+//!   size the file has, not at the offset the kernel chose from the size it cached, which a
+//!   preload client may have changed since. (So `pwritev2(RWF_NOAPPEND)` on such a
+//!   description appends too, and `RWF_APPEND` on another one writes at the kernel's size.)
 //! - **Copies stay in the daemon.** COPY_FILE_RANGE (what `cp` and `cat` use between files
 //!   on the mount) is one request that the daemon serves with the engine's
 //!   [`OpenNode::copy_range`], instead of the kernel's fallback of a READ and a WRITE request
@@ -620,7 +624,7 @@ impl Filesystem for PmfsFs {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -633,7 +637,14 @@ impl Filesystem for PmfsFs {
         {
             return reply.error(errno(&e));
         }
-        match f.write_at(data, offset) {
+        // On an O_APPEND description the kernel puts the write at the size it last saw, which
+        // is stale when a preload client grew the file since: append at the real end instead.
+        let r = if flags.0 & libc::O_APPEND != 0 {
+            f.append(data).map(|_| data.len())
+        } else {
+            f.write_at(data, offset)
+        };
+        match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
         }

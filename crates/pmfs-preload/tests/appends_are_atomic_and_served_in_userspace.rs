@@ -5,14 +5,18 @@
 //! descriptors' offsets: on a pmfs mount the transcript and the file are the same with and
 //! without the library and the same as on a local directory. Then several processes append
 //! variable-length records to one file at once: every record is there exactly once, whole.
-//! The counters show each of those appends was served in userspace.
+//! The counters show each of those appends was served in userspace. Last, a process on the
+//! kernel path appends after a library client grew the file: its bytes land after that
+//! growth, not at the size the kernel had cached.
 
 mod common;
 
 use std::collections::BTreeSet;
+use std::fs::OpenOptions;
+use std::io::Write;
 use std::process::Command;
 
-use common::{Mounted, TempDir, compile, counters, library, runs_agree};
+use common::{Mounted, TempDir, With, compile, counters, library, runs_agree, sh_ok};
 
 #[test]
 fn appends_give_the_kernels_results_and_offsets() {
@@ -73,5 +77,31 @@ fn concurrent_appenders_never_overwrite_each_other() {
     let c = counters(&stats);
     assert_eq!(c.processes, WRITERS as u64, "{c:?}");
     assert!(c.served >= (WRITERS * RECORDS) as u64, "{c:?}");
+    m.unmount_and_fsck();
+}
+
+#[test]
+fn kernel_path_appends_land_after_what_a_library_client_appended() {
+    let work = TempDir::new("append-mixed");
+    let m = Mounted::new("append-mixed", "64M", "hashfs");
+    let path = m.path().join("log");
+    std::fs::write(&path, vec![b'a'; 1 << 20]).unwrap();
+    // This process appends through the kernel, which has seen the file at 1 MiB (opening it
+    // asked the daemon for its attributes).
+    let mut kernel = OpenOptions::new().append(true).open(&path).unwrap();
+    let stats = work.path().join("stats");
+    sh_ok(
+        m.path(),
+        "dd if=/dev/zero of=log bs=1M count=3 oflag=append conv=notrunc status=none",
+        With::Library(&stats),
+    );
+    assert!(counters(&stats).served >= 3, "{:?}", counters(&stats));
+    kernel.write_all(b"TAIL").unwrap();
+    drop(kernel);
+    let data = std::fs::read(&path).unwrap();
+    assert_eq!(data.len(), (4 << 20) + 4, "an append overwrote another");
+    assert!(data[..1 << 20].iter().all(|&b| b == b'a'));
+    assert!(data[1 << 20..4 << 20].iter().all(|&b| b == 0));
+    assert_eq!(&data[4 << 20..], b"TAIL");
     m.unmount_and_fsck();
 }
