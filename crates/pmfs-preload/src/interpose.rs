@@ -2,7 +2,9 @@
 //!
 //! Data calls (the read/write family, `lseek`, sync, truncate, allocate, `fstat`, `mmap`)
 //! note whether their descriptor is a pmfs file; on a pmfs file served in userspace (module
-//! `served`) they are answered there when they can be, else forwarded. `munmap`, `msync` and
+//! `served`) they are answered there when they can be, else forwarded. Copies inside the
+//! kernel (`copy_file_range`, `sendfile`, `splice`) are forwarded after the kernel has
+//! fetched the size of a pmfs input. `munmap`, `msync` and
 //! `mremap` forward and keep the table of mappings served from the pool (module `mapped`). Calls that make, copy or
 //! remove descriptors forward first and then update the descriptor table from the result.
 //! What the program sees is what the kernel path would give it.
@@ -123,6 +125,53 @@ served_calls! {
 forwarded_calls! {
     fn preadv2(fd, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
     fn pwritev2(fd, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
+}
+
+/// Before a forwarded call that copies from `fd_in` to `fd_out` inside the kernel
+/// (`copy_file_range`, `sendfile`, `splice`): notes the call, and if `fd_in` is a pmfs file,
+/// has the kernel fetch its attributes. Those calls stop at the size the kernel last saw,
+/// without asking the daemon as a `read` past it does, and served writes and truncations
+/// change the size behind the kernel's back. A forwarded `fstat` asks the daemon (the mount
+/// caches no file attributes) and leaves the answer in the kernel's inode. `errno` is kept.
+fn before_kernel_copy(fd_in: c_int, fd_out: c_int) {
+    if note_data_call(fd_in) {
+        let saved = crate::errno();
+        let mut st = core::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: `st` is a writable `stat` buffer; the result is not used.
+        unsafe { real::fstat(fd_in, st.as_mut_ptr()) };
+        crate::set_errno(saved);
+    } else {
+        note_data_call(fd_out);
+    }
+}
+
+/// Copies inside the kernel from descriptor `$in` to `$out`: forwarded after
+/// [`before_kernel_copy`].
+macro_rules! kernel_copies {
+    ($(fn $name:ident($($arg:ident: $ty:ty),*) from $in:ident to $out:ident;)*) => {$(
+        #[doc = concat!("`", stringify!($name), "`: forwarded, after the kernel learned the \
+            input's size.")]
+        ///
+        /// # Safety
+        /// The C function's contract.
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> ssize_t {
+            before_kernel_copy($in, $out);
+            // SAFETY: the caller's arguments, forwarded under the same contract.
+            unsafe { real::$name($($arg),*) }
+        }
+    )*};
+}
+
+kernel_copies! {
+    fn copy_file_range(fd_in: c_int, off_in: *mut i64, fd_out: c_int, off_out: *mut i64,
+        len: size_t, flags: c_uint) from fd_in to fd_out;
+    fn splice(fd_in: c_int, off_in: *mut i64, fd_out: c_int, off_out: *mut i64, len: size_t,
+        flags: c_uint) from fd_in to fd_out;
+    fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, count: size_t)
+        from in_fd to out_fd;
+    fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut i64, count: size_t)
+        from in_fd to out_fd;
 }
 
 /// Writes served attributes `$st` ([`served::Stat`]) into `$buf`, a `stat` or `stat64`

@@ -131,9 +131,13 @@
 //!   one process are not told apart (kernel path for the rest).
 //! - Functions not interposed: `fopen`'s and other stdio opens and reads (glibc calls its
 //!   internal functions: stdio streams on pmfs files take the kernel path), `fstatat` with
-//!   `AT_EMPTY_PATH` (kernel path), `posix_fallocate`,
-//!   `copy_file_range`, `sendfile`, `splice`, and raw `syscall(SYS_close, …)`. A recorded
-//!   descriptor closed by a raw system call and reused would keep a stale entry.
+//!   `AT_EMPTY_PATH` (kernel path), `posix_fallocate`, and raw `syscall(SYS_close, …)`. A
+//!   recorded descriptor closed by a raw system call and reused would keep a stale entry.
+//!   `copy_file_range`, `sendfile` and `splice` are forwarded, after a forwarded `fstat` of a
+//!   pmfs input (the kernel copies only up to the size it last saw).
+//! - A process that does not use the library and keeps a file open while a library client
+//!   grows it sees the new size at its next `stat` or `read`; its `copy_file_range`,
+//!   `sendfile` and `splice` from the file stop at the size its kernel saw last before them.
 //! - Children made without glibc's `fork` (`_Fork`, raw `clone`) run no `pthread_atfork`
 //!   handler: they never write the table, and must not use served descriptors.
 //! - mountinfo is read again only for files on anonymous devices not seen before; after 64

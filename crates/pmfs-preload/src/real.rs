@@ -170,11 +170,11 @@ fn slot_value(slot: &AtomicUsize) -> Option<usize> {
 }
 
 use libc::{
-    AT_FDCWD, O_CREAT, O_TRUNC, O_WRONLY, SYS_close, SYS_close_range, SYS_dup, SYS_dup3,
-    SYS_fallocate, SYS_fcntl, SYS_fdatasync, SYS_fstat, SYS_fsync, SYS_ftruncate, SYS_lseek,
-    SYS_mmap, SYS_mremap, SYS_msync, SYS_munmap, SYS_newfstatat, SYS_openat, SYS_pread64,
-    SYS_preadv, SYS_preadv2, SYS_pwrite64, SYS_pwritev, SYS_pwritev2, SYS_read, SYS_readv,
-    SYS_statx, SYS_write, SYS_writev, syscall,
+    AT_FDCWD, O_CREAT, O_TRUNC, O_WRONLY, SYS_close, SYS_close_range, SYS_copy_file_range, SYS_dup,
+    SYS_dup3, SYS_fallocate, SYS_fcntl, SYS_fdatasync, SYS_fstat, SYS_fsync, SYS_ftruncate,
+    SYS_lseek, SYS_mmap, SYS_mremap, SYS_msync, SYS_munmap, SYS_newfstatat, SYS_openat,
+    SYS_pread64, SYS_preadv, SYS_preadv2, SYS_pwrite64, SYS_pwritev, SYS_pwritev2, SYS_read,
+    SYS_readv, SYS_sendfile, SYS_splice, SYS_statx, SYS_write, SYS_writev, syscall,
 };
 
 syscall_backed! {
@@ -223,6 +223,16 @@ syscall_backed! {
         syscall(SYS_fallocate, fd, mode, off, len);
     fn fallocate64(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int =
         syscall(SYS_fallocate, fd, mode, off, len);
+    fn copy_file_range(fd_in: c_int, off_in: *mut i64, fd_out: c_int, off_out: *mut i64,
+        len: size_t, flags: c_uint) -> ssize_t =
+        syscall(SYS_copy_file_range, fd_in, off_in, fd_out, off_out, len, flags);
+    fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, count: size_t) -> ssize_t =
+        syscall(SYS_sendfile, out_fd, in_fd, off, count);
+    fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut i64, count: size_t) -> ssize_t =
+        syscall(SYS_sendfile, out_fd, in_fd, off, count);
+    fn splice(fd_in: c_int, off_in: *mut i64, fd_out: c_int, off_out: *mut i64, len: size_t,
+        flags: c_uint) -> ssize_t =
+        syscall(SYS_splice, fd_in, off_in, fd_out, off_out, len, flags);
     fn fstat(fd: c_int, buf: *mut libc::stat) -> c_int = syscall(SYS_fstat, fd, buf);
     fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int = syscall(SYS_fstat, fd, buf);
     fn __fxstat(ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int =

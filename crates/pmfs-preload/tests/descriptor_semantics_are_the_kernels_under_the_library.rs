@@ -7,6 +7,10 @@
 //! constructor before `main` — and prints a transcript. On a pmfs mount the transcript and the files are the same with and without the
 //! library, and the same as on a local directory (except one call the daemon refuses, see
 //! below).
+//!
+//! A second program (`programs/copies.c`) grows and shrinks a file with calls the library
+//! serves, then copies it with calls it forwards (copy_file_range, sendfile, splice): the
+//! kernel must copy up to the size the file has, not the one it last saw.
 
 mod common;
 
@@ -35,5 +39,14 @@ fn descriptor_calls_give_the_same_results_with_and_without_the_library() {
     assert_eq!(c.pmfs_fds, 5, "{c:?}");
     assert!(c.pmfs_calls >= 60, "{c:?}");
     assert!(c.served >= 40, "{c:?}");
+    m.unmount_and_fsck();
+}
+
+#[test]
+fn forwarded_copies_see_the_size_the_library_gave_the_file() {
+    let ((transcript, _), c, m) = runs_agree("copies", str::to_owned);
+    assert!(!transcript.contains("errno"), "{transcript}");
+    // The writes, truncations and fstat calls were served; the copies were forwarded.
+    assert!(c.served >= 7, "{c:?}");
     m.unmount_and_fsck();
 }

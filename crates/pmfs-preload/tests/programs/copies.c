@@ -1,0 +1,88 @@
+/* Calls the library forwards to the kernel that read a file: copy_file_range, sendfile and
+ * splice. A file is grown with write and ftruncate (served in userspace under the library,
+ * so the kernel never saw its new size) and then copied with each of them; the transcript
+ * (bytes copied, checksums of the copies) must not depend on whether the library is loaded. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/sendfile.h>
+#include <unistd.h>
+
+#include "transcript.h"
+
+#define BIG (3 << 20)
+
+static long copy_all(int from, int to) {
+    loff_t in = 0, out = 0;
+    long total = 0;
+    for (;;) {
+        ssize_t n = copy_file_range(from, &in, to, &out, 8 << 20, 0);
+        if (n <= 0)
+            return n < 0 ? -1 : total;
+        total += n;
+    }
+}
+
+static long send_all(int from, int to) {
+    off_t in = 0;
+    long total = 0;
+    for (;;) {
+        ssize_t n = sendfile(to, from, &in, 8 << 20);
+        if (n <= 0)
+            return n < 0 ? -1 : total;
+        total += n;
+    }
+}
+
+/* Splices what lies from `off` to the end of `from` into a pipe; returns how much came. */
+static long splice_tail(int from, loff_t off) {
+    int p[2];
+    if (pipe(p) != 0)
+        return -1;
+    ssize_t n = splice(from, &off, p[1], NULL, 65536, 0);
+    close(p[0]);
+    close(p[1]);
+    return n;
+}
+
+/* Copies `src` into a new file `name` with `copy` and prints the count and the checksum. */
+static void copy_with(int src, long size, const char *stage, const char *name,
+                      long (*copy)(int, int)) {
+    char what[64];
+    int to = open(name, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    snprintf(what, sizeof what, "%s: %s", stage, name);
+    show(what, copy(src, to));
+    snprintf(what, sizeof what, "%s: %s bytes", stage, name);
+    sum_at(to, what, 0, (size_t)size + 1);
+    close(to);
+}
+
+static void copies(int src, const char *stage) {
+    char what[64];
+    long size = size_of(src);
+    snprintf(what, sizeof what, "%s: size", stage);
+    show(what, size);
+    copy_with(src, size, stage, "copy_file_range", copy_all);
+    copy_with(src, size, stage, "sendfile", send_all);
+    snprintf(what, sizeof what, "%s: splice last 100", stage);
+    show(what, splice_tail(src, size - 100));
+}
+
+int main(void) {
+    char *buf = malloc(BIG);
+    for (size_t i = 0; i < BIG; i++)
+        buf[i] = (char)(i * 13 + i / 4096);
+    int src = open("src", O_RDWR | O_CREAT | O_TRUNC, 0644);
+    show("open", src >= 0);
+    show("write 4096", write(src, buf, 4096));
+    copies(src, "small");
+    show("write 3 MiB", write(src, buf, BIG));
+    copies(src, "grown");
+    show("ftruncate +5000", ftruncate(src, 4096 + BIG + 5000));
+    copies(src, "extended");
+    show("ftruncate 10000", ftruncate(src, 10000));
+    copies(src, "shrunk");
+    free(buf);
+    return close(src) != 0;
+}
