@@ -56,11 +56,16 @@
 //! slots, and in HashFS a slot *is* a data block, so moving an entry would move the file's
 //! data. Tombstones also suit PM and concurrency: a removal is one 8-byte CAS (atomic on a
 //! crash, never blocks readers), whereas backward shift rewrites a chain of slots that a
-//! concurrent lookup may be walking. Their cost is longer walks; [`HashFs::purge_tombstones`]
-//! turns every tombstone that directly precedes an empty slot back into an empty slot, which
-//! is safe at any crash point (no live entry lies between such a tombstone and the empty
-//! slot), but needs exclusive access (`&mut self`; at mount or fsck time). Inserts reuse
-//! tombstones, so tombstones never cost space.
+//! concurrent lookup may be walking. Inserts reuse tombstones, so tombstones never cost
+//! space; their cost is longer walks. Worse, nothing but a purge makes a slot empty again,
+//! while an insert whose walk meets an empty slot before a tombstone takes the empty one: a
+//! table that is filled to half and emptied a few times over has no empty slot left, and
+//! every lookup that misses walks the whole table. [`HashFs::purge_tombstones`] (and
+//! [`HashFs::purge_exclusive`], which the engine runs at every writable mount of the
+//! volume's owner) empties every tombstone that lies on no live entry's walk. That is safe at
+//! any crash point, but needs exclusive access: an insert walking concurrently may have
+//! passed the slot while it was live and claim a slot after it. Within one mount the table
+//! still wears; a purge that runs beside inserts is not built.
 //!
 //! # Crash protocol
 //!
@@ -797,36 +802,58 @@ impl<M: Media> HashFs<M> {
         self.occupancy().map(|o| o.free())
     }
 
-    /// Turns every tombstone that precedes an empty slot (through a run of tombstones) back
-    /// into an empty slot, shortening probe sequences. Returns how many slots it emptied.
+    /// Turns every tombstone that no walk needs back into an empty slot, and returns how
+    /// many it emptied. A tombstone is needed when it lies between a live entry and that
+    /// entry's home; any other one only lengthens the walks of lookups that miss, and a long
+    /// life of writes and removals can leave a table with no empty slot at all, where every
+    /// miss walks the whole table.
     ///
-    /// Needs exclusive use of the table: `&mut self` excludes other users in this process;
-    /// the caller must also keep other processes out (mount or fsck time). Crash-safe at every
-    /// point: no live entry lies between a purged tombstone and the empty slot after it.
+    /// Two passes over the table and no memory: the first finds the entries whose walk wraps
+    /// past the end of the table, the second walks backwards keeping the smallest home among
+    /// the entries after the slot. Needs exclusive use of the table: `&mut self` excludes
+    /// other users in this process; the caller must also keep other processes out (mount or
+    /// fsck time, see [`HashFs::purge_exclusive`]). Crash-safe at every point: an emptied slot
+    /// lies on no live entry's walk, so no lookup stops early at it.
     pub fn purge_tombstones(&mut self) -> Result<u64> {
-        let mut start = None;
-        for i in 0..self.slots {
-            if self.load(i)?.1 == Slot::Empty {
-                start = Some(i);
-                break;
+        self.purge_exclusive()
+    }
+
+    /// [`HashFs::purge_tombstones`] through a shared reference, for the owner of a pool at
+    /// mount, before it lets any other thread or process use the table.
+    pub fn purge_exclusive(&self) -> Result<u64> {
+        let n = self.slots;
+        let home = |s: Slot| match s {
+            Slot::Tentative(k) | Slot::Committed(k) | Slot::Staged(k) => {
+                Some(self.home(file_seed(k.ino, self.salt), k.lblk))
+            }
+            Slot::Empty | Slot::Tombstone => None,
+        };
+        // An entry whose home lies after it wrapped: it needs [home, n) and [0, slot).
+        let (mut wrap_from, mut wrap_to) = (n, 0);
+        for i in 0..n {
+            if let Some(h) = home(self.load(i)?.1)
+                && h > i
+            {
+                wrap_from = wrap_from.min(h);
+                wrap_to = wrap_to.max(i);
             }
         }
-        let Some(start) = start else {
-            return Ok(0);
-        };
+        // The smallest home of the entries after slot `i` that did not wrap.
+        let mut min_home = n;
         let mut purged = 0;
-        let mut after_empty = true;
-        let mut i = start;
-        for _ in 1..self.slots {
-            i = if i == 0 { self.slots - 1 } else { i - 1 };
-            match self.load(i)?.1 {
-                Slot::Empty => after_empty = true,
-                Slot::Tombstone if after_empty => {
+        for i in (0..n).rev() {
+            let s = self.load(i)?.1;
+            if s == Slot::Tombstone {
+                let needed = i < wrap_to || i >= wrap_from || min_home <= i;
+                if !needed {
                     self.media.store_u64(self.slot_off(i), 0)?;
                     self.media.flush(self.slot_off(i), 8)?;
                     purged += 1;
                 }
-                _ => after_empty = false,
+            } else if let Some(h) = home(s)
+                && h <= i
+            {
+                min_home = min_home.min(h);
             }
         }
         self.media.fence();
@@ -1216,6 +1243,131 @@ mod tests {
         t.remove_file(&g).unwrap();
         assert_eq!(t.purge_tombstones().unwrap(), 14 - purged + 14);
         assert_eq!(t.occupancy().unwrap().empty, 32);
+    }
+
+    /// After writes and removals fill a table to the last slot (no empty slot left, where
+    /// every miss walks the whole table), the purge empties exactly the tombstones no walk
+    /// needs, and every entry is still found.
+    #[test]
+    fn purge_empties_exactly_the_unneeded_tombstones_of_a_full_table() {
+        let mut total = 0;
+        for seed in 1..=20u64 {
+            let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut next = |m: u64| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng % m
+            };
+            let slots = 64 + next(200);
+            let mut t = table(slots);
+            let files: Vec<_> = (1..=3).map(|ino| file(&t, ino)).collect();
+            let mut out = Vec::new();
+            // Single-block inserts at scattered offsets until the table is full.
+            let mut live = Vec::new();
+            while t.occupancy().unwrap().free() > 0 {
+                let f = next(3) as usize;
+                let l = next(10_000);
+                if !live.contains(&(f, l)) {
+                    t.insert(&files[f], l, 1, &mut out).unwrap();
+                    live.push((f, l));
+                }
+            }
+            // Remove about half, leaving tombstones everywhere and no empty slot.
+            let mut kept = Vec::new();
+            for (f, l) in live {
+                if next(2) == 0 {
+                    assert_eq!(t.remove(&files[f], l, 1).unwrap(), 1);
+                } else {
+                    kept.push((f, l));
+                }
+            }
+            assert_eq!(t.occupancy().unwrap().empty, 0, "seed {seed}");
+            let before: Vec<_> = kept
+                .iter()
+                .map(|&(f, l)| blocks(&t, &files[f], l, 1))
+                .collect();
+
+            // The tombstones on no live entry's walk, by brute force.
+            let n = t.slots;
+            let walks: Vec<(u64, u64)> = (0..n)
+                .filter_map(|p| match t.load(p).unwrap().1 {
+                    Slot::Committed(k) => Some((t.home(file_seed(k.ino, t.salt), k.lblk), p)),
+                    _ => None,
+                })
+                .collect();
+            let unneeded: Vec<u64> = (0..n)
+                .filter(|&i| {
+                    t.load(i).unwrap().1 == Slot::Tombstone
+                        && !walks
+                            .iter()
+                            .any(|&(h, p)| (i + n - h) % n < (p + n - h) % n)
+                })
+                .collect();
+
+            assert_eq!(
+                t.purge_tombstones().unwrap(),
+                unneeded.len() as u64,
+                "seed {seed}"
+            );
+            total += unneeded.len();
+            for i in 0..n {
+                let empty = t.load(i).unwrap().1 == Slot::Empty;
+                assert_eq!(empty, unneeded.contains(&i), "seed {seed}: slot {i}");
+            }
+            for (i, &(f, l)) in kept.iter().enumerate() {
+                assert_eq!(
+                    blocks(&t, &files[f], l, 1),
+                    before[i],
+                    "seed {seed}: lost {l}"
+                );
+            }
+            assert_eq!(
+                t.purge_tombstones().unwrap(),
+                0,
+                "seed {seed}: a second purge"
+            );
+        }
+        assert!(total > 20, "only {total} tombstones were unneeded");
+    }
+
+    /// Churn at half load wears the empty slots away (inserts take an empty slot whenever
+    /// their walk meets one before a tombstone; only a purge makes slots empty), until a miss
+    /// walks most of the table. The purge at mount gives them back.
+    #[test]
+    fn churn_wears_empty_slots_away_and_the_purge_restores_them() {
+        let slots = 512;
+        let mut t = table(slots);
+        let files: Vec<_> = (1..=8).map(|ino| file(&t, ino)).collect();
+        let mut out = Vec::new();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        for round in 0..64u64 {
+            // Half the table in runs of 1 to 16 blocks at fresh offsets, then all removed.
+            let mut made = Vec::new();
+            let mut used = 0;
+            while used < slots / 2 {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let (f, len) = ((rng % 8) as usize, 1 + (rng >> 8) % 16);
+                let lblk = round * 100_000 + used;
+                t.insert(&files[f], lblk, len, &mut out).unwrap();
+                made.push((f, lblk, len));
+                used += len;
+            }
+            for (f, lblk, len) in made {
+                assert_eq!(t.remove(&files[f], lblk, len).unwrap(), len);
+            }
+        }
+        let worn = t.occupancy().unwrap();
+        assert_eq!(worn.committed, 0);
+        assert!(
+            worn.empty < slots / 20,
+            "{} of {slots} slots still empty",
+            worn.empty
+        );
+        assert_eq!(t.purge_tombstones().unwrap(), worn.tombstones);
+        assert_eq!(t.occupancy().unwrap().empty, slots);
     }
 
     #[test]

@@ -81,6 +81,8 @@ pub struct MountReport {
     pub dropped_entries: u32,
     /// Orphan inodes freed.
     pub orphans_freed: u32,
+    /// HashFS slots that were tombstones on no entry's walk and became empty.
+    pub tombstones_purged: u64,
 }
 
 /// The engine. Shared by the [`Volume`](crate::Volume) and every open file.
@@ -314,6 +316,12 @@ impl Fs {
             }
             m.store_u64(MOUNT_STATE_OFF, STATE_DIRTY)?;
             m.persist(MOUNT_STATE_OFF, 8)?;
+            // The owner is alone with the table until this returns (its lock keeps other
+            // owners out, and clients attach through it later): empty the tombstones no walk
+            // needs, before the log digest below walks for blocks that have no version yet.
+            if let Stager::Hash(t) = &parts.stage {
+                report.tombstones_purged = t.purge_exclusive()?;
+            }
         }
         let inodes = InodeTable::new(geo);
         let journal = Journal::new(&geo);
