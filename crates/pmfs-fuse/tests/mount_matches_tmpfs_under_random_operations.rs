@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
-use common::{Pool, TempDir, snapshot};
+use common::{Obj, Pool, TempDir, snapshot};
 use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -72,26 +72,6 @@ enum Op {
     CopyRange(String, u64, String, u64, usize),
 }
 
-/// The regular files under `root`/`rel`, as paths relative to `root`, in a stable order.
-fn regular_files(root: &Path, rel: &Path) -> Vec<String> {
-    let Ok(dir) = fs::read_dir(root.join(rel)) else {
-        return Vec::new();
-    };
-    let mut names: Vec<_> = dir.map(|e| e.unwrap().file_name()).collect();
-    names.sort();
-    let mut out = Vec::new();
-    for name in names {
-        let p = rel.join(name);
-        let md = fs::symlink_metadata(root.join(&p)).unwrap();
-        if md.is_file() {
-            out.push(p.to_string_lossy().into_owned());
-        } else if md.is_dir() {
-            out.extend(regular_files(root, &p));
-        }
-    }
-    out
-}
-
 /// The next operation; copies pick their files from `tree` (the reference tree).
 fn draw(rng: &mut SmallRng, tree: &Path) -> Op {
     let p = random_path(rng);
@@ -123,7 +103,11 @@ fn draw(rng: &mut SmallRng, tree: &Path) -> Op {
                 _ => 1 << 20,
             };
             // Mostly between files that exist, which random paths seldom are.
-            let files = regular_files(tree, Path::new(""));
+            let files: Vec<String> = snapshot(tree)
+                .into_iter()
+                .filter(|(_, o)| matches!(o, Obj::File { .. }))
+                .map(|(p, _)| p.to_string_lossy().into_owned())
+                .collect();
             let mut file = || match files.len() {
                 0 => random_path(rng),
                 n if rng.gen_bool(0.9) => files[rng.gen_range(0..n)].clone(),
