@@ -105,7 +105,7 @@ fn a_pool_from_a_future_format_version_is_unsupported() {
     // backup copy in block 1. A future build bumps the version and reseals both copies.
     let mut img = original.clone();
     for base in [0usize, 4096] {
-        img[base + 8..base + 12].copy_from_slice(&4u32.to_le_bytes());
+        img[base + 8..base + 12].copy_from_slice(&5u32.to_le_bytes());
         let crc = crc32c(&img[base..base + 248]);
         img[base + 248..base + 252].copy_from_slice(&crc.to_le_bytes());
     }
@@ -131,7 +131,7 @@ fn a_pool_from_a_future_format_version_is_unsupported() {
     // Only the primary from the future (backup still current): still refused, the
     // backup is not taken as a way around the version.
     let mut img = original;
-    img[8..12].copy_from_slice(&4u32.to_le_bytes());
+    img[8..12].copy_from_slice(&5u32.to_le_bytes());
     let crc = crc32c(&img[..248]);
     img[248..252].copy_from_slice(&crc.to_le_bytes());
     assert!(matches!(
@@ -146,10 +146,10 @@ fn a_pool_of_the_previous_format_version_is_upgraded_when_mounted_for_writing() 
     let pool = dir.path("pool");
     // HashFS, which data-only clients attach to.
     make_pool_of(&pool, MappingKind::HashFs);
-    // Version 2 (before log `GROW` entries) in both superblock copies.
+    // Version 3 (before the HashFS purging slot state) in both superblock copies.
     let mut img = std::fs::read(&pool).unwrap();
     for base in [0usize, 4096] {
-        img[base + 8..base + 12].copy_from_slice(&2u32.to_le_bytes());
+        img[base + 8..base + 12].copy_from_slice(&3u32.to_le_bytes());
         let crc = crc32c(&img[base..base + 248]);
         img[base + 248..base + 252].copy_from_slice(&crc.to_le_bytes());
     }
@@ -159,7 +159,7 @@ fn a_pool_of_the_previous_format_version_is_upgraded_when_mounted_for_writing() 
     assert_eq!(ro.read("/d/f").unwrap(), b"pool content");
     drop(ro);
     assert!(fsck::check(region(&img)).unwrap().is_clean());
-    // A data-only client would write what version-2 code cannot read: refused.
+    // A data-only client would write what version-3 code cannot read: refused.
     let attached = Volume::attach(&pool).map(drop);
     assert!(
         matches!(attached, Err(Error::Unsupported(_))),
@@ -171,7 +171,7 @@ fn a_pool_of_the_previous_format_version_is_upgraded_when_mounted_for_writing() 
     vol.close().unwrap();
     let after = std::fs::read(&pool).unwrap();
     for base in [0usize, 4096] {
-        assert_eq!(&after[base + 8..base + 12], &3u32.to_le_bytes());
+        assert_eq!(&after[base + 8..base + 12], &4u32.to_le_bytes());
     }
     let vol = Volume::open(&pool).unwrap();
     assert_eq!(vol.read("/d/f").unwrap(), b"pool content, then more");

@@ -68,6 +68,7 @@ impl<M: Media> HashFs<M> {
                         }
                         self.flush_slots(&claimed)?;
                         self.media.fence();
+                        self.reclaim(&claimed)?;
                         return Err(Error::NoSpace);
                     }
                 }
@@ -105,6 +106,7 @@ impl<M: Media> HashFs<M> {
         }
         self.flush_slots(&freed)?;
         self.media.fence();
+        self.reclaim(&freed)?;
         if raced {
             return Err(Error::InvalidArgument(
                 "staged slot changed by someone else during unstage",
@@ -151,6 +153,7 @@ impl<M: Media> HashFs<M> {
         }
         self.flush_slots(&swept)?;
         self.media.fence();
+        self.reclaim(&swept)?;
         Ok(swept.len() as u64)
     }
 
@@ -323,6 +326,7 @@ impl<M: Media> HashFs<M> {
         }
         self.flush_slots(&gone)?;
         self.media.fence();
+        self.reclaim(&gone)?;
         // Step 2.
         let mut flipped = Vec::with_capacity(wins.len());
         let mut bad = false;
@@ -376,6 +380,7 @@ impl<M: Media> HashFs<M> {
         }
         self.flush_slots(&gone)?;
         self.media.fence();
+        self.reclaim(&gone)?;
         Ok(())
     }
 }
@@ -501,8 +506,9 @@ mod tests {
         assert_eq!(t.occupancy().unwrap().staged, 1);
         t.unstage(&[r]).unwrap();
         assert!(matches!(t.insert_at(&a, r), Err(Error::InvalidArgument(_))));
+        // The given-back slot is emptied again: nothing lies after it.
         let occ = t.occupancy().unwrap();
-        assert_eq!((occ.staged, occ.committed, occ.tombstones), (0, 0, 1));
+        assert_eq!((occ.staged, occ.committed, occ.empty), (0, 0, 64));
     }
 
     #[test]

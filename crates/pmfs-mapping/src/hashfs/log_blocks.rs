@@ -83,9 +83,10 @@ impl<M: Media> LogBlocks<M> {
     /// Tries to make `key` a log block: claims a slot for it as tentative, then walks the
     /// key's whole chain for another slot of the same key (committed, or tentative from a
     /// concurrent claimer). The claim and the walk are separated by a sequentially consistent
-    /// fence, so of two concurrent claimers of one key at least one sees the other (nothing
-    /// makes a slot between a key's home and its slot empty while the table is shared, so
-    /// each walk reaches the other's slot); whoever sees another gives its slot back. The
+    /// fence, so of two concurrent claimers of one key at least one sees the other (once a
+    /// claim is sealed no slot between the key's home and the claimed slot is empty, so the
+    /// walk of the claimer that finishes its seal last reaches the other's slot); whoever
+    /// sees another gives its slot back. The
     /// survivor flips its slot to committed.
     fn try_claim(&self, key: Key) -> Result<Option<u64>> {
         let t = &*self.table;
@@ -113,6 +114,7 @@ impl<M: Media> LogBlocks<M> {
             // Our own tentative claim: nobody else writes it. A crash before this store
             // leaves a tentative slot, which recovery drops.
             t.media.store_u64(off, TOMBSTONE)?;
+            t.reclaim(&[i])?;
             return Ok(None);
         }
         t.media.store_u64(off, key.committed())?;
@@ -158,6 +160,7 @@ impl<M: Media> BlockAllocator for LogBlocks<M> {
         }
         t.flush_slots(&freed)?;
         t.media.fence();
+        t.reclaim(&freed)?;
         if freed.len() != slots.len() {
             return Err(Error::InvalidArgument("log block freed twice"));
         }
@@ -205,6 +208,7 @@ impl<M: Media> BlockAllocator for LogBlocks<M> {
         }
         t.flush_slots(&freed)?;
         t.media.fence();
+        t.reclaim(&freed)?;
         Ok(())
     }
 }

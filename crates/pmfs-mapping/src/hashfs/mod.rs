@@ -57,20 +57,33 @@
 //! data. Tombstones also suit PM and concurrency: a removal is one 8-byte CAS (atomic on a
 //! crash, never blocks readers), whereas backward shift rewrites a chain of slots that a
 //! concurrent lookup may be walking. Inserts reuse tombstones, so tombstones never cost
-//! space; their cost is longer walks. Worse, nothing but a purge makes a slot empty again,
-//! while an insert whose walk meets an empty slot before a tombstone takes the empty one: a
-//! table that is filled to half and emptied a few times over has no empty slot left, and
-//! every lookup that misses walks the whole table. [`HashFs::purge_tombstones`] (and
-//! [`HashFs::purge_exclusive`], which the engine runs at every writable mount of the
-//! volume's owner) empties every tombstone that lies on no live entry's walk. That is safe at
-//! any crash point, but needs exclusive access: an insert walking concurrently may have
-//! passed the slot while it was live and claim a slot after it. Within one mount the table
-//! still wears; a purge that runs beside inserts is not built.
+//! space; their cost is longer walks.
+//!
+//! Tombstones must also be turned back into empty slots: an insert whose walk meets an empty
+//! slot before any tombstone takes the empty one, so if only tombstones were ever made, a
+//! table filled to half and emptied a few times over would have no empty slot left, and every
+//! lookup that misses would walk the whole table. Two mechanisms do it:
+//!
+//! - **Reclaim, online.** A tombstone followed by an empty slot lies on no live entry's walk
+//!   (no empty slot ever lies between an entry and its home, below). So every operation that
+//!   tombstones slots then follows each one's run of tombstones forwards and, if an empty slot
+//!   ends the run, empties the run backwards (`HashFs::reclaim`). Emptying races with
+//!   inserts: an insert may have walked past a slot while it was live, and claim the slot
+//!   after it. Each slot therefore goes tombstone → *purging* → empty, re-checking that the
+//!   next slot is still empty in between; and an insert that claims a slot past its home
+//!   *seals* its walk (`HashFs::seal_walk`): from the claimed slot down to the home, every
+//!   empty or purging slot becomes a tombstone. A fence on each side makes one of the two see
+//!   the other. A claim stays invisible to lookups (tentative or staged) until it is sealed.
+//! - **Purge, at mount.** [`HashFs::purge_tombstones`] (and [`HashFs::purge_exclusive`],
+//!   which the engine runs at every writable mount of the volume's owner) empties every
+//!   tombstone that lies on no live entry's walk, including those a reclaim leaves (runs that
+//!   end at a live entry whose home is after them). It needs exclusive access.
 //!
 //! # Crash protocol
 //!
-//! - A single-block insert is one CAS of a free slot to `committed(ino, lblk)`, then flush and
-//!   fence. A single-block remove is one CAS to the tombstone.
+//! - A single-block insert is one CAS of a free slot to `tentative(ino, lblk)`, a seal, a
+//!   store of `committed(ino, lblk)`, then flush and fence (a crash before the store leaves a
+//!   tentative slot, which recovery drops). A single-block remove is one CAS to the tombstone.
 //! - A multi-block insert reserves an intent record and records `(ino, lblk, end)` in state
 //!   *claiming* (one fence). It claims one slot per block by CAS from free to
 //!   `tentative(ino, lblk)` (invisible to lookups), flushes, fences, switches the record to
@@ -85,8 +98,10 @@
 //!   past: a crash can make a claim durable while an earlier claim on the same chain (of the
 //!   same operation, or of another thread's unfinished one) is lost and reads as empty,
 //!   cutting the chain. Recovery turns every empty slot that lies between a live entry and
-//!   its home into a tombstone. Recovery therefore reads the whole slot table (8 bytes per
-//!   data block), the analogue of the allocator rebuild the other structures need.
+//!   its home into a tombstone; that also repairs a chain whose seal a crash cut short. A
+//!   purging slot becomes a tombstone. Recovery therefore reads the whole slot table (8
+//!   bytes per data block), the analogue of the allocator rebuild the other structures need.
+//!   Reclaims do not flush what they empty: a slot read back as a tombstone is as correct.
 //! - Out of space in the middle of a multi-block insert rolls back in line (claimed slots
 //!   become tombstones), so the call changes nothing and returns [`Error::NoSpace`].
 //!
@@ -94,8 +109,8 @@
 //!
 //! Everything is lock-free and lives in PM, so it holds across processes sharing the pool:
 //! slots are claimed and released with CAS, intent records are reserved with CAS. Two inserts
-//! never claim the same slot; a lookup walking a chain is never cut short, because nothing
-//! but [`HashFs::purge_tombstones`] (exclusive) ever makes a slot empty. As the
+//! never claim the same slot; a lookup walking to a live entry is never cut short, because a
+//! reclaim only empties slots that no sealed claim's walk crosses. As the
 //! [`FileMapping`] contract allows, mutations of one file are not concurrent with one
 //! another; mutations of different files and lookups of any file run in parallel.
 //!
@@ -156,12 +171,14 @@
 mod cow;
 pub mod intent;
 mod log_blocks;
+#[cfg(test)]
+mod races;
 pub mod simd;
 pub mod slot;
 pub mod translation_cache;
 
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, CACHE_LINE, Le64, PmOff, Pod, crc32c};
 use pmfs_core::pm::{Media, MediaExt};
@@ -172,7 +189,7 @@ use self::intent::IntentTable;
 pub use self::log_blocks::{LOG_LBLK_END, LOG_LBLK_FIRST, LogBlocks};
 pub use self::simd::HashKernel;
 use self::simd::{BATCH, file_seed, home_slot, home_slots};
-use self::slot::{Key, Slot, TOMBSTONE};
+use self::slot::{EMPTY, Key, PURGING, Slot, TOMBSTONE};
 pub use self::slot::{LBLK_LIMIT, MAX_INO};
 use self::translation_cache::TranslationCache;
 
@@ -187,6 +204,9 @@ const INSERT_CLAIMING: u8 = 2;
 const INSERT_COMMITTED: u8 = 3;
 const REMOVING: u8 = 4;
 const PROMOTING: u8 = 5;
+/// How far [`HashFs::reclaim`] follows a run of tombstones looking for the empty slot that
+/// would let it empty them (the mount-time purge handles longer runs).
+const RECLAIM_SCAN: u32 = 512;
 
 type Header = [Le64; HEADER_WORDS];
 /// Builds the slot word a walk looks for (or a recovery writes) from a key.
@@ -475,7 +495,10 @@ impl<M: Media> HashFs<M> {
         Ok(None)
     }
 
-    /// Claims the first free slot on the probe sequence from `home` by CAS to `word`.
+    /// Claims the first free slot on the probe sequence from `home` by CAS to `word`, then
+    /// [seals](Self::seal_walk) the walk behind it. `word` must be invisible to lookups
+    /// (tentative or staged): until the seal is done, a lookup may stop short of the slot.
+    /// Callers flush the claimed slot.
     fn claim(&self, home: u64, word: u64) -> Result<Option<u64>> {
         let mut i = home;
         for _ in 0..self.slots {
@@ -483,7 +506,12 @@ impl<M: Media> HashFs<M> {
             let (mut w, mut s) = self.load(i)?;
             while s.is_free() {
                 match self.media.cas_u64(off, w, word)? {
-                    Ok(_) => return Ok(Some(i)),
+                    Ok(_) => {
+                        if i != home {
+                            self.seal_walk(home, i)?;
+                        }
+                        return Ok(Some(i));
+                    }
                     Err(actual) => {
                         w = actual;
                         s = Slot::decode(actual).ok_or(Error::Corrupt {
@@ -496,6 +524,84 @@ impl<M: Media> HashFs<M> {
             i = if i + 1 == self.slots { 0 } else { i + 1 };
         }
         Ok(None)
+    }
+
+    /// Makes every slot of `[home, at)` non-empty for as long as slot `at` stays claimed: an
+    /// empty or purging slot becomes a tombstone (flushed; the caller's fence orders it).
+    /// The claim walked past these slots while they were in use, but a [reclaim](Self::reclaim)
+    /// may have emptied one since. Walks down from `at - 1` after a sequentially consistent
+    /// fence: a reclaim empties slot `k` only after marking it purging and then seeing slot
+    /// `k + 1` empty, so of the two, one sees the other (a Dekker handshake), and by
+    /// induction from `at` down no slot of the walk is left empty.
+    fn seal_walk(&self, home: u64, at: u64) -> Result<()> {
+        fence(Ordering::SeqCst);
+        let mut i = at;
+        while i != home {
+            i = if i == 0 { self.slots - 1 } else { i - 1 };
+            let off = self.slot_off(i);
+            let mut w = self.media.load_u64(off)?;
+            while w == EMPTY || w == PURGING {
+                match self.media.cas_u64(off, w, TOMBSTONE)? {
+                    Ok(_) => {
+                        self.media.flush(off, 8)?;
+                        break;
+                    }
+                    Err(actual) => w = actual,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Turns back into empty slots the tombstones that no walk needs because an empty slot
+    /// follows them, starting from the run of tombstones at each of `freed` (slots just
+    /// tombstoned, durably): the run is followed forwards to its end (at most
+    /// [`RECLAIM_SCAN`] slots) and, if an empty slot ends it, emptied backwards. Each slot
+    /// goes tombstone → purging (CAS), then, after a sequentially consistent fence, back to
+    /// tombstone if the next slot is no longer empty, else to empty (CAS). A
+    /// [seal](Self::seal_walk) that meets a purging slot turns it into a tombstone, which
+    /// makes the last CAS fail. Lock-free and safe beside every other operation; the emptied
+    /// slots are not flushed (a tombstone read back after a crash is as correct, and
+    /// recovery reads a purging slot as one).
+    fn reclaim(&self, freed: &[u64]) -> Result<()> {
+        let next = |i: u64| if i + 1 == self.slots { 0 } else { i + 1 };
+        'runs: for &start in freed {
+            let mut last = start;
+            let mut scanned = 0;
+            loop {
+                let w = self.media.load_u64(self.slot_off(next(last)))?;
+                if w == EMPTY {
+                    break;
+                }
+                scanned += 1;
+                if w != TOMBSTONE || next(last) == start || scanned == RECLAIM_SCAN {
+                    continue 'runs;
+                }
+                last = next(last);
+            }
+            let mut i = last;
+            loop {
+                let off = self.slot_off(i);
+                if self.media.cas_u64(off, TOMBSTONE, PURGING)?.is_err() {
+                    continue 'runs;
+                }
+                fence(Ordering::SeqCst);
+                if self.media.load_u64(self.slot_off(next(i)))? != EMPTY {
+                    // Fails only if a seal already made it a tombstone.
+                    let _ = self.media.cas_u64(off, PURGING, TOMBSTONE)?;
+                    continue 'runs;
+                }
+                if self.media.cas_u64(off, PURGING, EMPTY)?.is_err() {
+                    continue 'runs;
+                }
+                i = if i == 0 { self.slots - 1 } else { i - 1 };
+                // Mostly a live entry: a plain load spares a locked instruction.
+                if self.media.load_u64(self.slot_off(i))? != TOMBSTONE {
+                    continue 'runs;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The slot of committed `(file, lblk)` if the translation cache knows it and PM agrees.
@@ -654,12 +760,13 @@ impl<M: Media> HashFs<M> {
         )
     }
 
-    /// A single-block insert: one CAS, then flush and fence.
+    /// A single-block insert: a CAS to tentative, a store of the committed word, then flush
+    /// and fence.
     fn insert_one(&self, file: &HashFsFile, lblk: u64) -> Result<u64> {
         let home = self.home(file.seed, lblk);
-        let i = self
-            .claim(home, Key::new(file.ino, lblk).committed())?
-            .ok_or(Error::NoSpace)?;
+        let key = Key::new(file.ino, lblk);
+        let i = self.claim(home, key.tentative())?.ok_or(Error::NoSpace)?;
+        self.media.store_u64(self.slot_off(i), key.committed())?;
         self.media.persist(self.slot_off(i), 8)?;
         Ok(i)
     }
@@ -695,6 +802,7 @@ impl<M: Media> HashFs<M> {
             self.flush_slots(&claimed)?;
             self.media.fence();
             intent.finish()?;
+            self.reclaim(&claimed)?;
             return Err(Error::NoSpace);
         }
         self.flush_slots(&claimed)?;
@@ -748,18 +856,20 @@ impl<M: Media> HashFs<M> {
         }
         self.flush_slots(&freed)?;
         self.media.fence();
-        let freed = freed.len() as u64;
         if let Some(rec) = intent {
             rec.finish()?;
         }
-        Ok(freed)
+        self.reclaim(&freed)?;
+        Ok(freed.len() as u64)
     }
 
     /// Tombstones every slot of the files `inos` (their data, log and extended-attribute
     /// blocks, staged and tentative versions too) in one pass over the table: what
     /// [`remove_file`](FileMapping::remove_file) does for each of them, with one scan for all.
     /// Nothing may use these files meanwhile. Durable when it returns; returns the slots
-    /// freed.
+    /// freed. Then empties every tombstone no walk needs ([`HashFs::reclaim_all`]): a batch
+    /// removal is what follows a table filled to the last slot, where the online reclaim,
+    /// which needs an empty slot to start from, can do nothing.
     pub fn remove_files(&self, inos: &std::collections::HashSet<u64>) -> Result<u64> {
         if inos.is_empty() {
             return Ok(0);
@@ -779,6 +889,7 @@ impl<M: Media> HashFs<M> {
         }
         self.flush_slots(&freed)?;
         self.media.fence();
+        self.reclaim_all()?;
         Ok(freed.len() as u64)
     }
 
@@ -788,7 +899,7 @@ impl<M: Media> HashFs<M> {
         for i in 0..self.slots {
             match self.load(i)?.1 {
                 Slot::Empty => o.empty += 1,
-                Slot::Tombstone => o.tombstones += 1,
+                Slot::Tombstone | Slot::Purging => o.tombstones += 1,
                 Slot::Tentative(_) => o.tentative += 1,
                 Slot::Committed(_) => o.committed += 1,
                 Slot::Staged(_) => o.staged += 1,
@@ -808,9 +919,7 @@ impl<M: Media> HashFs<M> {
     /// life of writes and removals can leave a table with no empty slot at all, where every
     /// miss walks the whole table.
     ///
-    /// Two passes over the table and no memory: the first finds the entries whose walk wraps
-    /// past the end of the table, the second walks backwards keeping the smallest home among
-    /// the entries after the slot. Needs exclusive use of the table: `&mut self` excludes
+    /// Two passes over the table and no memory. Needs exclusive use of the table: `&mut self` excludes
     /// other users in this process; the caller must also keep other processes out (mount or
     /// fsck time, see [`HashFs::purge_exclusive`]). Crash-safe at every point: an emptied slot
     /// lies on no live entry's walk, so no lookup stops early at it.
@@ -821,12 +930,57 @@ impl<M: Media> HashFs<M> {
     /// [`HashFs::purge_tombstones`] through a shared reference, for the owner of a pool at
     /// mount, before it lets any other thread or process use the table.
     pub fn purge_exclusive(&self) -> Result<u64> {
+        let mut purged = 0;
+        self.tombstones_by_need(&mut |i, s, needed| {
+            let off = self.slot_off(i);
+            if !needed {
+                self.media.store_u64(off, EMPTY)?;
+                self.media.flush(off, 8)?;
+                purged += 1;
+            } else if s == Slot::Purging {
+                self.media.store_u64(off, TOMBSTONE)?;
+                self.media.flush(off, 8)?;
+            }
+            Ok(())
+        })?;
+        self.media.fence();
+        Ok(purged)
+    }
+
+    /// [`HashFs::purge_tombstones`] beside concurrent users of the table (other threads and
+    /// processes): the same two passes pick the tombstones no walk needs, and each is emptied
+    /// only after it is marked purging and a walk from it to the next empty slot finds no
+    /// entry whose own walk passes it (the handshake of the module docs, with the scan
+    /// standing in for "the next slot is empty"). Going down from the end of the table, the
+    /// slots it empties end the next scans early; in a table with no empty slot the first
+    /// scan walks the whole table. Returns how many slots it emptied.
+    pub fn reclaim_all(&self) -> Result<u64> {
+        let mut emptied = 0;
+        self.tombstones_by_need(&mut |i, s, needed| {
+            if !needed && s == Slot::Tombstone && self.try_empty(i)? {
+                emptied += 1;
+            }
+            Ok(())
+        })?;
+        Ok(emptied)
+    }
+
+    /// Calls `visit(slot, word, needed)` for every tombstone and purging slot, from the last
+    /// slot down to the first, where `needed` tells whether a live entry's walk passes it.
+    /// Two passes and no memory: the first finds the entries whose walk wraps past the end
+    /// of the table, the second walks backwards keeping the smallest home among the entries
+    /// after the slot, up to the next empty slot. Beside concurrent users the answer is a
+    /// hint (the table changes under the scan).
+    fn tombstones_by_need(
+        &self,
+        visit: &mut dyn FnMut(u64, Slot, bool) -> Result<()>,
+    ) -> Result<()> {
         let n = self.slots;
         let home = |s: Slot| match s {
             Slot::Tentative(k) | Slot::Committed(k) | Slot::Staged(k) => {
                 Some(self.home(file_seed(k.ino, self.salt), k.lblk))
             }
-            Slot::Empty | Slot::Tombstone => None,
+            Slot::Empty | Slot::Tombstone | Slot::Purging => None,
         };
         // An entry whose home lies after it wrapped: it needs [home, n) and [0, slot).
         let (mut wrap_from, mut wrap_to) = (n, 0);
@@ -838,26 +992,60 @@ impl<M: Media> HashFs<M> {
                 wrap_to = wrap_to.max(i);
             }
         }
-        // The smallest home of the entries after slot `i` that did not wrap.
+        // The smallest home of the entries after slot `i`, up to the next empty slot, that
+        // did not wrap.
         let mut min_home = n;
-        let mut purged = 0;
         for i in (0..n).rev() {
             let s = self.load(i)?.1;
-            if s == Slot::Tombstone {
-                let needed = i < wrap_to || i >= wrap_from || min_home <= i;
-                if !needed {
-                    self.media.store_u64(self.slot_off(i), 0)?;
-                    self.media.flush(self.slot_off(i), 8)?;
-                    purged += 1;
+            match s {
+                Slot::Empty => min_home = n,
+                Slot::Tombstone | Slot::Purging => {
+                    visit(i, s, i < wrap_to || i >= wrap_from || min_home <= i)?;
                 }
-            } else if let Some(h) = home(s)
-                && h <= i
-            {
-                min_home = min_home.min(h);
+                _ => {
+                    if let Some(h) = home(s)
+                        && h <= i
+                    {
+                        min_home = min_home.min(h);
+                    }
+                }
             }
         }
-        self.media.fence();
-        Ok(purged)
+        Ok(())
+    }
+
+    /// Empties tombstone `i` if no entry's walk passes it: marks it purging, then (after a
+    /// sequentially consistent fence) walks from it to the next empty slot looking for an
+    /// entry whose walk from its home passes `i`. Returns whether it emptied the slot.
+    fn try_empty(&self, i: u64) -> Result<bool> {
+        let n = self.slots;
+        let off = self.slot_off(i);
+        if self.media.cas_u64(off, TOMBSTONE, PURGING)?.is_err() {
+            return Ok(false);
+        }
+        fence(Ordering::SeqCst);
+        let mut j = i;
+        let mut crossed = false;
+        for _ in 1..n {
+            j = if j + 1 == n { 0 } else { j + 1 };
+            match self.load(j)?.1 {
+                Slot::Empty => break,
+                Slot::Tombstone | Slot::Purging => {}
+                Slot::Tentative(k) | Slot::Committed(k) | Slot::Staged(k) => {
+                    let h = self.home(file_seed(k.ino, self.salt), k.lblk);
+                    if (i + n - h) % n < (j + n - h) % n {
+                        crossed = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if crossed {
+            // Fails only if a seal already made it a tombstone.
+            let _ = self.media.cas_u64(off, PURGING, TOMBSTONE)?;
+            return Ok(false);
+        }
+        Ok(self.media.cas_u64(off, PURGING, EMPTY)?.is_ok())
     }
 
     /// Makes every live entry reachable again after a crash: an empty slot between an
@@ -882,7 +1070,7 @@ impl<M: Media> HashFs<M> {
             let j = (e0 + step) % n;
             match self.load(j)?.1 {
                 Slot::Empty => last_empty = Some(j),
-                Slot::Tombstone => {}
+                Slot::Tombstone | Slot::Purging => {}
                 Slot::Tentative(k) | Slot::Committed(k) | Slot::Staged(k) => {
                     let h = self.home(file_seed(k.ino, self.salt), k.lblk);
                     let chain = (j + n - h) % n;
@@ -1071,6 +1259,7 @@ impl<M: Media> FileMapping for HashFs<M> {
                 Slot::Tentative(_) => Some(TOMBSTONE),
                 Slot::Committed(k) if covered(REMOVING, k) => Some(TOMBSTONE),
                 Slot::Staged(k) if promoted(k, i) => Some(k.committed()),
+                Slot::Purging => Some(TOMBSTONE),
                 _ => None,
             };
             if let Some(w) = new {
@@ -1235,14 +1424,14 @@ mod tests {
         assert_eq!(blocks(&t, &g, 0, 28), odd);
         let mut t = t;
         let occ = t.occupancy().unwrap();
-        assert_eq!(occ.tombstones, 14);
+        assert_eq!((occ.committed, occ.tombstones + occ.empty), (14, 18));
         let purged = t.purge_tombstones().unwrap();
-        assert!(purged > 0);
-        assert_eq!(t.occupancy().unwrap().tombstones, 14 - purged);
+        assert_eq!(t.occupancy().unwrap().tombstones, occ.tombstones - purged);
         assert_eq!(blocks(&t, &g, 0, 28), odd);
+        // With every entry gone, the removal's reclaim empties every tombstone.
         t.remove_file(&g).unwrap();
-        assert_eq!(t.purge_tombstones().unwrap(), 14 - purged + 14);
         assert_eq!(t.occupancy().unwrap().empty, 32);
+        assert_eq!(t.purge_tombstones().unwrap(), 0);
     }
 
     /// After writes and removals fill a table to the last slot (no empty slot left, where
@@ -1250,6 +1439,18 @@ mod tests {
     /// needs, and every entry is still found.
     #[test]
     fn purge_empties_exactly_the_unneeded_tombstones_of_a_full_table() {
+        full_tables_lose_exactly_their_unneeded_tombstones(|t| t.purge_tombstones().unwrap());
+    }
+
+    /// The same for the reclaim that runs beside other users (a batch removal's).
+    #[test]
+    fn reclaim_all_empties_exactly_the_unneeded_tombstones_of_a_full_table() {
+        full_tables_lose_exactly_their_unneeded_tombstones(|t| t.reclaim_all().unwrap());
+    }
+
+    fn full_tables_lose_exactly_their_unneeded_tombstones(
+        empty: impl Fn(&mut HashFs<Arc<HeapRegion>>) -> u64,
+    ) {
         let mut total = 0;
         for seed in 1..=20u64 {
             let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -1305,11 +1506,7 @@ mod tests {
                 })
                 .collect();
 
-            assert_eq!(
-                t.purge_tombstones().unwrap(),
-                unneeded.len() as u64,
-                "seed {seed}"
-            );
+            assert_eq!(empty(&mut t), unneeded.len() as u64, "seed {seed}");
             total += unneeded.len();
             for i in 0..n {
                 let empty = t.load(i).unwrap().1 == Slot::Empty;
@@ -1322,22 +1519,18 @@ mod tests {
                     "seed {seed}: lost {l}"
                 );
             }
-            assert_eq!(
-                t.purge_tombstones().unwrap(),
-                0,
-                "seed {seed}: a second purge"
-            );
+            assert_eq!(empty(&mut t), 0, "seed {seed}: a second purge");
         }
         assert!(total > 20, "only {total} tombstones were unneeded");
     }
 
-    /// Churn at half load wears the empty slots away (inserts take an empty slot whenever
-    /// their walk meets one before a tombstone; only a purge makes slots empty), until a miss
-    /// walks most of the table. The purge at mount gives them back.
+    /// Churn at half load would wear the empty slots away (inserts take an empty slot whenever
+    /// their walk meets one before a tombstone) if removals left only tombstones: after eight
+    /// rounds no slot was empty and every miss walked the whole table. Reclaim keeps them.
     #[test]
-    fn churn_wears_empty_slots_away_and_the_purge_restores_them() {
+    fn churn_keeps_empty_slots_because_removals_reclaim_them() {
         let slots = 512;
-        let mut t = table(slots);
+        let t = table(slots);
         let files: Vec<_> = (1..=8).map(|ino| file(&t, ino)).collect();
         let mut out = Vec::new();
         let mut rng = 0x2545_f491_4f6c_dd1du64;
@@ -1355,19 +1548,62 @@ mod tests {
                 made.push((f, lblk, len));
                 used += len;
             }
+            let half = t.occupancy().unwrap();
+            assert!(
+                half.empty >= slots / 4,
+                "round {round}: {} of {slots} slots empty at half load",
+                half.empty
+            );
             for (f, lblk, len) in made {
                 assert_eq!(t.remove(&files[f], lblk, len).unwrap(), len);
             }
+            assert_eq!(t.occupancy().unwrap().empty, slots, "round {round}");
         }
-        let worn = t.occupancy().unwrap();
-        assert_eq!(worn.committed, 0);
-        assert!(
-            worn.empty < slots / 20,
-            "{} of {slots} slots still empty",
-            worn.empty
-        );
-        assert_eq!(t.purge_tombstones().unwrap(), worn.tombstones);
-        assert_eq!(t.occupancy().unwrap().empty, slots);
+    }
+
+    /// Threads insert, look up and remove blocks of their own files in a small table while
+    /// the others' removals reclaim tombstones around them: every block a thread has inserted
+    /// and not removed is found, at every step.
+    #[test]
+    fn reclaims_beside_inserts_never_hide_an_entry() {
+        let t = table(128);
+        std::thread::scope(|s| {
+            for ino in 1..=4u64 {
+                let t = &t;
+                s.spawn(move || {
+                    let f = file(t, ino);
+                    let mut live: Vec<(u64, u64)> = Vec::new();
+                    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ ino;
+                    let mut out = Vec::new();
+                    for step in 0..4000u64 {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        if live.len() < 24 && !rng.is_multiple_of(3) {
+                            let len = 1 + (rng >> 8) % 3;
+                            let lblk = step * 4;
+                            out.clear();
+                            match t.insert(&f, lblk, len, &mut out) {
+                                Ok(()) => live.push((lblk, len)),
+                                Err(Error::NoSpace) => {}
+                                Err(e) => panic!("insert: {e}"),
+                            }
+                        } else if !live.is_empty() {
+                            let (lblk, len) = live.swap_remove((rng >> 16) as usize % live.len());
+                            assert_eq!(t.remove(&f, lblk, len).unwrap(), len);
+                        }
+                        let g = file(t, ino);
+                        for &(lblk, len) in &live {
+                            assert_eq!(
+                                blocks(t, &g, lblk, len).len() as u64,
+                                len,
+                                "file {ino} step {step}: block {lblk} lost"
+                            );
+                        }
+                    }
+                });
+            }
+        });
     }
 
     #[test]

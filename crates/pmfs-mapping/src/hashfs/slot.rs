@@ -7,8 +7,9 @@
 //! | 60      | staged | with tag 3: a staged (not yet current) version of the key          |
 //! | 61..64  | tag   | 0 empty, 1 tombstone, 2 tentative, 3 committed; 4..7 are corrupt   |
 //!
-//! An empty slot is the all-zero word and a tombstone is exactly `1 << 61`: every other bit
-//! pattern with those tags is corrupt, and so is a tentative word with bit 60 set. A committed
+//! An empty slot is the all-zero word, a tombstone is exactly `1 << 61` and a tombstone being
+//! emptied (*purging*, see the [HashFS module docs](super)) is `1 << 61 | 1`: every other
+//! bit pattern with those tags is corrupt, and so is a tentative word with bit 60 set. A committed
 //! word with bit 60 set is *staged*: a block claimed for a new version of `(ino, lblk)` by the
 //! copy-on-write data path, which lookups do not see (they look for the exact committed word,
 //! bit 60 clear). The hash of a key covers `ino` and `lblk` only, so the current version and
@@ -30,6 +31,8 @@ const TAG_COMMITTED: u64 = 3;
 pub const EMPTY: u64 = 0;
 /// The word of a tombstone.
 pub const TOMBSTONE: u64 = TAG_TOMBSTONE << TAG_SHIFT;
+/// The word of a tombstone that a removal is turning back into an empty slot.
+pub const PURGING: u64 = TOMBSTONE | 1;
 
 /// A table key: one logical block of one file, in one version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -83,6 +86,8 @@ pub enum Slot {
     Empty,
     /// Freed: free for insertion, but probe sequences continue past it.
     Tombstone,
+    /// A tombstone on its way to empty: free for insertion, probe sequences continue past it.
+    Purging,
     /// Claimed by a multi-block insert that has not committed yet.
     Tentative(Key),
     /// Mapped: the current version of its key.
@@ -100,6 +105,7 @@ impl Slot {
         match word >> TAG_SHIFT {
             0 if word == EMPTY => Some(Slot::Empty),
             TAG_TOMBSTONE if word == TOMBSTONE => Some(Slot::Tombstone),
+            TAG_TOMBSTONE if word == PURGING => Some(Slot::Purging),
             TAG_TENTATIVE if !staged => Some(Slot::Tentative(key)),
             TAG_COMMITTED if staged => Some(Slot::Staged(key)),
             TAG_COMMITTED => Some(Slot::Committed(key)),
@@ -109,7 +115,7 @@ impl Slot {
 
     /// Whether an insert may claim the slot.
     pub fn is_free(self) -> bool {
-        matches!(self, Slot::Empty | Slot::Tombstone)
+        matches!(self, Slot::Empty | Slot::Tombstone | Slot::Purging)
     }
 }
 
@@ -133,7 +139,9 @@ mod tests {
         assert_eq!(Slot::decode(g.tentative()), None);
         assert_eq!(Slot::decode(EMPTY), Some(Slot::Empty));
         assert_eq!(Slot::decode(TOMBSTONE), Some(Slot::Tombstone));
+        assert_eq!(Slot::decode(PURGING), Some(Slot::Purging));
         assert_eq!(Slot::decode(1), None);
+        assert_eq!(Slot::decode(TOMBSTONE | 2), None);
         assert_eq!(Slot::decode(TOMBSTONE | 5), None);
         assert_eq!(Slot::decode(4 << 61), None);
         assert_eq!(Slot::decode(u64::MAX), None);
