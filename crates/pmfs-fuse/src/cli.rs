@@ -393,6 +393,12 @@ fn info_cmd(a: InfoArgs) -> Result<()> {
         u.special,
         u.with_xattrs
     ));
+    if let Some(h) = u.hash_slots {
+        out(format_args!(
+            "  hash slots   {} empty, {} tombstones, {} in use",
+            h.empty, h.tombstones, h.in_use
+        ));
+    }
     out("fragmentation:");
     out(format_args!(
         "  layout score {:.4} ({} file blocks in {} extents)",

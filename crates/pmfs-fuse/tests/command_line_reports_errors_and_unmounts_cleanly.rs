@@ -101,6 +101,27 @@ fn info_and_fsck_describe_the_volume() {
     ] {
         assert!(info.contains(want), "{want:?} missing in\n{info}");
     }
+    // Every data block of a HashFS pool is one slot of its table: the slots in use are the
+    // blocks in use, and the three counts add up to the data blocks.
+    let numbers = |prefix: &str| -> Vec<u64> {
+        let line = info
+            .lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line in\n{info}"));
+        line.split(|c: char| !c.is_ascii_digit() && c != '.')
+            .filter_map(|w| w.parse().ok())
+            .collect()
+    };
+    let (used, total) = match numbers("data blocks")[..] {
+        [used, total, ..] => (used, total),
+        _ => panic!("{info}"),
+    };
+    let [empty, tombstones, in_use] = numbers("hash slots")[..] else {
+        panic!("{info}");
+    };
+    assert!(used >= 256, "{info}");
+    assert_eq!(in_use, used, "{info}");
+    assert_eq!(empty + tombstones + in_use, total, "{info}");
     let fsck = pmfs_ok(&["fsck", p]);
     assert!(fsck.ends_with("clean\n"), "{fsck}");
     let r = pmfs_ok(&["fsck", "--repair", p]);

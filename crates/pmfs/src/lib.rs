@@ -52,8 +52,8 @@ pub use api::Volume;
 pub use api::client::{Client, FileMap, MapPiece};
 pub use api::file::{File, OpenOptions};
 pub use api::ino::{
-    Attr, AttrChange, Ino, NodeEntry, NodeKind, OpenMode, OpenNode, Owner, SeekTarget, SetTime,
-    Usage,
+    Attr, AttrChange, HashSlots, Ino, NodeEntry, NodeKind, OpenMode, OpenNode, Owner, SeekTarget,
+    SetTime, Usage,
 };
 pub use api::types::{
     DirEntry, FileTimes, FileType, Metadata, Permissions, ReadDir, RenameFlags, StatFs, VolumeInfo,

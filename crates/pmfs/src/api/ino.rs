@@ -25,6 +25,7 @@ use crate::fs::data::Node;
 use crate::fs::path::check_name;
 use crate::fs::{Fs, ns};
 use crate::inode::{Handle, InodeRaw, Kind, field};
+use crate::parts::Stager;
 
 /// Offset of the word holding gid, record version and flags in an inode record.
 const GID_WORD: u64 = 16;
@@ -882,6 +883,20 @@ pub struct Usage {
     /// fraction of blocks that directly follow their file's previous block; 1.0 means every
     /// file is one contiguous run.
     pub layout_score: f64,
+    /// The slots of the global HashFS table (`None` on the other mapping structures).
+    pub hash_slots: Option<HashSlots>,
+}
+
+/// The slots of a HashFS volume's global table, each one data block of the pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HashSlots {
+    /// Slots never used, or emptied again: a lookup that misses stops at the first one.
+    pub empty: u64,
+    /// Freed slots that still lengthen the walks of lookups and claims past them.
+    pub tombstones: u64,
+    /// Slots that hold a block: mapped, staged for a new version, or claimed by an
+    /// unfinished insert.
+    pub in_use: u64,
 }
 
 impl Volume {
@@ -943,6 +958,14 @@ impl Volume {
         }
         progress(total, total);
         u.layout_score = pmfs_alloc::aging::layout_score(&files);
+        if let Stager::Hash(t) = &fs.stage {
+            let o = t.occupancy()?;
+            u.hash_slots = Some(HashSlots {
+                empty: o.empty,
+                tombstones: o.tombstones,
+                in_use: o.tentative + o.committed + o.staged,
+            });
+        }
         Ok(u)
     }
 }
