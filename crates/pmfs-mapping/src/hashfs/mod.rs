@@ -581,17 +581,8 @@ impl<M: Media> HashFs<M> {
             }
             let mut i = last;
             loop {
-                let off = self.slot_off(i);
-                if self.media.cas_u64(off, TOMBSTONE, PURGING)?.is_err() {
-                    continue 'runs;
-                }
-                fence(Ordering::SeqCst);
-                if self.media.load_u64(self.slot_off(next(i)))? != EMPTY {
-                    // Fails only if a seal already made it a tombstone.
-                    let _ = self.media.cas_u64(off, PURGING, TOMBSTONE)?;
-                    continue 'runs;
-                }
-                if self.media.cas_u64(off, PURGING, EMPTY)?.is_err() {
+                let next_empty = || Ok(self.media.load_u64(self.slot_off(next(i)))? == EMPTY);
+                if !self.empty_if(i, next_empty)? {
                     continue 'runs;
                 }
                 i = if i == 0 { self.slots - 1 } else { i - 1 };
@@ -1019,28 +1010,38 @@ impl<M: Media> HashFs<M> {
     /// entry whose walk from its home passes `i`. Returns whether it emptied the slot.
     fn try_empty(&self, i: u64) -> Result<bool> {
         let n = self.slots;
+        self.empty_if(i, || {
+            let mut j = i;
+            for _ in 1..n {
+                j = if j + 1 == n { 0 } else { j + 1 };
+                match self.load(j)?.1 {
+                    Slot::Empty => break,
+                    Slot::Tombstone | Slot::Purging => {}
+                    Slot::Tentative(k) | Slot::Committed(k) | Slot::Staged(k) => {
+                        let h = self.home(file_seed(k.ino, self.salt), k.lblk);
+                        if (i + n - h) % n < (j + n - h) % n {
+                            return Ok(false);
+                        }
+                    }
+                }
+            }
+            Ok(true)
+        })
+    }
+
+    /// The reclaim handshake on tombstone `i`, shared by [`reclaim`](Self::reclaim) and
+    /// [`try_empty`](Self::try_empty): marks it purging (CAS), then, after a sequentially
+    /// consistent fence, asks `unneeded` whether any walk still needs it. If one does, the
+    /// slot goes back to a tombstone; if none does, it becomes empty (CAS), unless a
+    /// [seal](Self::seal_walk) made it a tombstone meanwhile. Returns whether it emptied
+    /// the slot.
+    fn empty_if(&self, i: u64, unneeded: impl FnOnce() -> Result<bool>) -> Result<bool> {
         let off = self.slot_off(i);
         if self.media.cas_u64(off, TOMBSTONE, PURGING)?.is_err() {
             return Ok(false);
         }
         fence(Ordering::SeqCst);
-        let mut j = i;
-        let mut crossed = false;
-        for _ in 1..n {
-            j = if j + 1 == n { 0 } else { j + 1 };
-            match self.load(j)?.1 {
-                Slot::Empty => break,
-                Slot::Tombstone | Slot::Purging => {}
-                Slot::Tentative(k) | Slot::Committed(k) | Slot::Staged(k) => {
-                    let h = self.home(file_seed(k.ino, self.salt), k.lblk);
-                    if (i + n - h) % n < (j + n - h) % n {
-                        crossed = true;
-                        break;
-                    }
-                }
-            }
-        }
-        if crossed {
+        if !unneeded()? {
             // Fails only if a seal already made it a tombstone.
             let _ = self.media.cas_u64(off, PURGING, TOMBSTONE)?;
             return Ok(false);
