@@ -1392,6 +1392,29 @@ mod tests {
         assert_eq!(blocks(&t, &a, 0, 50).len(), 16);
     }
 
+    /// A reclaim killed between marking a slot purging and emptying it leaves the slot
+    /// purging for good: claims must take it like a tombstone, or a full table would lose it
+    /// until the next mount.
+    #[test]
+    fn a_slot_left_purging_by_a_dead_reclaim_is_claimed() {
+        let t = table(16);
+        let (a, b) = (file(&t, 1), file(&t, 2));
+        let mut out = Vec::new();
+        t.insert(&a, 0, 16, &mut out).unwrap();
+        let (gone, pblk) = blocks(&t, &a, 0, 16)[5];
+        let slot = pblk - t.data().start.0;
+        assert_eq!(t.remove(&a, gone, 1).unwrap(), 1);
+        // No empty slot follows it in a full table: the removal left a tombstone.
+        assert_eq!(t.load(slot).unwrap().1, Slot::Tombstone);
+        t.media.store_u64(t.slot_off(slot), PURGING).unwrap();
+        assert_eq!(t.free_blocks().unwrap(), 1);
+        out.clear();
+        t.insert(&b, 0, 1, &mut out).unwrap();
+        assert_eq!(blocks(&t, &b, 0, 1), vec![(0, pblk)]);
+        assert_eq!(t.load(slot).unwrap().1, Slot::Committed(Key::new(2, 0)));
+        assert_eq!(t.free_blocks().unwrap(), 0);
+    }
+
     #[test]
     fn insert_over_mapped_blocks_is_refused() {
         let t = table(64);
