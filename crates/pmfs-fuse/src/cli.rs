@@ -349,6 +349,7 @@ fn info_cmd(a: InfoArgs) -> Result<()> {
     };
     out(format_args!("pool:         {}", pool.path().display()));
     out(format_args!("volume id:    {:016x}", i.volume_id));
+    out(format_args!("format:       version {}", i.format_version));
     out(format_args!(
         "size:         {} ({} blocks of {bs} bytes)",
         human(i.size),

@@ -94,6 +94,7 @@ fn info_and_fsck_describe_the_volume() {
     let info = pmfs_ok(&["info", p]);
     for want in [
         "mapping:      HashFs",
+        &format!("format:       version {}", pmfs::FORMAT_VERSION),
         "layout score",
         "1 files (1.0 MiB), 2 directories",
         "closed cleanly",

@@ -31,7 +31,7 @@ pub(crate) const SB_MAGIC: u64 = u64::from_le_bytes(*b"PMFSVOL1");
 /// `GROW` entries, which version-2 code would read as damaged logs. Version 4 added the
 /// HashFS slot state *purging* (a tombstone being emptied while the volume is in use), which
 /// version-3 code would read as a damaged slot after a crash.
-pub(crate) const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 4;
 /// The oldest version this build mounts; mounting one for writing upgrades it to
 /// [`FORMAT_VERSION`] (everything it holds reads the same).
 pub(crate) const OLDEST_VERSION: u32 = 2;

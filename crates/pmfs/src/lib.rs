@@ -59,7 +59,7 @@ pub use api::types::{
     DirEntry, FileTimes, FileType, Metadata, Permissions, ReadDir, RenameFlags, StatFs, VolumeInfo,
 };
 pub use error::{Error, Result};
-pub use format::{AllocatorKind, Options};
+pub use format::{AllocatorKind, FORMAT_VERSION, Options};
 pub use fs::MountReport;
 pub use fs::data::MapPin;
 pub use pmfs_core::traits::MappingKind;

@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use pmfs::{Error, MappingKind, Options, Volume, fsck};
+use pmfs::{Error, FORMAT_VERSION, MappingKind, Options, Volume, fsck};
 use pmfs_core::layout::PmOff;
 use pmfs_core::pm::{HeapRegion, Media};
 
@@ -105,7 +105,7 @@ fn a_pool_from_a_future_format_version_is_unsupported() {
     // backup copy in block 1. A future build bumps the version and reseals both copies.
     let mut img = original.clone();
     for base in [0usize, 4096] {
-        img[base + 8..base + 12].copy_from_slice(&5u32.to_le_bytes());
+        img[base + 8..base + 12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
         let crc = crc32c(&img[base..base + 248]);
         img[base + 248..base + 252].copy_from_slice(&crc.to_le_bytes());
     }
@@ -131,7 +131,7 @@ fn a_pool_from_a_future_format_version_is_unsupported() {
     // Only the primary from the future (backup still current): still refused, the
     // backup is not taken as a way around the version.
     let mut img = original;
-    img[8..12].copy_from_slice(&5u32.to_le_bytes());
+    img[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
     let crc = crc32c(&img[..248]);
     img[248..252].copy_from_slice(&crc.to_le_bytes());
     assert!(matches!(
@@ -146,20 +146,22 @@ fn a_pool_of_the_previous_format_version_is_upgraded_when_mounted_for_writing() 
     let pool = dir.path("pool");
     // HashFS, which data-only clients attach to.
     make_pool_of(&pool, MappingKind::HashFs);
-    // Version 3 (before the HashFS purging slot state) in both superblock copies.
+    // The previous version in both superblock copies.
+    let previous = FORMAT_VERSION - 1;
     let mut img = std::fs::read(&pool).unwrap();
     for base in [0usize, 4096] {
-        img[base + 8..base + 12].copy_from_slice(&3u32.to_le_bytes());
+        img[base + 8..base + 12].copy_from_slice(&previous.to_le_bytes());
         let crc = crc32c(&img[base..base + 248]);
         img[base + 248..base + 252].copy_from_slice(&crc.to_le_bytes());
     }
     std::fs::write(&pool, &img).unwrap();
     // Read-only, it is read as it is, and nothing is written.
     let ro = Volume::mount_read_only(region(&img)).unwrap();
+    assert_eq!(ro.info().format_version, previous);
     assert_eq!(ro.read("/d/f").unwrap(), b"pool content");
     drop(ro);
     assert!(fsck::check(region(&img)).unwrap().is_clean());
-    // A data-only client would write what version-3 code cannot read: refused.
+    // A data-only client would write what the previous version's code may not read: refused.
     let attached = Volume::attach(&pool).map(drop);
     assert!(
         matches!(attached, Err(Error::Unsupported(_))),
@@ -171,9 +173,10 @@ fn a_pool_of_the_previous_format_version_is_upgraded_when_mounted_for_writing() 
     vol.close().unwrap();
     let after = std::fs::read(&pool).unwrap();
     for base in [0usize, 4096] {
-        assert_eq!(&after[base + 8..base + 12], &4u32.to_le_bytes());
+        assert_eq!(&after[base + 8..base + 12], &FORMAT_VERSION.to_le_bytes());
     }
     let vol = Volume::open(&pool).unwrap();
+    assert_eq!(vol.info().format_version, FORMAT_VERSION);
     assert_eq!(vol.read("/d/f").unwrap(), b"pool content, then more");
 }
 

@@ -203,6 +203,7 @@ impl Volume {
             data_offset: g.data_start.offset().0,
             data_size: g.data_blocks * pmfs_core::layout::BLOCK_SIZE,
             volume_id: g.volume_id,
+            format_version: g.version,
         }
     }
 

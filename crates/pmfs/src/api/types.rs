@@ -327,4 +327,9 @@ pub struct VolumeInfo {
     pub data_size: u64,
     /// Volume identifier chosen at mkfs.
     pub volume_id: u64,
+    /// The volume's format version: as found on a read-only mount, [`FORMAT_VERSION`]
+    /// once mounted for writing (which upgrades older volumes).
+    ///
+    /// [`FORMAT_VERSION`]: crate::FORMAT_VERSION
+    pub format_version: u32,
 }
