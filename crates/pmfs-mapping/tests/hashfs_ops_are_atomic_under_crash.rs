@@ -14,7 +14,6 @@ use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::{Explorer, SimRegion};
 use pmfs_core::traits::{Extent, FileId, FileMapping};
-use pmfs_mapping::hashfs::simd::{file_seed, home_slot};
 use pmfs_mapping::hashfs::{HashFs, LBLK_LIMIT};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -209,9 +208,8 @@ fn the_checker_rejects_two_slots_committed_without_an_intent() {
     // Harness check: committing two slots with plain stores and one fence (no intent record)
     // must produce an image with only one of them, which the checker rejects.
     let region = SimRegion::new(region_bytes()).expect("sim region");
-    HashFs::format_with_salt(&region, meta(), data(), SALT).expect("format");
+    let t = HashFs::format_with_salt(&region, meta(), data(), SALT).expect("format");
     region.persist_all();
-    let seed = file_seed(1, SALT);
     let table = (meta().start + 2).offset();
     let torn = Explorer::new(3).run(
         &region,
@@ -219,7 +217,7 @@ fn the_checker_rejects_two_slots_committed_without_an_intent() {
             // Logical blocks whose home slots lie in different cache lines.
             let mut picked: Vec<(u64, u64)> = Vec::new();
             for l in 0..64 {
-                let h = home_slot(seed, l, SLOTS as u32);
+                let h = t.home_of(1, l);
                 if picked.iter().all(|&(_, p)| p / 8 != h / 8) {
                     picked.push((l, h));
                 }

@@ -54,7 +54,7 @@ impl<M: Media> HashFs<M> {
         let mut claimed = Vec::with_capacity(len as usize);
         let mut l = lblk;
         while l < end {
-            let homes = home_slots(self.kernel, file.seed, l, self.n32());
+            let homes = home_slots(self.kernel, file.seed, l, self.n32(), self.shift);
             let count = BATCH.min((end - l) as usize);
             for &h in &homes[..count] {
                 self.media.prefetch(self.slot_off(h));

@@ -16,6 +16,23 @@
 //! home = (lo32(q) * n) >> 32                (multiply-shift range reduction)
 //! ```
 //!
+//! # Clusters
+//!
+//! A HashFS table formatted since table format version 2 hashes *clusters*: the aligned
+//! groups of `2^shift` consecutive logical blocks (`shift` is [`CLUSTER_SHIFT`], recorded in
+//! the table's header; 0 in older tables and in tables of fewer than `2^shift` slots). A
+//! cluster hashes as one key, `c = l >> shift`, onto one of the table's `n >> shift` aligned
+//! groups of slots, and its blocks take consecutive home slots in that group:
+//!
+//! ```text
+//! home = (hash(c, n >> shift) << shift) | (l & (2^shift - 1))
+//! ```
+//!
+//! So blocks written together land in consecutive slots, which are consecutive data blocks:
+//! a cluster is one physically contiguous run of the pool (one copy for a read, one piece of
+//! a mapping), and its slot words share one cache line. With `shift` 0 this is the plain
+//! hash of each block.
+//!
 //! # Dispatch
 //!
 //! [`HashKernel::detect`] picks the widest kernel the CPU has; a table can be forced onto any
@@ -27,6 +44,10 @@
 
 /// Number of consecutive blocks hashed per batch (and the translation cache's size).
 pub const BATCH: usize = 8;
+
+/// The cluster size of new tables, as a shift: eight blocks, one batch, one cache line of
+/// slot words (see the module docs).
+pub const CLUSTER_SHIFT: u32 = BATCH.trailing_zeros();
 
 const K1: u64 = 0x9e37_79b1;
 const K2: u64 = 0x85eb_ca77;
@@ -114,26 +135,34 @@ pub fn home_slot(seed: u64, lblk: u64, n: u32) -> u64 {
     ((q & 0xffff_ffff) * n as u64) >> 32
 }
 
+/// The home slot of logical block `lblk` (only its low 32 bits count) in a table of `n`
+/// slots whose clusters are `2^shift` blocks (see the module docs); `n >> shift` must be at
+/// least 1. With `shift` 0 it is [`home_slot`].
+pub fn cluster_home(seed: u64, lblk: u64, n: u32, shift: u32) -> u64 {
+    let l = lblk as u32 as u64;
+    (home_slot(seed, l >> shift, n >> shift) << shift) | (l & ((1 << shift) - 1))
+}
+
 /// Home slots of blocks `first, first + 1, ..., first + 7` (low 32 bits, wrapping) with
-/// `kernel`; every kernel returns the same values as [`home_slot`]. A kernel the CPU does not
-/// support falls back to the scalar code.
-pub fn home_slots(kernel: HashKernel, seed: u64, first: u64, n: u32) -> [u64; BATCH] {
+/// `kernel`; every kernel returns the same values as [`cluster_home`]. A kernel the CPU does
+/// not support falls back to the scalar code.
+pub fn home_slots(kernel: HashKernel, seed: u64, first: u64, n: u32, shift: u32) -> [u64; BATCH] {
     #[cfg(target_arch = "x86_64")]
     match kernel {
         HashKernel::Avx512 if avx512_detected() => {
             // SAFETY: `is_x86_feature_detected!("avx512f")` just returned true, so the CPU
             // supports every instruction the avx512f-enabled kernel uses.
-            return unsafe { x86::home_slots_avx512(seed, first as u32, n) };
+            return unsafe { x86::home_slots_avx512(seed, first as u32, n, shift) };
         }
         HashKernel::Avx2 if avx2_detected() => {
             // SAFETY: `is_x86_feature_detected!("avx2")` just returned true, so the CPU supports
             // every instruction the avx2-enabled kernel uses.
-            return unsafe { x86::home_slots_avx2(seed, first as u32, n) };
+            return unsafe { x86::home_slots_avx2(seed, first as u32, n, shift) };
         }
         _ => {}
     }
     let _ = kernel;
-    std::array::from_fn(|i| home_slot(seed, first.wrapping_add(i as u64), n))
+    std::array::from_fn(|i| cluster_home(seed, first.wrapping_add(i as u64), n, shift))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -144,13 +173,15 @@ mod x86 {
 
     /// The AVX2 kernel: two 4-lane vectors of 64-bit lanes.
     #[target_feature(enable = "avx2")]
-    pub(super) fn home_slots_avx2(seed: u64, first: u32, n: u32) -> [u64; BATCH] {
+    pub(super) fn home_slots_avx2(seed: u64, first: u32, n: u32, shift: u32) -> [u64; BATCH] {
         let mut out = [0u64; BATCH];
         let seed_v = _mm256_set1_epi64x(seed as i64);
         let seed_lo = _mm256_set1_epi64x(seed as u32 as i64);
         let k1 = _mm256_set1_epi64x(K1 as i64);
         let k2 = _mm256_set1_epi64x(K2 as i64);
-        let nv = _mm256_set1_epi64x(n as i64);
+        let nv = _mm256_set1_epi64x((n >> shift) as i64);
+        let count = _mm_cvtsi32_si128(shift as i32);
+        let low = _mm256_set1_epi64x((1i64 << shift) - 1);
         for (half, chunk) in out.chunks_exact_mut(4).enumerate() {
             let base = first.wrapping_add(4 * half as u32);
             let l = _mm256_set_epi64x(
@@ -159,14 +190,15 @@ mod x86 {
                 base.wrapping_add(1) as i64,
                 base as i64,
             );
-            let x = _mm256_xor_si256(l, seed_lo);
+            let x = _mm256_xor_si256(_mm256_srl_epi64(l, count), seed_lo);
             let mut p = _mm256_xor_si256(_mm256_mul_epu32(x, k1), seed_v);
             p = _mm256_xor_si256(p, _mm256_srli_epi64::<29>(p));
             let lo = _mm256_mul_epu32(p, k2);
             let hi = _mm256_mul_epu32(_mm256_srli_epi64::<32>(p), k2);
             let mut q = _mm256_add_epi64(lo, _mm256_slli_epi64::<32>(hi));
             q = _mm256_xor_si256(q, _mm256_srli_epi64::<32>(q));
-            let home = _mm256_srli_epi64::<32>(_mm256_mul_epu32(q, nv));
+            let group = _mm256_srli_epi64::<32>(_mm256_mul_epu32(q, nv));
+            let home = _mm256_or_si256(_mm256_sll_epi64(group, count), _mm256_and_si256(l, low));
             // SAFETY: `chunk` is 4 u64 = 32 writable bytes; the unaligned store has no
             // alignment requirement. AVX2 is enabled on this function and was detected by the
             // caller before calling it.
@@ -177,13 +209,21 @@ mod x86 {
 
     /// The AVX-512F kernel: one 8-lane vector of 64-bit lanes.
     #[target_feature(enable = "avx512f")]
-    pub(super) fn home_slots_avx512(seed: u64, first: u32, n: u32) -> [u64; BATCH] {
+    pub(super) fn home_slots_avx512(seed: u64, first: u32, n: u32, shift: u32) -> [u64; BATCH] {
         let mut out = [0u64; BATCH];
-        let l = _mm512_add_epi64(
-            _mm512_set1_epi64(first as i64),
-            _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0),
+        // 32-bit wrapping block numbers in 64-bit lanes, as the scalar code has them.
+        let l = _mm512_and_si512(
+            _mm512_add_epi64(
+                _mm512_set1_epi64(first as i64),
+                _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0),
+            ),
+            _mm512_set1_epi64(u32::MAX as i64),
         );
-        let x = _mm512_xor_si512(l, _mm512_set1_epi64(seed as u32 as i64));
+        let count = _mm_cvtsi32_si128(shift as i32);
+        let x = _mm512_xor_si512(
+            _mm512_srl_epi64(l, count),
+            _mm512_set1_epi64(seed as u32 as i64),
+        );
         let mut p = _mm512_xor_si512(
             _mm512_mul_epu32(x, _mm512_set1_epi64(K1 as i64)),
             _mm512_set1_epi64(seed as i64),
@@ -194,7 +234,12 @@ mod x86 {
         let hi = _mm512_mul_epu32(_mm512_srli_epi64::<32>(p), k2);
         let mut q = _mm512_add_epi64(lo, _mm512_slli_epi64::<32>(hi));
         q = _mm512_xor_si512(q, _mm512_srli_epi64::<32>(q));
-        let home = _mm512_srli_epi64::<32>(_mm512_mul_epu32(q, _mm512_set1_epi64(n as i64)));
+        let nv = _mm512_set1_epi64((n >> shift) as i64);
+        let group = _mm512_srli_epi64::<32>(_mm512_mul_epu32(q, nv));
+        let home = _mm512_or_si512(
+            _mm512_sll_epi64(group, count),
+            _mm512_and_si512(l, _mm512_set1_epi64((1i64 << shift) - 1)),
+        );
         // SAFETY: `out` is 8 u64 = 64 writable bytes; the unaligned store has no alignment
         // requirement. AVX-512F is enabled on this function and was detected by the caller.
         unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast::<__m512i>(), home) };
@@ -217,18 +262,48 @@ mod tests {
     fn kernels_agree_with_the_scalar_hash() {
         let firsts = [0u64, 1, 7, 1000, u32::MAX as u64 - 3, u32::MAX as u64];
         for kernel in all_kernels() {
-            for &n in &[1u32, 2, 3, 1000, 4096, u32::MAX] {
-                for &first in &firsts {
-                    for ino in [0u64, 1, 77, (1 << 28) - 1] {
-                        let seed = file_seed(ino, 0x1234_5678);
-                        let got = home_slots(kernel, seed, first, n);
-                        for (i, &h) in got.iter().enumerate() {
-                            assert_eq!(h, home_slot(seed, first.wrapping_add(i as u64), n));
-                            assert!(h < n as u64);
+            for shift in [0, CLUSTER_SHIFT] {
+                for &n in &[1u32, 2, 3, 8, 13, 1000, 4096, u32::MAX] {
+                    if n >> shift == 0 {
+                        continue;
+                    }
+                    for &first in &firsts {
+                        for ino in [0u64, 1, 77, (1 << 28) - 1] {
+                            let seed = file_seed(ino, 0x1234_5678);
+                            let got = home_slots(kernel, seed, first, n, shift);
+                            for (i, &h) in got.iter().enumerate() {
+                                let l = first.wrapping_add(i as u64);
+                                assert_eq!(h, cluster_home(seed, l, n, shift), "{kernel:?}");
+                                assert!(h < n as u64);
+                            }
                         }
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_cluster_takes_consecutive_home_slots_of_one_group() {
+        let n = 8192u32;
+        let seed = file_seed(5, 99);
+        let size = 1u64 << CLUSTER_SHIFT;
+        let mut groups = std::collections::HashSet::new();
+        for c in 0..512u64 {
+            let first = cluster_home(seed, c * size, n, CLUSTER_SHIFT);
+            assert_eq!(first % size, 0);
+            for k in 1..size {
+                assert_eq!(
+                    cluster_home(seed, c * size + k, n, CLUSTER_SHIFT),
+                    first + k
+                );
+            }
+            groups.insert(first / size);
+        }
+        // 512 clusters over 1024 groups: a uniform hash hits about 400 distinct ones.
+        assert!(groups.len() > 350, "only {} distinct groups", groups.len());
+        for l in 0..100 {
+            assert_eq!(cluster_home(seed, l, n, 0), home_slot(seed, l, n));
         }
     }
 
