@@ -30,8 +30,10 @@ pub(crate) const SB_MAGIC: u64 = u64::from_le_bytes(*b"PMFSVOL1");
 /// would read as damaged inodes and blocks past end of file. Version 3 added the log's
 /// `GROW` entries, which version-2 code would read as damaged logs. Version 4 added the
 /// HashFS slot state *purging* (a tombstone being emptied while the volume is in use), which
-/// version-3 code would read as a damaged slot after a crash.
-pub const FORMAT_VERSION: u32 = 4;
+/// version-3 code would read as a damaged slot after a crash. Version 5 formats HashFS
+/// tables that hash clusters of eight blocks (table format version 2), which version-4 code
+/// refuses to open; a version-4 volume keeps its table's per-block hash when upgraded.
+pub const FORMAT_VERSION: u32 = 5;
 /// The oldest version this build mounts; mounting one for writing upgrades it to
 /// [`FORMAT_VERSION`] (everything it holds reads the same).
 pub(crate) const OLDEST_VERSION: u32 = 2;
