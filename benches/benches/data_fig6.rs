@@ -23,8 +23,11 @@
 //!   volumes' pools): a streaming copy of the bytes to the same offsets and a fence, then one
 //!   8-byte compare-and-swap (the commit), flushed and fenced. In `fig6_read_seq`,
 //!   `memcpy-scattered` copies `size` bytes as 4 KiB pieces from unrelated blocks of the DRAM
-//!   buffer: the floor of a file whose blocks lie apart, as HashFS places them. It is a plain
-//!   copy; the engine's reads also hint the blocks ahead, and can come in slightly under it.
+//!   buffer: the floor of a file whose blocks lie apart, as HashFS tables of format version 1
+//!   placed them; `memcpy-clusters` copies them as 32 KiB pieces from unrelated places, the
+//!   floor of HashFS's clusters (eight blocks hashed as one onto consecutive slots). Both are
+//!   plain copies; the engine's reads also hint the blocks ahead, and can come in slightly
+//!   under them.
 //! - `fig6_memcpy`: more 1 MiB bandwidth references, measured once at the end
 //!   (`copy_from_slice`): `dram-read` from a 64 MiB DRAM buffer (at consecutive 1 MiB
 //!   windows) into a 1 MiB buffer, `dram-write` the other way, and `shm-read` / `shm-write`
@@ -68,6 +71,10 @@ const MEMCPY_COLUMN: &str = "memcpy";
 const DURABLE_COLUMN: &str = "durable-copy";
 /// The function name of the scattered-block copy inside `fig6_read_seq`.
 const SCATTERED_COLUMN: &str = "memcpy-scattered";
+/// The function name of the scattered-cluster copy inside `fig6_read_seq`.
+const CLUSTERS_COLUMN: &str = "memcpy-clusters";
+/// The bytes of a HashFS cluster: eight blocks.
+const CLUSTER: u64 = 8 * BLOCK;
 /// Where the `durable-copy` floor puts its commit word: past the data of [`FILE_LEN`].
 const COMMIT_WORD: PmOff = PmOff(FILE_LEN);
 
@@ -120,11 +127,13 @@ fn reads(
                 g.bench_function(BenchmarkId::new(MEMCPY_COLUMN, size), |b| {
                     copy_windows(b, dram, &mut buf, false)
                 });
-                if size > BLOCK {
-                    let blocks = offsets(Pattern::Uniform, BLOCK, FILE_LEN, OFFSETS, &mut rng);
-                    g.bench_function(BenchmarkId::new(SCATTERED_COLUMN, size), |b| {
-                        copy_scattered(b, dram, &mut buf, &blocks)
-                    });
+                for (column, piece) in [(SCATTERED_COLUMN, BLOCK), (CLUSTERS_COLUMN, CLUSTER)] {
+                    if size > piece {
+                        let at = offsets(Pattern::Uniform, piece, FILE_LEN, OFFSETS, &mut rng);
+                        g.bench_function(BenchmarkId::new(column, size), |b| {
+                            copy_scattered(b, dram, &mut buf, &at, piece as usize)
+                        });
+                    }
                 }
             }
             _ => {
@@ -143,12 +152,12 @@ fn reads(
     g.finish();
 }
 
-/// Fills `small` from 4 KiB pieces of `big` at the offsets `blocks` (cycled).
-fn copy_scattered(b: &mut Bencher<'_>, big: &[u8], small: &mut [u8], blocks: &[u64]) {
+/// Fills `small` from `piece`-byte pieces of `big` at the offsets `starts` (cycled).
+fn copy_scattered(b: &mut Bencher<'_>, big: &[u8], small: &mut [u8], starts: &[u64], piece: usize) {
     let mut i = 0;
     b.iter(|| {
-        for piece in small.chunks_mut(BLOCK as usize) {
-            let at = blocks[i % blocks.len()] as usize;
+        for piece in small.chunks_mut(piece) {
+            let at = starts[i % starts.len()] as usize;
             i += 1;
             piece.copy_from_slice(black_box(&big[at..at + piece.len()]));
         }

@@ -139,12 +139,12 @@ mod tests {
         );
         assert!(build_aged_files(&mut fx, &[1], 0.85, 3).is_err());
 
+        // HashFS ignores a plan of 0.5: its hash places clusters of eight blocks apart, each
+        // one contiguous, for a score of about 7/8.
         let mut fx = Fixture::<HashFsTable>::new(spec(10_000)).unwrap();
-        build_aged_files(&mut fx, &[300, 200], 0.85, 3).unwrap();
+        build_aged_files(&mut fx, &[300, 200], 0.5, 3).unwrap();
         assert_eq!(fx.file(1).blocks, 200);
-        assert!(
-            fx.layout_score(0).unwrap() < 0.5,
-            "hashed placement scatters blocks"
-        );
+        let score = fx.layout_score(0).unwrap();
+        assert!((0.8..0.95).contains(&score), "{score}");
     }
 }

@@ -136,7 +136,7 @@ const GOALS: [Goal; 6] = [
         param: "1048576",
         baseline_group: "fig6_read_seq",
         baseline_column: MEMCPY,
-        floor: Some("memcpy-scattered"),
+        floor: Some("memcpy-clusters"),
     },
     Goal {
         what: "1 MiB sequential overwrite vs memcpy",
@@ -217,8 +217,8 @@ pub fn data_path_goals(groups: &[Group]) -> Option<Table> {
                 from or into a DRAM buffer, measured in the same group. \"(below)\" marks a cell under its goal. \
                 `floor` is the same ratio for the floor the group measures beside the subjects: \
                 a copy of the same bytes (`memcpy`), a durable copy with its 8-byte commit \
-                (`durable-copy`), a copy from scattered 4 KiB blocks (`memcpy-scattered`, the \
-                floor of HashFS's layout)."
+                (`durable-copy`), a copy from scattered 32 KiB pieces (`memcpy-clusters`, the \
+                floor of HashFS's layout, whose clusters of eight blocks lie apart)."
             .into(),
     })
 }
