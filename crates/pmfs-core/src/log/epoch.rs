@@ -41,7 +41,7 @@ impl Epoch {
             let counter = &self.active[(e & 1) as usize];
             counter.fetch_add(1, SeqCst);
             if self.global.load(SeqCst) == e {
-                fence(SeqCst);
+                order_after_count();
                 return Guard { counter };
             }
             // The epoch moved between the load and the count: undo and count again.
@@ -72,6 +72,20 @@ impl Epoch {
             let _ = self.global.compare_exchange(e, e + 1, SeqCst, SeqCst);
         }
     }
+}
+
+/// Keeps the pinned operation's later loads after its count, as a reclaimer's
+/// [`has_passed`](Epoch::has_passed) needs: either the reclaimer sees the count, or the loads
+/// see every store that preceded its [`now`](Epoch::now). On x86-64 the count is a locked
+/// instruction, which no later load passes, so only the compiler needs holding back there;
+/// an `mfence` on top of it only adds to every pin (a read of a file pins twice). Elsewhere,
+/// and under loom and miri, which check the language's memory model, a `SeqCst` fence.
+#[inline]
+fn order_after_count() {
+    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
+    std::sync::atomic::compiler_fence(SeqCst);
+    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
+    fence(SeqCst);
 }
 
 impl Drop for Guard<'_> {
