@@ -35,6 +35,21 @@ pub mod atomic {
     pub use loom::sync::atomic::{
         AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
     };
+
+    /// A sequentially consistent fence for a thread whose stores since its previous fence
+    /// were all atomic read-modify-writes (a pin's count, a compare-and-swap of a slot word),
+    /// placed between such a write and the loads of a Dekker handshake. On x86-64 each of
+    /// those writes is a locked instruction: no later load passes it, and its store is seen
+    /// by every other core at once, so only the compiler needs holding back, and an `mfence`
+    /// would only add to the cost. On other targets, and under loom and miri, which check the
+    /// language's memory model rather than the CPU's, a `SeqCst` fence.
+    #[inline]
+    pub fn fence_after_rmw() {
+        #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
+        fence(Ordering::SeqCst);
+    }
 }
 
 /// Thread spawning and yielding.

@@ -10,7 +10,7 @@
 //! unreachable once the epoch is `s + 2`. Pinning and unpinning never wait; only the reclaimer
 //! finds out, without waiting either, whether a grace period has passed.
 
-use crate::sync::atomic::{AtomicU64, Ordering::SeqCst, fence};
+use crate::sync::atomic::{AtomicU64, Ordering::SeqCst, fence, fence_after_rmw};
 
 /// The epoch and its two pin counters.
 #[derive(Debug)]
@@ -41,7 +41,9 @@ impl Epoch {
             let counter = &self.active[(e & 1) as usize];
             counter.fetch_add(1, SeqCst);
             if self.global.load(SeqCst) == e {
-                order_after_count();
+                // Either a reclaimer's `has_passed` sees the count, or the loads after it
+                // see every store that preceded the reclaimer's `now`.
+                fence_after_rmw();
                 return Guard { counter };
             }
             // The epoch moved between the load and the count: undo and count again.
@@ -72,20 +74,6 @@ impl Epoch {
             let _ = self.global.compare_exchange(e, e + 1, SeqCst, SeqCst);
         }
     }
-}
-
-/// Keeps the pinned operation's later loads after its count, as a reclaimer's
-/// [`has_passed`](Epoch::has_passed) needs: either the reclaimer sees the count, or the loads
-/// see every store that preceded its [`now`](Epoch::now). On x86-64 the count is a locked
-/// instruction, which no later load passes, so only the compiler needs holding back there;
-/// an `mfence` on top of it only adds to every pin (a read of a file pins twice). Elsewhere,
-/// and under loom and miri, which check the language's memory model, a `SeqCst` fence.
-#[inline]
-fn order_after_count() {
-    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
-    std::sync::atomic::compiler_fence(SeqCst);
-    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
-    fence(SeqCst);
 }
 
 impl Drop for Guard<'_> {
