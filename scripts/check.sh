@@ -47,6 +47,9 @@ step "loom models"
 RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" \
     CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
     cargo test --locked -p pmfs-core --release --test loom_log --test loom_digest
+RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" \
+    CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
+    cargo test --locked -p pmfs-mapping --release --test loom_hashfs
 
 if [ "${PMFS_SKIP_FUZZ:-0}" != 1 ]; then
     step "fuzz"

@@ -4,10 +4,12 @@
 use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use pmfs_core::layout::BlockNo;
 use pmfs_core::pm::Media;
+// The claim's fence comes from the facade (loom models it); the key sequence stays std.
+use pmfs_core::sync::atomic::fence_after_rmw;
 use pmfs_core::traits::{AllocHint, BlockAllocator, Extent, Run};
 use pmfs_core::{Error, Result};
 
@@ -95,7 +97,7 @@ impl<M: Media> LogBlocks<M> {
             return Ok(None);
         }
         let i = t.claim(home, key.tentative())?.ok_or(Error::NoSpace)?;
-        fence(Ordering::SeqCst);
+        fence_after_rmw();
         let mut j = home;
         let mut clash = false;
         for _ in 0..t.slots {

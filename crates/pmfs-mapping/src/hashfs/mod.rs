@@ -81,8 +81,10 @@
 //!   after it. Each slot therefore goes tombstone → *purging* → empty, re-checking that the
 //!   next slot is still empty in between; and an insert that claims a slot past its home
 //!   *seals* its walk (`HashFs::seal_walk`): from the claimed slot down to the home, every
-//!   empty or purging slot becomes a tombstone. A fence on each side makes one of the two see
-//!   the other. A claim stays invisible to lookups (tentative or staged) until it is sealed.
+//!   empty or purging slot becomes a tombstone. A fence on each side, per slot (between the
+//!   reclaim's purging mark and its re-check, and before each load of the seal), makes one
+//!   of the two see the other; a loom model checks it (`tests/loom_hashfs.rs`). A claim
+//!   stays invisible to lookups (tentative or staged) until it is sealed.
 //! - **Purge, at mount.** [`HashFs::purge_tombstones`] (and [`HashFs::purge_exclusive`],
 //!   which the engine runs at every writable mount of the volume's owner) empties every
 //!   tombstone that lies on no live entry's walk, including those a reclaim leaves (runs that
@@ -187,10 +189,13 @@ pub mod slot;
 pub mod translation_cache;
 
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, CACHE_LINE, Le64, PmOff, Pod, crc32c};
 use pmfs_core::pm::{Media, MediaExt};
+// The fences of the seal/reclaim handshake come from the facade, so that a loom model
+// (`tests/loom_hashfs.rs`) explores them; a handle's cursor is a per-handle hint and stays std.
+use pmfs_core::sync::atomic::fence_after_rmw;
 use pmfs_core::traits::{Extent, FileId, FileMapping, MappingKind, Run};
 use pmfs_core::{Error, Result};
 
@@ -568,16 +573,20 @@ impl<M: Media> HashFs<M> {
     /// Makes every slot of `[home, at)` non-empty for as long as slot `at` stays claimed: an
     /// empty or purging slot becomes a tombstone (flushed; the caller's fence orders it).
     /// The claim walked past these slots while they were in use, but a [reclaim](Self::reclaim)
-    /// may have emptied one since. Walks down from `at - 1` after a sequentially consistent
-    /// fence: a reclaim empties slot `k` only after marking it purging and then seeing slot
-    /// `k + 1` empty, so of the two, one sees the other (a Dekker handshake), and by
-    /// induction from `at` down no slot of the walk is left empty.
+    /// may have emptied one since. Walks down from `at - 1`, with a sequentially consistent
+    /// fence before each slot's load: a reclaim empties slot `k` only after marking it purging
+    /// and then seeing slot `k + 1` empty, while the seal loads slot `k` only after its write
+    /// to slot `k + 1` (the claim, or the seal's own CAS there, or a failed CAS that read
+    /// another claim), so of the two, one sees the other (a Dekker handshake per slot), and by
+    /// induction from `at` down no slot of the walk is left empty. One fence before the whole
+    /// walk is not enough: the loom model `tests/loom_hashfs.rs` finds a removal of two
+    /// entries that cuts the claim off when the seal's later steps are not fenced.
     fn seal_walk(&self, home: u64, at: u64) -> Result<()> {
-        fence(Ordering::SeqCst);
         let mut i = at;
         while i != home {
             i = if i == 0 { self.slots - 1 } else { i - 1 };
             let off = self.slot_off(i);
+            fence_after_rmw();
             let mut w = self.media.load_u64(off)?;
             while w == EMPTY || w == PURGING {
                 match self.media.cas_u64(off, w, TOMBSTONE)? {
@@ -1079,7 +1088,7 @@ impl<M: Media> HashFs<M> {
         if self.media.cas_u64(off, TOMBSTONE, PURGING)?.is_err() {
             return Ok(false);
         }
-        fence(Ordering::SeqCst);
+        fence_after_rmw();
         if !unneeded()? {
             // Fails only if a seal already made it a tombstone.
             let _ = self.media.cas_u64(off, PURGING, TOMBSTONE)?;
