@@ -163,7 +163,10 @@ pub(crate) struct Shared {
     ov: Mutex<Overlay>,
     /// This process's side of the file's tail ([`Fs::lock_tail`]).
     tail: Mutex<()>,
-    /// The applied LSN at the last log compaction.
+    /// Where the next compaction is measured from: the log's first LSN when this process
+    /// opened it, then the applied LSN at each compaction. A block's worth of applied entries
+    /// past it triggers one, so a file opened, written a little and closed many times (a
+    /// journal) keeps a short log too.
     gc_at: AtomicU64,
     /// Writes this process committed since its last digest, and their blocks (see
     /// [`DIGEST_AFTER_ENTRIES`]).
@@ -175,13 +178,14 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// The state of `log` with an empty overlay starting at LSN `digested`.
-    pub fn new(log: FileLog, digested: u64) -> Shared {
+    /// The state of `log` with an empty overlay starting at LSN `digested`, compacting once a
+    /// block of applied entries lies past LSN `gc_from`.
+    pub fn new(log: FileLog, digested: u64, gc_from: u64) -> Shared {
         Shared {
             log,
             ov: Mutex::new(Overlay::new(digested)),
             tail: Mutex::new(()),
-            gc_at: AtomicU64::new(digested),
+            gc_at: AtomicU64::new(gc_from),
             pending_entries: AtomicU64::new(0),
             pending_blocks: AtomicU64::new(0),
             stamped: AtomicU64::new(0),
@@ -673,7 +677,8 @@ impl Fs {
             self.open_log(ino)?
         };
         let d = log.digested(self.inodes.field(ino, field::DIGEST))?;
-        let s = Arc::new(Shared::new(log, d));
+        let first = log.start()?.lsn();
+        let s = Arc::new(Shared::new(log, d, first));
         logs.insert(ino, s.clone());
         *mine = Some(s.clone());
         Ok(Some(s))
@@ -746,7 +751,7 @@ impl Fs {
         // Another process has the log open: read it through a handle of our own.
         let log = self.open_log(ino)?;
         let s = match log.digested(self.inodes.field(ino, field::DIGEST)) {
-            Ok(d) => Shared::new(log, d),
+            Ok(d) => Shared::new(log, d, d),
             Err(e) => {
                 log.close()?;
                 return Err(e.into());

@@ -719,7 +719,7 @@ impl Fs {
         let mut log_blocks: Vec<Extent> = Vec::new();
         if has_log {
             let log = self.open_log(h.ino)?;
-            let shared = data::Shared::new(log, 0);
+            let shared = data::Shared::new(log, 0, 0);
             let digested = self.digest(h.ino, &shared, f);
             shared.log.close()?;
             digested?;
@@ -870,7 +870,7 @@ impl Fs {
             return Ok(());
         }
         let log = self.open_log(inode.ino)?;
-        let shared = data::Shared::new(log, 0);
+        let shared = data::Shared::new(log, 0, 0);
         let done = shared
             .log
             .prepare(&pmfs_core::log::Entry::Punch { lblk: from, len })
@@ -905,7 +905,7 @@ impl Fs {
     fn digest_at_mount(&self, ino: u32) -> Result<()> {
         let f = self.map.open_file(self.file_id(ino))?;
         let log = self.open_log(ino)?;
-        let shared = data::Shared::new(log, 0);
+        let shared = data::Shared::new(log, 0, 0);
         let done = self.digest(ino, &shared, &f).and_then(|()| {
             shared
                 .log
