@@ -9,9 +9,13 @@
 //!   `dup`s (reference-counted), dropped with the last of them. Descriptors point at it from
 //!   a table of epoch-protected pointers (`crossbeam-epoch`): a call on one thread never sees
 //!   the object freed by a `close` on another.
-//! - **The kernel's offset stays the truth**: `read`/`write` fetch it with `lseek(SEEK_CUR)`,
-//!   move the data with `read_at`/`write_at`, and set it with `lseek(SEEK_SET)` (two system
-//!   calls that never reach the daemon). `pread`/`pwrite` make none.
+//! - **The kernel's offset stays the truth**: `read`/`write` of `n` bytes first move it by `n`
+//!   with one `lseek(n, SEEK_CUR)`, which the kernel does atomically and which returns where
+//!   the range starts, then move the data with `read_at`/`write_at`; a short transfer moves
+//!   the offset back by what it did not do. Threads and processes sharing the description so
+//!   get ranges of their own, as the kernel's read and write give them (it holds the
+//!   description's position lock throughout), and the corrections commute. One system call
+//!   per transfer, which never reaches the daemon; `pread`/`pwrite` make none.
 //! - **`O_APPEND`** writes (`write`, `writev`, and `pwrite`/`pwritev`, which append on
 //!   Linux too) use the engine's atomic append ([`OpenNode::append`]): the bytes land at the
 //!   end of file as the log says when the update commits, so appenders in several processes
@@ -488,6 +492,21 @@ fn seek(fd: c_int, off: i64, whence: c_int) -> Option<u64> {
     u64::try_from(r).ok()
 }
 
+/// Moves the offset of `fd` past the next `n` bytes: the start of the range now this caller's.
+/// `None` (the offset unmoved) if the kernel refuses, for example past the largest offset.
+fn claim(fd: c_int, n: usize) -> Option<u64> {
+    seek(fd, n as i64, libc::SEEK_CUR)?.checked_sub(n as u64)
+}
+
+/// Gives back the last `unused` bytes of a range taken by [`claim`]. Relative, so corrections
+/// by threads sharing the offset commute. The data has moved already: a failure cannot send
+/// the call to the kernel a second time, and moving the offset back cannot fail.
+fn unclaim(fd: c_int, unused: usize) {
+    if unused > 0 {
+        let _ = seek(fd, -(unused as i64), libc::SEEK_CUR);
+    }
+}
+
 /// Linux's largest single transfer.
 const MAX_RW: usize = 0x7fff_f000;
 
@@ -509,17 +528,16 @@ impl Served {
         let n = n.min(MAX_RW);
         let at = match off {
             Some(o) => u64::try_from(o).ok()?,
-            None => seek(fd, 0, libc::SEEK_CUR)?,
+            None => claim(fd, n)?,
         };
         // SAFETY: the caller's buffer, writable for `n` bytes.
         let dst = unsafe { core::slice::from_raw_parts_mut(buf, n) };
-        Some(match self.node().read_at(dst, at) {
-            Ok(k) => {
-                if off.is_none() {
-                    seek(fd, (at + k as u64) as i64, libc::SEEK_SET)?;
-                }
-                k as isize
-            }
+        let r = self.node().read_at(dst, at);
+        if off.is_none() {
+            unclaim(fd, n - *r.as_ref().unwrap_or(&0));
+        }
+        Some(match r {
+            Ok(k) => k as isize,
             Err(e) => errno_of(&e),
         })
     }
@@ -566,15 +584,14 @@ impl Served {
         }
         let at = match off {
             Some(o) => u64::try_from(o).ok()?,
-            None => seek(fd, 0, libc::SEEK_CUR)?,
+            None => claim(fd, src.len())?,
         };
-        Some(match self.node().write_at(src, at) {
-            Ok(k) => {
-                if off.is_none() {
-                    seek(fd, (at + k as u64) as i64, libc::SEEK_SET)?;
-                }
-                k as isize
-            }
+        let r = self.node().write_at(src, at);
+        if off.is_none() {
+            unclaim(fd, src.len() - *r.as_ref().unwrap_or(&0));
+        }
+        Some(match r {
+            Ok(k) => k as isize,
             Err(e) => errno_of(&e),
         })
     }
@@ -594,18 +611,20 @@ impl Served {
         if !self.read {
             return None;
         }
-        let start = match off {
-            Some(o) => u64::try_from(o).ok()?,
-            None => seek(fd, 0, libc::SEEK_CUR)?,
-        };
-        let mut done = 0usize;
+        let mut total = 0usize;
         for v in iovs {
-            if v.iov_len == 0 {
-                continue;
-            }
-            if v.iov_base.is_null() || done + v.iov_len > MAX_RW {
+            if v.iov_len > 0 && v.iov_base.is_null() {
                 return None;
             }
+            total = total.checked_add(v.iov_len).filter(|&t| t <= MAX_RW)?;
+        }
+        let start = match off {
+            Some(o) => u64::try_from(o).ok()?,
+            None => claim(fd, total)?,
+        };
+        let mut done = 0usize;
+        let mut failed = None;
+        for v in iovs.iter().filter(|v| v.iov_len > 0) {
             // SAFETY: the caller's iovec buffer.
             let dst =
                 unsafe { core::slice::from_raw_parts_mut(v.iov_base.cast::<u8>(), v.iov_len) };
@@ -616,14 +635,19 @@ impl Served {
                         break;
                     }
                 }
-                Err(e) if done == 0 => return Some(errno_of(&e)),
-                Err(_) => break,
+                Err(e) => {
+                    failed = (done == 0).then_some(e);
+                    break;
+                }
             }
         }
         if off.is_none() {
-            seek(fd, (start + done as u64) as i64, libc::SEEK_SET)?;
+            unclaim(fd, total - done);
         }
-        Some(done as isize)
+        Some(match failed {
+            Some(e) => errno_of(&e),
+            None => done as isize,
+        })
     }
 
     /// `pwritev`/`writev`: the buffers gathered and written as one atomic write.

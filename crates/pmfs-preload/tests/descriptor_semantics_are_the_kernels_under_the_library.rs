@@ -2,7 +2,8 @@
 //! offsets, holes and short reads at EOF, vectored I/O, lseek, dup/dup2/dup3/F_DUPFD(_CLOEXEC)
 //! sharing offsets, O_APPEND and F_SETFL, ftruncate, fallocate and punch hole, fstat/statx
 //! sizes, fsync, EBADF after close, a fork child and an exec'd image writing through a shared
-//! descriptor, a vfork child closing its copy of a descriptor, threads writing at once, a
+//! descriptor, a vfork child closing its copy of a descriptor, threads writing at once (at
+//! offsets, and with write/read on one shared offset: each record in a range of its own), a
 //! shared mapping against read and write, stdio, close_range, a pipe, and file calls from a
 //! constructor before `main` — and prints a transcript. On a pmfs mount the transcript and the files are the same with and without the
 //! library, and the same as on a local directory (except one call the daemon refuses, see
@@ -32,11 +33,11 @@ fn descriptor_calls_give_the_same_results_with_and_without_the_library() {
     assert_eq!(files.len(), 3);
     // The program and its exec'd image report; fork children leave with _exit.
     assert_eq!(c.processes, 2, "{c:?}");
-    // Opened with open(): f, f again with O_APPEND, threads, stream; plus the descriptor the
+    // Opened with open(): f, f again with O_APPEND, threads, records, stream; plus the descriptor the
     // exec'd image inherited, classified on its first read. Duplicates are not new files,
     // fopen opens inside libc, out of the library's sight, and the vfork child's close did not
     // reach the parent's table (else the parent would have classified `f` a second time).
-    assert_eq!(c.pmfs_fds, 5, "{c:?}");
+    assert_eq!(c.pmfs_fds, 6, "{c:?}");
     assert!(c.pmfs_calls >= 60, "{c:?}");
     assert!(c.served >= 40, "{c:?}");
     m.unmount_and_fsck();
