@@ -23,8 +23,11 @@
 //!   their `64` forms) and `statx` of a pmfs regular file let the kernel resolve the name
 //!   from its caches (`statx` with `AT_STATX_DONT_SYNC`: permission checks, no attribute
 //!   refresh) and answer from the inode too.
-//!   The kernel's file offset stays the truth (`lseek` around `read`/`write`), so `dup`s,
-//!   `fork` children and kernel-path users of the same description agree on it.
+//!   The kernel's file offset stays the truth (`read`/`write` take their range from it with
+//!   one atomic `lseek(n, SEEK_CUR)` and give back what a short transfer left unused), so
+//!   `dup`s, threads, `fork` children and kernel-path users of the same description agree on
+//!   it, and concurrent transfers on one description get ranges of their own, as through
+//!   the kernel.
 //! - **`O_APPEND`**: writes on appending descriptions (`write`, `writev`, and `pwrite`/
 //!   `pwritev`, which append on Linux as well) use the engine's atomic append: the bytes land
 //!   at the end of file as the log says when the update commits, so appenders in any number
@@ -114,8 +117,12 @@
 //!   running when it happens finishes. Descriptors classified after that get the kernel's
 //!   errors. A probe that cannot open `/proc` files (the process is out of descriptors)
 //!   leaves the answer as it was until the next probe.
-//! - `read`/`write` on one description from several threads or processes at once: the offset
-//!   update (`lseek`, copy, `lseek`) is not atomic as the kernel's is.
+//! - `read`/`write` on one description from several threads or processes at once: a transfer
+//!   that comes up short (end of file, an error) gives its unused range back in a second
+//!   step. A transfer that took its range in between starts after the whole range asked
+//!   for: a read at end of file still reads nothing, as it would after the first, but after
+//!   a write that failed part-way the next writer's bytes lie past a hole and the offset
+//!   ends short of them (through the kernel they would follow the bytes written).
 //! - `O_APPEND` set or cleared by `F_SETFL` in *another* process sharing the description (a
 //!   `fork` child or parent) is not seen: this process keeps the mode it last knew.
 //! - A buffer the kernel would answer `EFAULT` for crashes the caller instead.
