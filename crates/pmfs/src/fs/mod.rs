@@ -66,6 +66,11 @@ const RELEASE_BATCH_MIN: u64 = 64;
 const RELEASE_BATCH_MAX: u64 = 4096;
 pub(crate) const LOCK_STRIPES: usize = 1024;
 
+/// How many deferred files one scan of a HashFS table of `slots` slots frees.
+fn release_batch_len(slots: u64) -> u64 {
+    (slots / SLOTS_PER_RELEASE).clamp(RELEASE_BATCH_MIN, RELEASE_BATCH_MAX)
+}
+
 /// What mounting found and repaired.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MountReport {
@@ -737,8 +742,11 @@ impl Fs {
             }
             m.fence();
         }
-        if has_log && !thorough && matches!(self.stage, Stager::Hash(_)) {
-            return self.defer_release(h);
+        if has_log
+            && !thorough
+            && let Stager::Hash(t) = &self.stage
+        {
+            return self.defer_release(h, release_batch_len(t.data().len));
         }
         let blocks = rec.size.div_ceil(BLOCK_SIZE);
         if self.map.kind() == MappingKind::HashFs
@@ -783,11 +791,12 @@ impl Fs {
     /// free space is asked for, and at unmount. Until then the inode stays live without a
     /// link, an orphan: nobody can open it, its number is not reused, and after a crash the
     /// mount frees it as it frees every orphan.
-    fn defer_release(&self, h: Handle) -> Result<()> {
+    /// `batch`: the files of a batch ([`release_batch_len`]).
+    fn defer_release(&self, h: Handle, batch: u64) -> Result<()> {
         let mut pending = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
         pending.push(h);
         self.releasing_any.store(true, Ordering::Release);
-        if pending.len() as u64 >= self.release_batch_len() {
+        if pending.len() as u64 >= batch {
             self.release_batch(&mut pending)?;
         }
         Ok(())
@@ -802,16 +811,6 @@ impl Fs {
                 self.inodes.alloc(self.m())
             }
             r => r,
-        }
-    }
-
-    /// How many deferred files one scan of the HashFS table frees (see [`SLOTS_PER_RELEASE`]).
-    fn release_batch_len(&self) -> u64 {
-        match &self.stage {
-            Stager::Hash(t) => {
-                (t.data().len / SLOTS_PER_RELEASE).clamp(RELEASE_BATCH_MIN, RELEASE_BATCH_MAX)
-            }
-            Stager::Alloc(_) => RELEASE_BATCH_MIN,
         }
     }
 
