@@ -8,6 +8,13 @@
 //! from its home (no empty slot lies between them), so an inserted block is found by a lookup;
 //! no slot is left purging; the removed entries are gone and no two claims share a slot.
 //!
+//! Two more models check the claims of log blocks (the "Log blocks" section,
+//! `LogBlocks::alloc`): two threads allocate a log block of one file each, through handles
+//! of their own that try the same key first, in an empty table or past an entry that a
+//! `remove` frees meanwhile. Checked once the threads are done: the two blocks differ and
+//! each is a committed log block of the file; no key is committed in two slots; every
+//! committed slot is reachable from its home; no slot is left tentative or purging.
+//!
 //! ```text
 //! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom \
 //!     cargo test -p pmfs-mapping --release --test loom_hashfs
@@ -28,6 +35,15 @@
 //! The table is formatted and filled on a heap region outside the model; each execution starts
 //! from a copy of the words the operations use (the header and the slot table) in loom atomics,
 //! and any other access panics.
+//!
+//! A log handle holds its table and tries keys in a sequence from a random start, so the log
+//! models keep one table and two handles across executions. The table's media ([`Stage`])
+//! reads the starting words between executions and the loom atomics of an execution during
+//! it. Before each execution, the handles try keys on the starting words with every claim's
+//! CAS refused, which changes nothing but their place in their sequences, until both try the
+//! same key next and its home is [`HOME`] ([`align`]). The keys then differ from one
+//! execution to the next only above their low three bits, which alone make the home in a
+//! table of one cluster group, so every execution runs the same steps.
 //!
 //! # What the models found
 //!
@@ -50,20 +66,31 @@
 //! Neither outcome was possible on x86-64 hardware (a locked CAS is a full barrier, and
 //! stores are seen by every core at once), but both are under the language's memory model.
 //! The seal now fences before each load, and every model passes.
+//!
+//! The log models fail if a claimer does not search the key's whole chain for the other
+//! claim (from the home, past its own slot, past tombstones, for tentative and committed
+//! words), or leaves its slot tentative when it gives it up. Only the model with the removal
+//! fails without the fence between the claim and the search. When no slot of the walks is
+//! freed meanwhile, the claim whose slot lies further from the home walks past the other's
+//! slot and either reads that claim or CASes the slot, and the two read-modify-writes order
+//! the claimers. With the removal, one claim walks past the entry's slot while it is live,
+//! the other takes the slot once it is freed, and only the fences make one of the two
+//! searches see the other.
 
 #![cfg(loom)]
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Mutex;
 
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::pm::{HeapRegion, Media};
-use pmfs_core::traits::{Extent, FileId, FileMapping, Run};
+use pmfs_core::traits::{AllocHint, BlockAllocator, Extent, FileId, FileMapping, Run};
 use pmfs_core::{Error, Result};
-use pmfs_mapping::hashfs::slot::{EMPTY, PURGING};
-use pmfs_mapping::hashfs::{HashFs, HashFsFile};
+use pmfs_mapping::hashfs::slot::{EMPTY, PURGING, Slot};
+use pmfs_mapping::hashfs::{HashFs, HashFsFile, LOG_LBLK_END, LOG_LBLK_FIRST, LogBlocks};
 
 const SLOTS: u64 = 8;
 const META: Extent = Extent {
@@ -77,7 +104,8 @@ const DATA: Extent = Extent {
 /// The slot table: meta blocks 2.. (the module docs' format).
 const TABLE: PmOff = PmOff((META.start.0 + 2) * BLOCK_SIZE);
 const HEADER_WORDS: u64 = 16;
-/// The home of the claims' blocks (of the first one's with two homes), and of the first entry.
+/// The home of the claims' blocks (of the first one's with two homes), of the first entry, and
+/// of the key the log claims race on.
 const HOME: u64 = 3;
 
 /// A media whose words are loom atomics: the header and the slot table, nothing else.
@@ -225,7 +253,7 @@ fn snapshot(entries: &[(u64, u64)], via: Via) -> Vec<(u64, u64)> {
 
 /// Frees the entries `(ino, slot)` of the initial table, one removal after the other (all
 /// at once with [`Via::Batch`]).
-fn free(t: &Table, entries: &[(u64, u64)], via: Via) {
+fn free<M: Media>(t: &HashFs<M>, entries: &[(u64, u64)], via: Via) {
     match via {
         Via::Insert => {
             for &(ino, slot) in entries {
@@ -261,7 +289,7 @@ fn claim(t: &Table, ino: u64, lblk: u64, via: Via) -> u64 {
 }
 
 /// Whether a walk from `home` reaches slot `at` before an empty slot.
-fn reachable(t: &Table, home: u64, at: u64) -> bool {
+fn reachable<M: Media>(t: &HashFs<M>, home: u64, at: u64) -> bool {
     let mut i = home;
     while i != at {
         if t.media().load_u64(slot_off(i)).unwrap() == EMPTY {
@@ -378,4 +406,237 @@ fn an_insert_beside_a_batch_removal_of_two() {
 #[test]
 fn two_inserts_beside_two_removals() {
     claims_beside_a_removal(PASSED_TWO, &[HOME, HOME + 1], Via::Insert);
+}
+
+/// The file whose log blocks the log models allocate.
+const LOG_INO: u64 = 7;
+/// Size of the log range of a file.
+const LOG_SPAN: u64 = LOG_LBLK_END - LOG_LBLK_FIRST;
+
+/// The media of a model whose table outlives its executions, so that the [`LogBlocks`]
+/// handles holding it can too (see [`align`]). Each execution installs a [`LoomMedia`] made
+/// from the starting words and takes it out at its end. Between executions, loads read the
+/// starting words, a CAS is refused after noting the word it would have written (see
+/// [`rehearse`]), and any write panics.
+struct Stage {
+    start: Vec<(u64, u64)>,
+    live: Mutex<Option<std::sync::Arc<LoomMedia>>>,
+    /// The word of the last CAS refused between executions.
+    tried: Mutex<Option<u64>>,
+}
+
+impl Stage {
+    fn new(start: Vec<(u64, u64)>) -> Self {
+        Self {
+            start,
+            live: Mutex::new(None),
+            tried: Mutex::new(None),
+        }
+    }
+
+    /// Installs the media of an execution (`Some`) or takes it out (`None`).
+    fn install(&self, media: Option<LoomMedia>) {
+        *self.live.lock().unwrap() = media.map(std::sync::Arc::new);
+    }
+
+    /// The media of the running execution, if one is installed. The lock is not held while
+    /// the media is used: loom switches threads inside its accesses.
+    fn live(&self) -> Option<std::sync::Arc<LoomMedia>> {
+        self.live.lock().unwrap().clone()
+    }
+
+    /// The media of the running execution, for a write.
+    fn playing(&self) -> std::sync::Arc<LoomMedia> {
+        self.live().expect("a write between executions")
+    }
+
+    /// The starting word at `off`.
+    fn start_word(&self, off: PmOff) -> u64 {
+        let w = self.start.iter().find(|w| w.0 == off.0).map(|w| w.1);
+        w.unwrap_or_else(|| panic!("access outside the model at {off}"))
+    }
+}
+
+impl Media for Stage {
+    fn size(&self) -> u64 {
+        DATA.end().0 * BLOCK_SIZE
+    }
+
+    fn read(&self, off: PmOff, buf: &mut [u8]) -> Result<()> {
+        if let Some(m) = self.live() {
+            return m.read(off, buf);
+        }
+        assert!(buf.len().is_multiple_of(8), "partial word access at {off}");
+        for (k, chunk) in (0..).zip(buf.chunks_exact_mut(8)) {
+            chunk.copy_from_slice(&self.start_word(off + 8 * k).to_le_bytes());
+        }
+        Ok(())
+    }
+
+    fn write(&self, off: PmOff, src: &[u8]) -> Result<()> {
+        self.playing().write(off, src)
+    }
+
+    fn write_nt(&self, off: PmOff, src: &[u8]) -> Result<()> {
+        self.playing().write_nt(off, src)
+    }
+
+    fn fill_nt(&self, off: PmOff, len: u64, byte: u8) -> Result<()> {
+        self.playing().fill_nt(off, len, byte)
+    }
+
+    fn flush(&self, off: PmOff, len: u64) -> Result<()> {
+        self.playing().flush(off, len)
+    }
+
+    fn fence(&self) {}
+
+    fn load_u64(&self, off: PmOff) -> Result<u64> {
+        match self.live() {
+            Some(m) => m.load_u64(off),
+            None => Ok(self.start_word(off)),
+        }
+    }
+
+    fn store_u64(&self, off: PmOff, val: u64) -> Result<()> {
+        self.playing().store_u64(off, val)
+    }
+
+    fn cas_u64(&self, off: PmOff, current: u64, new: u64) -> Result<Result<u64, u64>> {
+        if let Some(m) = self.live() {
+            return m.cas_u64(off, current, new);
+        }
+        *self.tried.lock().unwrap() = Some(new);
+        Err(Error::Unsupported("a claim between executions"))
+    }
+}
+
+/// Lets `h` try its next key between executions: the claim's CAS is refused, so nothing
+/// changes but `h`'s place in its key sequence, which moves on by one. Returns the offset of
+/// the key it tried in the log range.
+fn rehearse(t: &HashFs<Stage>, h: &LogBlocks<Stage>) -> u64 {
+    assert!(h.alloc(1, AllocHint::metadata()).is_err());
+    let tried = t.media().tried.lock().unwrap().take();
+    match tried.and_then(Slot::decode) {
+        Some(Slot::Tentative(k)) if k.ino == LOG_INO => k.lblk - LOG_LBLK_FIRST,
+        s => panic!("a log claim of {s:?}"),
+    }
+}
+
+/// Brings handles `a` and `b` of file [`LOG_INO`] to the same next key, one whose home is
+/// [`HOME`], by rehearsals (see [`rehearse`]). A handle tries the keys `x, x + step, x + 2 step,
+/// ...` of the log range (offsets modulo its size) from a random `x`, and `step` is odd: from
+/// the distance of two keys the handles tried, the inverse of `step` gives how many keys one
+/// is ahead of the other, and the one behind catches up. Then both move on together, by one
+/// key at least (which checks that they try the same keys), until the next key's home is
+/// [`HOME`].
+fn align(t: &HashFs<Stage>, a: &LogBlocks<Stage>, b: &LogBlocks<Stage>) {
+    let a0 = rehearse(t, a);
+    let a1 = rehearse(t, a);
+    let step = a1.wrapping_sub(a0) & (LOG_SPAN - 1);
+    // An odd `step` is its own inverse modulo 2^3; each round doubles the exponent (Newton).
+    let mut inverse = step;
+    for _ in 0..5 {
+        inverse = inverse.wrapping_mul(2u64.wrapping_sub(step.wrapping_mul(inverse)));
+    }
+    let b1 = rehearse(t, b);
+    let ahead = b1.wrapping_sub(a1).wrapping_mul(inverse) & (LOG_SPAN - 1);
+    let (behind, lag) = if ahead < LOG_SPAN / 2 {
+        (a, ahead)
+    } else {
+        (b, LOG_SPAN - ahead)
+    };
+    for _ in 0..lag {
+        rehearse(t, behind);
+    }
+    let next = |x: u64| LOG_LBLK_FIRST + ((x + step) & (LOG_SPAN - 1));
+    loop {
+        let last = rehearse(t, a);
+        assert_eq!(rehearse(t, b), last, "the handles did not align");
+        if t.home_of(LOG_INO, next(last)) == HOME {
+            break;
+        }
+    }
+}
+
+/// Runs every interleaving of two threads allocating a log block of file [`LOG_INO`] each
+/// through handles of their own that try the same key first (home [`HOME`]), beside a
+/// removal that frees `entries` (see [`snapshot`]).
+fn log_claims_beside_a_removal(entries: &'static [(u64, u64)]) {
+    let stage = Stage::new(snapshot(entries, Via::Insert));
+    let t = std::sync::Arc::new(HashFs::open(stage, META, DATA).unwrap());
+    let handles = [t.log_blocks(LOG_INO), t.log_blocks(LOG_INO)].map(std::sync::Arc::new);
+    loom::model(move || {
+        align(&t, &handles[0], &handles[1]);
+        t.media().install(Some(LoomMedia::new(&t.media().start)));
+        let threads: Vec<_> = handles
+            .iter()
+            .map(|h| {
+                let h = h.clone();
+                thread::spawn(move || h.alloc(1, AllocHint::metadata()).unwrap())
+            })
+            .collect();
+        free(&*t, entries, Via::Insert);
+        let got: Vec<u64> = threads
+            .into_iter()
+            .map(|h| {
+                let e = h.join().unwrap();
+                assert_eq!(e.len, 1);
+                e.start.0 - DATA.start.0
+            })
+            .collect();
+
+        assert_ne!(got[0], got[1], "two allocations of one block");
+        let mut keys = HashSet::new();
+        for i in 0..SLOTS {
+            match Slot::decode(t.media().load_u64(slot_off(i)).unwrap()) {
+                Some(Slot::Committed(k)) => {
+                    let (ino, lblk) = (k.ino, k.lblk);
+                    assert!(keys.insert(k), "block {lblk} of file {ino} in two slots");
+                    assert!(
+                        reachable(&*t, t.home_of(ino, lblk), i),
+                        "block {lblk} of file {ino} in slot {i} is cut off from its home"
+                    );
+                    if ino == LOG_INO {
+                        assert!(got.contains(&i), "log block in slot {i} not allocated");
+                    }
+                }
+                Some(Slot::Empty | Slot::Tombstone) => {}
+                s => panic!("slot {i} left {s:?}"),
+            }
+        }
+        for &i in &got {
+            let s = Slot::decode(t.media().load_u64(slot_off(i)).unwrap());
+            assert!(
+                matches!(s, Some(Slot::Committed(k)) if k.ino == LOG_INO
+                    && (LOG_LBLK_FIRST..LOG_LBLK_END).contains(&k.lblk)),
+                "slot {i} allocated but holds {s:?}"
+            );
+        }
+        for &(ino, slot) in entries {
+            assert_ne!(
+                t.media().load_u64(slot_off(slot)).unwrap(),
+                t.media().start_word(slot_off(slot)),
+                "entry {ino} in slot {slot} was not freed"
+            );
+        }
+        t.media().install(None);
+    });
+}
+
+/// Two allocations of one file's log blocks race on one key in an empty table: the first
+/// claim takes the home slot, the second the next one and seals its walk. At most one of
+/// them keeps the key (both may give it up); a claimer that gives its slot back tries its
+/// next key.
+#[test]
+fn two_log_claims_of_one_key() {
+    log_claims_beside_a_removal(&[]);
+}
+
+/// The same race past the entry in the key's home while a `remove` frees it: the claims'
+/// walks (the seal's and the search for the other claim) run against the reclaim, and one
+/// claim may take the home slot after the other passed it while the entry was live.
+#[test]
+fn two_log_claims_of_one_key_beside_a_removal() {
+    log_claims_beside_a_removal(PASSED);
 }
