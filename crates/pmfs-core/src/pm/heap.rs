@@ -104,4 +104,47 @@ mod tests {
         r.read(PmOff(128), &mut c).unwrap();
         assert!(c.iter().all(|&x| x == 0xab));
     }
+
+    /// `copy_within_nt` directly and through a buffer (the trait's default) give the same
+    /// bytes, at odd offsets and lengths on both sides of the streaming threshold and of the
+    /// buffer's size, and both refuse overlapping and out-of-bounds ranges.
+    #[test]
+    fn copies_within_the_media() {
+        let size = 64 * 1024;
+        let pattern: Vec<u8> = (0..size).map(|i| (i * 7 + i / 251) as u8).collect();
+        for (from, to, len) in [(0, 8192, 4096), (13, 20_001, 100), (4095, 40_000, 5000)] {
+            let direct = HeapRegion::from_image(&pattern).unwrap();
+            let buffered = HeapRegion::from_image(&pattern).unwrap();
+            direct.copy_within_nt(PmOff(from), PmOff(to), len).unwrap();
+            crate::pm::media::copy_through_buffer(&buffered, PmOff(from), PmOff(to), len).unwrap();
+            direct.fence();
+            let mut want = pattern.clone();
+            want.copy_within(from as usize..(from + len) as usize, to as usize);
+            for r in [&direct, &buffered] {
+                let mut got = vec![0u8; size as usize];
+                r.read(PmOff(0), &mut got).unwrap();
+                assert!(got == want, "copy of {len} bytes from {from} to {to}");
+            }
+        }
+        let r = HeapRegion::new(size).unwrap();
+        for (from, to, len) in [(0, 100, 200), (300, 200, 101), (500, 500, 1)] {
+            assert!(matches!(
+                r.copy_within_nt(PmOff(from), PmOff(to), len),
+                Err(Error::InvalidArgument(_))
+            ));
+            assert!(matches!(
+                crate::pm::media::copy_through_buffer(&r, PmOff(from), PmOff(to), len),
+                Err(Error::InvalidArgument(_))
+            ));
+        }
+        assert!(matches!(
+            r.copy_within_nt(PmOff(size - 10), PmOff(0), 11),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.copy_within_nt(PmOff(0), PmOff(size - 10), 11),
+            Err(Error::OutOfBounds { .. })
+        ));
+        r.copy_within_nt(PmOff(0), PmOff(0), 0).unwrap();
+    }
 }

@@ -46,6 +46,14 @@ pub trait Media: Send + Sync {
     /// fence).
     fn fill_nt(&self, off: PmOff, len: u64, byte: u8) -> Result<()>;
 
+    /// Copies `len` bytes at `from` to `to` with non-temporal stores (durable after the next
+    /// fence), as [`read`](Media::read) then [`write_nt`](Media::write_nt) would; the ranges
+    /// must not overlap ([`Error::InvalidArgument`](crate::Error::InvalidArgument)). Regions
+    /// that map their media copy it directly, without a DRAM buffer between.
+    fn copy_within_nt(&self, from: PmOff, to: PmOff, len: u64) -> Result<()> {
+        copy_through_buffer(self, from, to, len)
+    }
+
     /// Writes back the cache lines covering `[off, off + len)`; durable after the next fence.
     fn flush(&self, off: PmOff, len: u64) -> Result<()>;
 
@@ -114,6 +122,31 @@ pub trait Media: Send + Sync {
     }
 }
 
+/// [`Media::copy_within_nt`] through a buffer on the stack: [`read`](Media::read) and
+/// [`write_nt`](Media::write_nt) a piece at a time.
+pub(crate) fn copy_through_buffer<M: Media + ?Sized>(
+    m: &M,
+    from: PmOff,
+    to: PmOff,
+    len: u64,
+) -> Result<()> {
+    if from.0 < to.0.saturating_add(len) && to.0 < from.0.saturating_add(len) && len > 0 {
+        return Err(crate::Error::InvalidArgument(
+            "overlapping copy within the media",
+        ));
+    }
+    let mut buf = [0u8; 512];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64);
+        let piece = &mut buf[..n as usize];
+        m.read(from + done, piece)?;
+        m.write_nt(to + done, piece)?;
+        done += n;
+    }
+    Ok(())
+}
+
 /// Typed helpers over any [`Media`], kept apart so `Media` stays object safe.
 pub trait MediaExt: Media {
     /// Reads a [`Pod`] value at `off`.
@@ -163,6 +196,9 @@ macro_rules! forward_media {
             }
             fn fill_nt(&self, off: PmOff, len: u64, byte: u8) -> Result<()> {
                 (**self).fill_nt(off, len, byte)
+            }
+            fn copy_within_nt(&self, from: PmOff, to: PmOff, len: u64) -> Result<()> {
+                (**self).copy_within_nt(from, to, len)
             }
             fn flush(&self, off: PmOff, len: u64) -> Result<()> {
                 (**self).flush(off, len)

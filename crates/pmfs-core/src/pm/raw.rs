@@ -91,6 +91,17 @@ impl RawRegion {
         Ok(())
     }
 
+    pub(crate) fn copy_within_nt(&self, from: PmOff, to: PmOff, len: u64) -> Result<()> {
+        let src = self.ptr(from, len)?;
+        let dst = self.ptr(to, len)?;
+        if from.0 < to.0 + len && to.0 < from.0 + len && len > 0 {
+            return Err(Error::InvalidArgument("overlapping copy within the media"));
+        }
+        // SAFETY: both ranges are in bounds and mapped, and they do not overlap.
+        unsafe { persist::copy_nt_from(dst, src, len as usize) };
+        Ok(())
+    }
+
     pub(crate) fn fill_nt(&self, off: PmOff, len: u64, byte: u8) -> Result<()> {
         let p = self.ptr(off, len)?;
         // SAFETY: `p..p+len` is in bounds and writable.
@@ -159,6 +170,9 @@ macro_rules! media_via_raw {
             }
             fn fill_nt(&self, off: PmOff, len: u64, byte: u8) -> Result<()> {
                 self.raw().fill_nt(off, len, byte)
+            }
+            fn copy_within_nt(&self, from: PmOff, to: PmOff, len: u64) -> Result<()> {
+                self.raw().copy_within_nt(from, to, len)
             }
             fn flush(&self, off: PmOff, len: u64) -> Result<()> {
                 self.raw().flush(off, len)

@@ -655,6 +655,14 @@ impl super::Media for PmRegion {
         }
     }
 
+    fn copy_within_nt(&self, from: PmOff, to: PmOff, len: u64) -> Result<()> {
+        match &self.map {
+            Map::Mmap(_) => self.raw.copy_within_nt(from, to, len),
+            #[cfg(feature = "libpmem")]
+            Map::Libpmem(_) => super::media::copy_through_buffer(self, from, to, len),
+        }
+    }
+
     fn flush(&self, off: PmOff, len: u64) -> Result<()> {
         match &self.map {
             Map::Mmap(_) => self.raw.flush(off, len),

@@ -1266,14 +1266,7 @@ impl Fs {
 
     /// Copies the old contents of a partial block outside its new bytes: from where the
     /// block lives now (zeros for a hole), zeros at and after `size`.
-    fn copy_old(
-        &self,
-        ov: Option<&Overlay>,
-        f: &MapFile,
-        p: &Partial,
-        size: u64,
-        scratch: &mut Vec<u8>,
-    ) -> Result<()> {
+    fn copy_old(&self, ov: Option<&Overlay>, f: &MapFile, p: &Partial, size: u64) -> Result<()> {
         let m = self.m();
         let bs = p.lblk * BS;
         let src = self.block_at(ov, f, p.lblk)?;
@@ -1286,9 +1279,7 @@ impl Fs {
             if let Some(sp) = src
                 && keep > a
             {
-                scratch.resize((keep - a) as usize, 0);
-                m.read(PmOff(sp * BS) + (a - bs), scratch)?;
-                m.write_nt(dst + (a - bs), scratch)?;
+                m.copy_within_nt(PmOff(sp * BS) + (a - bs), dst + (a - bs), keep - a)?;
             } else if keep > a {
                 m.fill_nt(dst + (a - bs), keep - a, 0)?;
             }
@@ -1325,7 +1316,6 @@ impl Fs {
             at: self.inodes.field(n.h.ino, field::LOG),
         })?;
         let f = self.node_map(n)?;
-        let mut scratch = Vec::new();
         // Staging may find no space while blocks that undigested writes replaced are still
         // allocated: digest them and try once more.
         let mut digested = false;
@@ -1413,7 +1403,7 @@ impl Fs {
                     }
                 }
                 for p in &partials {
-                    self.copy_old(Some(&ov), f, p, size, &mut scratch)?;
+                    self.copy_old(Some(&ov), f, p, size)?;
                 }
                 if let Some((p, pblk)) = in_place {
                     self.write_in_tail(&p, pblk)?;
@@ -1464,7 +1454,6 @@ impl Fs {
                 size,
                 how.append,
                 hold.is_some(),
-                &mut scratch,
             ) {
                 Ok(Attempt::Committed { from, lsn }) => {
                     drop(tail.take());
@@ -1510,7 +1499,6 @@ impl Fs {
         planned_size: u64,
         append: bool,
         mapped: bool,
-        scratch: &mut Vec<u8>,
     ) -> Result<Attempt> {
         let mut prepared = s.log.prepare(entry)?;
         let Entry::Write { runs: mine, .. } = entry else {
@@ -1571,7 +1559,7 @@ impl Fs {
                     }
                     for (p, d) in partials.iter().zip(dirty) {
                         if d {
-                            self.copy_old(Some(&ov), f, p, size, scratch)?;
+                            self.copy_old(Some(&ov), f, p, size)?;
                         }
                     }
                     // Entries after `checked` that the overlay folded are in the copies too,

@@ -367,6 +367,18 @@ pub unsafe fn copy_nt(dst: *mut u8, src: &[u8]) {
     unsafe { copy_nt_on(active_path(), needs_flush(), dst, src.as_ptr(), src.len()) }
 }
 
+/// [`copy_nt`] from `len` bytes at `src`, which may lie in the media too: a block copied from
+/// one place of the media to another without a stop in a DRAM buffer.
+///
+/// # Safety
+/// `dst` must be valid for writes and `src` for reads of `len` bytes, and they must not
+/// overlap.
+#[inline]
+pub unsafe fn copy_nt_from(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded from the caller; the active path is available.
+    unsafe { copy_nt_on(active_path(), needs_flush(), dst, src, len) }
+}
+
 /// Copies `len` bytes from `src` (the media) to `dst` (a DRAM buffer) through the cache: a
 /// read. With AVX-512 on the active path, whole lines move in 64-byte vectors, four lines at a
 /// time; that keeps more loads in flight than `memcpy` does for a block whose lines are not

@@ -76,6 +76,7 @@ fn create_write_reopen_round_trip() {
             r.write(PmOff(300_000), b"cached").unwrap();
             r.persist(PmOff(300_000), 6).unwrap();
             r.fill_nt(PmOff(400_003), 9000, 0xa5).unwrap();
+            r.copy_within_nt(PmOff(20), PmOff(500_001), 7000).unwrap();
             r.fence();
             r.store_u64_persist(PmOff(4 * MIB - 8), 0x0123_4567_89ab_cdef)
                 .unwrap();
@@ -98,6 +99,7 @@ fn create_write_reopen_round_trip() {
             );
             assert_eq!(read_vec(&r, 200_001, 5000), data[..5000]);
             assert_eq!(read_vec(&r, 300_000, 6), b"cached");
+            assert_eq!(read_vec(&r, 500_001, 7000), data[7..7007]);
             let fill = read_vec(&r, 400_002, 9002);
             assert_eq!((fill[0], fill[9001]), (0, 0));
             assert!(fill[1..9001].iter().all(|&b| b == 0xa5));
@@ -313,7 +315,10 @@ fn every_dispatch_path_writes_through_the_region() {
             let off = 1 + i as u64 * 80_001 % (MIB - 80_000);
             r.write_nt(PmOff(off), &data).unwrap();
             r.fill_nt(PmOff(off + 70_000), 300, i as u8).unwrap();
+            let to = if off > MIB / 2 { 5 } else { MIB - 6000 };
+            r.copy_within_nt(PmOff(off + 11), PmOff(to), 5000).unwrap();
             r.fence();
+            assert_eq!(read_vec(&r, to, 5000), data[11..5011], "{path}");
             assert_eq!(read_vec(&r, off, data.len()), data, "{path}");
             assert!(
                 read_vec(&r, off + 70_000, 300)
