@@ -294,6 +294,16 @@ struct Partial {
     new_to: u64,
 }
 
+/// The blocks of `sg` that it writes in part: its first and its last, when the new bytes
+/// do not cover them whole.
+fn partial_blocks<'s>(sg: &'s Seg<'_>) -> impl Iterator<Item = u64> + 's {
+    let last = sg.lblk + sg.len.max(1) - 1;
+    [sg.lblk, last]
+        .into_iter()
+        .take(sg.len.min(2) as usize)
+        .filter(|&b| sg.from > b * BS || sg.to < (b + 1) * BS)
+}
+
 /// Plans a copy-on-write update from the overlay, the mapping handle and the current size:
 /// the segments and the size to extend to, or `None` for nothing to do.
 type Plan<'p, 'b> =
@@ -1264,12 +1274,11 @@ impl Fs {
         }
     }
 
-    /// Copies the old contents of a partial block outside its new bytes: from where the
-    /// block lives now (zeros for a hole), zeros at and after `size`.
-    fn copy_old(&self, ov: Option<&Overlay>, f: &MapFile, p: &Partial, size: u64) -> Result<()> {
+    /// Copies the old contents of a partial block outside its new bytes: from `src`, where
+    /// the block lives now (zeros for a hole), zeros at and after `size`.
+    fn copy_old(&self, src: Option<u64>, p: &Partial, size: u64) -> Result<()> {
         let m = self.m();
         let bs = p.lblk * BS;
-        let src = self.block_at(ov, f, p.lblk)?;
         for (a, b) in [(bs, p.new_from), (p.new_to, bs + BS)] {
             if a >= b {
                 continue;
@@ -1356,6 +1365,16 @@ impl Fs {
             if segs.is_empty() && own.is_empty() && in_place.is_none() && extend_to == 0 {
                 return Ok(None);
             }
+            // Where the blocks to be written in part live now, looked up and hinted before
+            // the staging, so that their copies find them in the cache.
+            let mut old: Vec<(u64, Option<u64>)> = Vec::new();
+            for b in segs.iter().flat_map(partial_blocks) {
+                let at = self.block_at(Some(&ov), f, b)?;
+                if let Some(pblk) = at {
+                    self.m().prefetch_range(PmOff(pblk * BS), BS);
+                }
+                old.push((b, at));
+            }
             let mut runs: Vec<Run> = Vec::new();
             let mut partials: Vec<Partial> = Vec::new();
             let staged = (|| -> Result<()> {
@@ -1403,7 +1422,11 @@ impl Fs {
                     }
                 }
                 for p in &partials {
-                    self.copy_old(Some(&ov), f, p, size)?;
+                    let src = match old.iter().find(|o| o.0 == p.lblk) {
+                        Some(&(_, at)) => at,
+                        None => self.block_at(Some(&ov), f, p.lblk)?,
+                    };
+                    self.copy_old(src, p, size)?;
                 }
                 if let Some((p, pblk)) = in_place {
                     self.write_in_tail(&p, pblk)?;
@@ -1559,7 +1582,7 @@ impl Fs {
                     }
                     for (p, d) in partials.iter().zip(dirty) {
                         if d {
-                            self.copy_old(Some(&ov), f, p, size)?;
+                            self.copy_old(self.block_at(Some(&ov), f, p.lblk)?, p, size)?;
                         }
                     }
                     // Entries after `checked` that the overlay folded are in the copies too,
