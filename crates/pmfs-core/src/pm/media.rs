@@ -122,6 +122,17 @@ pub trait Media: Send + Sync {
     }
 }
 
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `[from, from + len)` and
+/// `[to, to + len)` overlap (the check of [`Media::copy_within_nt`]).
+pub(crate) fn disjoint(from: PmOff, to: PmOff, len: u64) -> Result<()> {
+    if len > 0 && from.0 < to.0.saturating_add(len) && to.0 < from.0.saturating_add(len) {
+        return Err(crate::Error::InvalidArgument(
+            "overlapping copy within the media",
+        ));
+    }
+    Ok(())
+}
+
 /// [`Media::copy_within_nt`] through a buffer on the stack: [`read`](Media::read) and
 /// [`write_nt`](Media::write_nt) a piece at a time.
 pub(crate) fn copy_through_buffer<M: Media + ?Sized>(
@@ -130,11 +141,7 @@ pub(crate) fn copy_through_buffer<M: Media + ?Sized>(
     to: PmOff,
     len: u64,
 ) -> Result<()> {
-    if from.0 < to.0.saturating_add(len) && to.0 < from.0.saturating_add(len) && len > 0 {
-        return Err(crate::Error::InvalidArgument(
-            "overlapping copy within the media",
-        ));
-    }
+    disjoint(from, to, len)?;
     let mut buf = [0u8; 512];
     let mut done = 0;
     while done < len {

@@ -94,9 +94,7 @@ impl RawRegion {
     pub(crate) fn copy_within_nt(&self, from: PmOff, to: PmOff, len: u64) -> Result<()> {
         let src = self.ptr(from, len)?;
         let dst = self.ptr(to, len)?;
-        if from.0 < to.0 + len && to.0 < from.0 + len && len > 0 {
-            return Err(Error::InvalidArgument("overlapping copy within the media"));
-        }
+        super::media::disjoint(from, to, len)?;
         // SAFETY: both ranges are in bounds and mapped, and they do not overlap.
         unsafe { persist::copy_nt_from(dst, src, len as usize) };
         Ok(())

@@ -282,6 +282,11 @@ impl Seg<'_> {
     fn covers(&self, lblk: u64) -> bool {
         (self.lblk..self.lblk + self.len).contains(&lblk)
     }
+
+    /// Whether the new bytes cover only part of block `lblk`, one of the segment's blocks.
+    fn partly_writes(&self, lblk: u64) -> bool {
+        self.from > lblk * BS || self.to < (lblk + 1) * BS
+    }
 }
 
 /// A block of a plan whose old contents must be copied: the bytes outside `[new_from,
@@ -301,7 +306,7 @@ fn partial_blocks<'s>(sg: &'s Seg<'_>) -> impl Iterator<Item = u64> + 's {
     [sg.lblk, last]
         .into_iter()
         .take(sg.len.min(2) as usize)
-        .filter(|&b| sg.from > b * BS || sg.to < (b + 1) * BS)
+        .filter(|&b| sg.partly_writes(b))
 }
 
 /// Plans a copy-on-write update from the overlay, the mapping handle and the current size:
@@ -1397,7 +1402,7 @@ impl Fs {
                             let (bs, be) = (b * BS, b * BS + BS);
                             let nf = sg.from.max(bs).min(be);
                             let nt = sg.to.min(be).max(nf);
-                            if nf > bs || nt < be {
+                            if sg.partly_writes(b) {
                                 partials.push(Partial {
                                     lblk: b,
                                     pblk: r.pblk.0 + k,
