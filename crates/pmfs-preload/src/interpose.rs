@@ -120,6 +120,8 @@ served_calls! {
         |s| s.allocate(mode, off, len);
     fn fallocate64(fd, mode: c_int, off: off_t, len: off_t) -> c_int =>
         |s| s.allocate(mode, off, len);
+    fn fchown(fd, owner: libc::uid_t, group: libc::gid_t) -> c_int =>
+        |s| s.chown(fd, owner, group);
 }
 
 forwarded_calls! {

@@ -22,7 +22,12 @@
 //!   the daemon (whose mount caches no file attributes); `stat`, `lstat`, `fstatat` (and
 //!   their `64` forms) and `statx` of a pmfs regular file let the kernel resolve the name
 //!   from its caches (`statx` with `AT_STATX_DONT_SYNC`: permission checks, no attribute
-//!   refresh) and answer from the inode too.
+//!   refresh) and answer from the inode too. `fchown` that changes nothing but the ctime
+//!   (the file's own owner and group, asked by root or the owner, of a file with no set-ID
+//!   bit and no extended attribute, on a writable mount: `statmount`, or a description open
+//!   for writing) raises the ctime in the pool; `sqlite3` running as root asks for one after
+//!   every open of its journal, two FUSE requests (GETXATTR, SETATTR) through the kernel.
+//!   Every other change of owner goes to the kernel.
 //!   The kernel's file offset stays the truth (`read`/`write` take their range from it with
 //!   one atomic `lseek(n, SEEK_CUR)` and give back what a short transfer left unused), so
 //!   `dup`s, threads, `fork` children and kernel-path users of the same description agree on
@@ -125,6 +130,9 @@
 //!   ends short of them (through the kernel they would follow the bytes written).
 //! - `O_APPEND` set or cleared by `F_SETFL` in *another* process sharing the description (a
 //!   `fork` child or parent) is not seen: this process keeps the mode it last knew.
+//! - A served `fchown` is judged by the caller's effective user id (the kernel uses the
+//!   file-system user id, which differs only after `setfsuid`), asks no security module, and
+//!   raises no inotify/fanotify `IN_ATTRIB` event (served writes raise no `IN_MODIFY` either).
 //! - A buffer the kernel would answer `EFAULT` for crashes the caller instead.
 //! - A process that ends by `exit_group` without libc, or by a signal, leaves its files' log
 //!   and mapping pins in the pool until the owner's next mount (files unlinked meanwhile stay

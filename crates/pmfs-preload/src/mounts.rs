@@ -75,6 +75,42 @@ pub(crate) fn pool_of(m: usize) -> Option<&'static CStr> {
         .filter(|p| !p.is_empty())
 }
 
+/// Whether the mount `fd` is open on is writable, as the kernel would find it before changing
+/// an attribute: neither the mount nor its superblock is read-only. Asked with two system
+/// calls that send no FUSE request: `statx` for the mount's unique id, `statmount` (Linux
+/// 6.8) for its flags. `false` when the kernel cannot tell.
+pub(crate) fn writable(fd: c_int) -> bool {
+    const SYS_STATMOUNT: libc::c_long = 457;
+    const STATMOUNT_SB_BASIC: u64 = 1;
+    const STATMOUNT_MNT_BASIC: u64 = 2;
+    const SB_RDONLY: u32 = 1;
+    const MOUNT_ATTR_RDONLY: u64 = 1;
+    let saved = crate::errno();
+    let Some(stx) = crate::statx_fd(fd, libc::AT_STATX_DONT_SYNC, libc::STATX_MNT_ID_UNIQUE)
+        .filter(|s| s.stx_mask & libc::STATX_MNT_ID_UNIQUE != 0)
+    else {
+        crate::set_errno(saved);
+        return false;
+    };
+    let wanted = STATMOUNT_SB_BASIC | STATMOUNT_MNT_BASIC;
+    // struct mnt_id_req, version 0: size, a spare word, the mount id, what to report.
+    let mut req = [0u8; 24];
+    req[..4].copy_from_slice(&24u32.to_ne_bytes());
+    req[8..16].copy_from_slice(&stx.stx_mnt_id.to_ne_bytes());
+    req[16..].copy_from_slice(&wanted.to_ne_bytes());
+    let mut out = [0u8; 512];
+    // SAFETY: `req` is a version-0 request and `out` a writable buffer of the length passed.
+    let r = unsafe { libc::syscall(SYS_STATMOUNT, req.as_ptr(), out.as_mut_ptr(), out.len(), 0) };
+    crate::set_errno(saved);
+    // struct statmount: mask at byte 8, sb_flags at 32, mnt_attr at 64.
+    let u64_at = |o: usize| u64::from_ne_bytes(out[o..o + 8].try_into().unwrap_or_default());
+    let sb_flags = u32::from_ne_bytes(out[32..36].try_into().unwrap_or_default());
+    r == 0
+        && u64_at(8) & wanted == wanted
+        && sb_flags & SB_RDONLY == 0
+        && u64_at(64) & MOUNT_ATTR_RDONLY == 0
+}
+
 /// After `fork`: a thread of the parent that was reading mountinfo does not exist in the
 /// child.
 pub(crate) fn after_fork_in_child() {

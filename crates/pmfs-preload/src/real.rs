@@ -171,10 +171,10 @@ fn slot_value(slot: &AtomicUsize) -> Option<usize> {
 
 use libc::{
     AT_FDCWD, O_CREAT, O_TRUNC, O_WRONLY, SYS_close, SYS_close_range, SYS_copy_file_range, SYS_dup,
-    SYS_dup3, SYS_fallocate, SYS_fcntl, SYS_fdatasync, SYS_fstat, SYS_fsync, SYS_ftruncate,
-    SYS_lseek, SYS_mmap, SYS_mremap, SYS_msync, SYS_munmap, SYS_newfstatat, SYS_openat,
-    SYS_pread64, SYS_preadv, SYS_preadv2, SYS_pwrite64, SYS_pwritev, SYS_pwritev2, SYS_read,
-    SYS_readv, SYS_sendfile, SYS_splice, SYS_statx, SYS_write, SYS_writev, syscall,
+    SYS_dup3, SYS_fallocate, SYS_fchown, SYS_fcntl, SYS_fdatasync, SYS_fstat, SYS_fsync,
+    SYS_ftruncate, SYS_lseek, SYS_mmap, SYS_mremap, SYS_msync, SYS_munmap, SYS_newfstatat,
+    SYS_openat, SYS_pread64, SYS_preadv, SYS_preadv2, SYS_pwrite64, SYS_pwritev, SYS_pwritev2,
+    SYS_read, SYS_readv, SYS_sendfile, SYS_splice, SYS_statx, SYS_write, SYS_writev, syscall,
 };
 
 syscall_backed! {
@@ -217,6 +217,8 @@ syscall_backed! {
         syscall(SYS_lseek, fd, off, whence);
     fn fsync(fd: c_int) -> c_int = syscall(SYS_fsync, fd);
     fn fdatasync(fd: c_int) -> c_int = syscall(SYS_fdatasync, fd);
+    fn fchown(fd: c_int, owner: libc::uid_t, group: libc::gid_t) -> c_int =
+        syscall(SYS_fchown, fd, owner, group);
     fn ftruncate(fd: c_int, len: off_t) -> c_int = syscall(SYS_ftruncate, fd, len);
     fn ftruncate64(fd: c_int, len: off_t) -> c_int = syscall(SYS_ftruncate, fd, len);
     fn fallocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int =

@@ -712,6 +712,26 @@ impl Served {
         })
     }
 
+    /// `fchown` that changes nothing but the file's ctime (`pmfs::Client::chown_unchanged`:
+    /// the same owner and group, asked by root or the owner, of a file with no set-ID bit and
+    /// no extended attribute), on a writable mount: the ctime is raised in the pool, with no
+    /// request to the daemon. (A description open for writing needs no look at the mount:
+    /// the kernel refuses to make a mount with writers read-only.) `sqlite3` running as root
+    /// asks for one after every open of its journal. Every other change goes to the kernel.
+    pub(crate) fn chown(&self, fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> Option<c_int> {
+        if !self.write && !crate::mounts::writable(fd) {
+            return None;
+        }
+        let keep = |id: u32| (id != u32::MAX).then_some(id);
+        // SAFETY: geteuid takes no arguments and cannot fail.
+        let caller = unsafe { libc::geteuid() };
+        let client = client(self.mount)?;
+        let saved = crate::errno();
+        let served = client.chown_unchanged(self.node().ino(), keep(uid), keep(gid), caller);
+        crate::set_errno(saved);
+        served.ok().filter(|&done| done).map(|_| 0)
+    }
+
     /// `fallocate` modes 0, `KEEP_SIZE` and `PUNCH_HOLE | KEEP_SIZE`.
     pub(crate) fn allocate(&self, mode: c_int, off: i64, len: i64) -> Option<c_int> {
         if !self.write || off < 0 || len <= 0 {

@@ -7,7 +7,7 @@ use pmfs_core::layout::BLOCK_SIZE;
 use pmfs_core::pm::PmRegion;
 
 use super::Volume;
-use super::ino::{Attr, Ino, OpenMode, OpenNode, attr_of};
+use super::ino::{Attr, Ino, OpenMode, OpenNode, attr_of, file_privilege_bits};
 use crate::error::{Error, Result};
 use crate::format::MOUNT_STATE_OFF;
 use crate::fs::Fs;
@@ -182,6 +182,43 @@ impl Client {
             return Err(Error::NotFound);
         }
         attr_of(&self.fs, ino.handle())
+    }
+
+    /// Serves a change of owner of regular file `ino` to `uid` and `gid` (`None`: kept), asked
+    /// by a process with effective user id `caller`, when it would change nothing but the
+    /// ctime: owner and group are already those, the caller may make the change (it is root,
+    /// standing for `CAP_CHOWN` as in the daemon, or the file's owner), and there is nothing
+    /// the change would clear (no set-user-ID bit, no set-group-ID bit with group-execute,
+    /// and no extended attribute at all, so no `security.capability`). Then it raises the
+    /// ctime to now, durably, and returns `true`; otherwise it changes nothing and returns
+    /// `false`, and the change is the owner's to make. A change of neither id (both `None`)
+    /// that may be served leaves the ctime too, as the owner's [`Volume::set_attr`] with an
+    /// empty change does (POSIX leaves that call's ctime open).
+    ///
+    /// The answer is taken from one read of the inode: a change of owner or mode the owner
+    /// makes meanwhile is ordered after this one.
+    pub fn chown_unchanged(
+        &self,
+        ino: Ino,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        caller: u32,
+    ) -> Result<bool> {
+        let h = ino.handle();
+        let rec = self.fs.inodes.read(self.fs.m(), h.ino)?;
+        if rec.state != h.live_state() || rec.kind() != Some(Kind::File) {
+            return Ok(false);
+        }
+        let unchanged = uid.is_none_or(|u| u == rec.uid) && gid.is_none_or(|g| g == rec.gid);
+        let allowed = caller == 0 || caller == rec.uid;
+        let clears = file_privilege_bits(rec.mode & 0o7777) != 0 || rec.xattr != 0;
+        if !unchanged || !allowed || clears {
+            return Ok(false);
+        }
+        if uid.is_some() || gid.is_some() {
+            self.fs.touch_ctime(h.ino)?;
+        }
+        Ok(true)
     }
 
     /// Whether inode `ino` is the live regular file it names.

@@ -155,18 +155,23 @@ impl Attr {
     /// clears, as Linux's VFS does: set-user-ID, and set-group-ID when group-execute is set
     /// (without it the bit marks mandatory locking, not a privilege). 0 for other objects.
     pub fn privilege_bits(&self) -> u32 {
-        const S_ISUID: u32 = 0o4000;
-        const SGID_XGRP: u32 = 0o2010;
         if self.kind != NodeKind::File {
             return 0;
         }
-        let sgid = if self.perm & SGID_XGRP == SGID_XGRP {
-            0o2000
-        } else {
-            0
-        };
-        self.perm & S_ISUID | sgid
+        file_privilege_bits(self.perm)
     }
+}
+
+/// [`Attr::privilege_bits`] of a regular file with permission bits `perm`.
+pub(crate) fn file_privilege_bits(perm: u32) -> u32 {
+    const S_ISUID: u32 = 0o4000;
+    const SGID_XGRP: u32 = 0o2010;
+    let sgid = if perm & SGID_XGRP == SGID_XGRP {
+        0o2000
+    } else {
+        0
+    };
+    perm & S_ISUID | sgid
 }
 
 /// Owner and group of a new object.

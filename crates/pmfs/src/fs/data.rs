@@ -1642,8 +1642,14 @@ impl Fs {
     /// Raises mtime and ctime to `now` (never backwards, by CAS: writers of a file race here),
     /// durable after the next fence.
     fn stamp_times(&self, ino: u32, now: u64) -> Result<()> {
+        self.raise_times(ino, &[field::MTIME, field::CTIME], now)
+    }
+
+    /// Raises the time words `fields` of `ino` to `now` by CAS, never backwards; durable after
+    /// the next fence.
+    fn raise_times(&self, ino: u32, fields: &[u64], now: u64) -> Result<()> {
         let m = self.m();
-        for fl in [field::MTIME, field::CTIME] {
+        for &fl in fields {
             let at = self.inodes.field(ino, fl);
             let mut cur = m.load_u64(at)?;
             while cur < now {
@@ -1673,6 +1679,14 @@ impl Fs {
     /// Stores mtime and ctime durably.
     fn touch_times(&self, ino: u32) -> Result<()> {
         self.stamp_times(ino, self.now() as u64)?;
+        self.m().fence();
+        Ok(())
+    }
+
+    /// Raises the ctime of `ino` to now, durably: a change of status that changed nothing
+    /// else (see [`Client::chown_unchanged`](crate::Client::chown_unchanged)).
+    pub(crate) fn touch_ctime(&self, ino: u32) -> Result<()> {
+        self.raise_times(ino, &[field::CTIME], self.now() as u64)?;
         self.m().fence();
         Ok(())
     }
