@@ -131,7 +131,7 @@
 //! done, and a crash may leave one torn (as with `mmap` on any file system), and a size
 //! change may be seen before the bytes it covers are written.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard, RwLockWriteGuard};
@@ -257,6 +257,14 @@ const DIGEST_AFTER_ENTRIES: u64 = 128;
 
 /// See [`DIGEST_AFTER_ENTRIES`].
 const DIGEST_AFTER_BLOCKS: u64 = 2048;
+
+thread_local! {
+    /// The runs of this thread's last read, kept so that a read allocates nothing once the
+    /// buffer has grown (a read's only allocations were its two lists).
+    static RUNS: Cell<Vec<Run>> = const { Cell::new(Vec::new()) };
+    /// The overlay pieces of this thread's last [`Fs::runs_in`], kept likewise.
+    static PIECES: Cell<Vec<crate::overlay::Piece>> = const { Cell::new(Vec::new()) };
+}
 
 /// How many runs ahead of the one it copies a read hints into the cache (see
 /// [`Fs::prefetch_run`]).
@@ -812,7 +820,8 @@ impl Fs {
         len: u64,
         out: &mut Vec<Run>,
     ) -> Result<()> {
-        let mut pieces = Vec::new();
+        let mut pieces = PIECES.take();
+        pieces.clear();
         match ov {
             Some(ov) => ov.lookup(lblk, len, &mut pieces),
             None => pieces.push(crate::overlay::Piece {
@@ -821,7 +830,7 @@ impl Fs {
                 src: Src::Base,
             }),
         }
-        for p in pieces {
+        for &p in &pieces {
             match p.src {
                 Src::Mapped(b) => out.push(Run {
                     lblk: p.lblk,
@@ -836,6 +845,7 @@ impl Fs {
                 }
             }
         }
+        PIECES.set(pieces);
         Ok(())
     }
 
@@ -868,7 +878,22 @@ impl Fs {
         // The first block's lookup misses on the hash tables: start it before the log work.
         self.map.prefetch(f, off / BS);
         let s = self.shared(n, false)?;
-        let mut runs = Vec::new();
+        let mut runs = RUNS.take();
+        let r = self.read_runs(n, f, s.as_deref(), buf, off, &mut runs);
+        RUNS.set(runs);
+        r
+    }
+
+    /// [`read_at`](Fs::read_at) with `runs` for the runs it reads.
+    fn read_runs(
+        &self,
+        n: &Node,
+        f: &MapFile,
+        s: Option<&Shared>,
+        buf: &mut [u8],
+        off: u64,
+        runs: &mut Vec<Run>,
+    ) -> Result<usize> {
         loop {
             let t0 = match &s {
                 Some(s) => Some(s.log.tail()?.lsn()),
@@ -893,7 +918,7 @@ impl Fs {
                     let end = off + (buf.len() as u64).min(size - off);
                     let first = off / BS;
                     let last = (end - 1) / BS;
-                    self.runs_in(ov, f, first, last - first + 1, &mut runs)?;
+                    self.runs_in(ov, f, first, last - first + 1, runs)?;
                 }
                 size
             };
