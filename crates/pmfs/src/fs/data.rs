@@ -259,8 +259,9 @@ const DIGEST_AFTER_ENTRIES: u64 = 128;
 const DIGEST_AFTER_BLOCKS: u64 = 2048;
 
 thread_local! {
-    /// The runs of this thread's last read, kept so that a read allocates nothing once the
-    /// buffer has grown (a read's only allocations were its two lists).
+    /// The runs of this thread's last read (or [`Fs::block_at`]), kept so that a read
+    /// allocates nothing once the buffer has grown (a read's only allocations were its two
+    /// lists). A caller that finds it taken (nested use) starts an empty one.
     static RUNS: Cell<Vec<Run>> = const { Cell::new(Vec::new()) };
     /// The overlay pieces of this thread's last [`Fs::runs_in`], kept likewise.
     static PIECES: Cell<Vec<crate::overlay::Piece>> = const { Cell::new(Vec::new()) };
@@ -797,17 +798,23 @@ impl Fs {
     /// Where logical block `lblk` lives now: `None` for a hole.
     fn block_at(&self, ov: Option<&Overlay>, f: &MapFile, lblk: u64) -> Result<Option<u64>> {
         if let Some(ov) = ov {
-            let mut p = Vec::with_capacity(1);
+            let mut p = PIECES.take();
+            p.clear();
             ov.lookup(lblk, 1, &mut p);
-            match p.first().map(|p| p.src) {
+            let src = p.first().map(|p| p.src);
+            PIECES.set(p);
+            match src {
                 Some(Src::Mapped(b)) => return Ok(Some(b)),
                 Some(Src::Hole) => return Ok(None),
                 _ => {}
             }
         }
-        let mut runs = Vec::with_capacity(1);
-        self.map.lookup(f, lblk, 1, &mut runs)?;
-        Ok(runs.first().map(|r| r.pblk.0 + (lblk - r.lblk)))
+        let mut runs = RUNS.take();
+        runs.clear();
+        let found = self.map.lookup(f, lblk, 1, &mut runs);
+        let at = runs.first().map(|r| r.pblk.0 + (lblk - r.lblk));
+        RUNS.set(runs);
+        found.map(|()| at)
     }
 
     /// The mapped runs of `[lblk, lblk + len)` through the overlay and the mapping, in
