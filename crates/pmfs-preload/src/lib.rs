@@ -146,7 +146,8 @@
 //!   one process are not told apart (kernel path for the rest).
 //! - Functions not interposed: `fopen`'s and other stdio opens and reads (glibc calls its
 //!   internal functions: stdio streams on pmfs files take the kernel path), `fstatat` with
-//!   `AT_EMPTY_PATH` (kernel path), `posix_fallocate`, and raw `syscall(SYS_close, …)`. A
+//!   `AT_EMPTY_PATH` (kernel path), `chown`, `lchown` and `fchownat` (kernel path: only
+//!   `fchown` of a descriptor is served), `posix_fallocate`, and raw `syscall(SYS_close, …)`. A
 //!   recorded descriptor closed by a raw system call and reused would keep a stale entry.
 //!   `copy_file_range`, `sendfile` and `splice` are forwarded, after a forwarded `fstat` of a
 //!   pmfs input (the kernel copies only up to the size it last saw).
