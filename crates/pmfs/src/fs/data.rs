@@ -1412,20 +1412,31 @@ impl Fs {
                 }
                 old.push((b, at));
             }
+            // HashFS places blocks by hash: only the allocator takes a goal, the block after
+            // the one before each segment.
+            let mut goals = Vec::with_capacity(segs.len());
+            for sg in &segs {
+                goals.push(match (sg.lblk.checked_sub(1), &self.stage) {
+                    (Some(prev), Stager::Alloc(_)) => {
+                        self.block_at(Some(&ov), f, prev)?.map(|p| p + 1)
+                    }
+                    _ => None,
+                });
+            }
+            // Every lookup above saw the entries below this LSN, and nothing below needs the
+            // overlay: the copies run without its lock, so that readers and other writers of
+            // the file are not held up by them. A block they copy from that a newer entry
+            // replaced (and a digest may have freed) is caught by the commit's check of the
+            // entries from here on, as for a writer in another process.
+            let folded = ov.next_lsn();
+            drop(ov);
             let mut runs: Vec<Run> = Vec::new();
             let mut partials: Vec<Partial> = Vec::new();
             let staged = (|| -> Result<()> {
                 // The times go with the data: the fence after the copies makes both durable
                 // before the commit.
                 self.stamp_write_times(n.h.ino, &s)?;
-                for sg in &segs {
-                    // HashFS places blocks by hash: only the allocator takes a goal.
-                    let goal = match (sg.lblk.checked_sub(1), &self.stage) {
-                        (Some(prev), Stager::Alloc(_)) => {
-                            self.block_at(Some(&ov), f, prev)?.map(|p| p + 1)
-                        }
-                        _ => None,
-                    };
+                for (sg, &goal) in segs.iter().zip(&goals) {
                     let first = runs.len();
                     self.stage(f, sg.lblk, sg.len, goal, &mut runs)?;
                     for r in &runs[first..] {
@@ -1461,7 +1472,13 @@ impl Fs {
                 for p in &partials {
                     let src = match old.iter().find(|o| o.0 == p.lblk) {
                         Some(&(_, at)) => at,
-                        None => self.block_at(Some(&ov), f, p.lblk)?,
+                        // Not expected (one predicate, `Seg::partly_writes`, picks both), but a
+                        // lookup is right too: one at a later LSN than `folded` is only
+                        // checked against more entries than it needs.
+                        None => {
+                            let ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
+                            self.block_at(Some(&ov), f, p.lblk)?
+                        }
                     };
                     self.copy_old(src, p, size)?;
                 }
@@ -1470,9 +1487,6 @@ impl Fs {
                 }
                 Ok(())
             })();
-            // The copies above saw every entry below this LSN.
-            let folded = ov.next_lsn();
-            drop(ov);
             let entry = Entry::Write {
                 runs: runs
                     .iter()
