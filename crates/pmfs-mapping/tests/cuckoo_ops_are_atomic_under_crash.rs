@@ -320,13 +320,14 @@ fn cuckoo_replace_many_in_place_keeps_every_block_old_or_new() {
         many(0, 20, 8, 0, 1), // reaches past the mapped blocks: remove, then insert
         Op::Insert(1, 0, 8),
         many(1, 1, 3, 4, 2),
+        many(1, 40, 3, 5, 3), // nothing mapped there: inserts
     ];
     let results = check_ops(33, &ops, false);
     let freed: Vec<&str> = results.iter().map(String::as_str).collect();
     assert_eq!(
         freed,
         [
-            "Ok(0)", "Ok(6)", "Ok(6)", "Ok(8)", "Ok(4)", "Ok(0)", "Ok(6)"
+            "Ok(0)", "Ok(6)", "Ok(6)", "Ok(8)", "Ok(4)", "Ok(0)", "Ok(6)", "Ok(0)"
         ]
     );
 }

@@ -61,7 +61,8 @@
 //!   store, fenced with the rest of the batch. Any other piece is recorded first (range, new
 //!   first block and the cut runs as for a remove), then the neighbours are trimmed and the
 //!   values rewritten; recovery redoes it. The replaced blocks go back to the allocator after
-//!   the final fence. A range with a hole is a remove followed by an insert.
+//!   the final fence. A range with nothing mapped is an insert (as `insert_at`), and a range
+//!   with a hole a remove followed by an insert.
 //! - An entry move (displacement) is recorded in the record's second line (`src`, `dst`,
 //!   key), then the entry is copied to `dst`, fenced, cleared at `src`, fenced, and the line is
 //!   freed durably. A crash leaves the entry at `src`, at `dst`, or at both with identical
@@ -884,6 +885,18 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
         Ok(end)
     }
 
+    /// Maps `run`, which ends at logical block `end`, in pieces of at most [`RUN_MAX`] blocks
+    /// (the body of `insert_at` after its checks).
+    fn map_run(&self, file: &CuckooFile, run: Run, end: u64) -> Result<()> {
+        let pieces: Vec<Extent> = (0..run.len.div_ceil(RUN_MAX))
+            .map(|i| {
+                let at = i * RUN_MAX;
+                Extent::new(run.pblk + at, (run.len - at).min(RUN_MAX))
+            })
+            .collect();
+        self.map_runs(file, run.lblk, end, &pieces, |_| Ok(()))
+    }
+
     /// Maps `[lblk, end)` to `runs` (in logical order, each at most [`RUN_MAX`] blocks, one
     /// ranged run each) under an insert intent: the shared body of `insert` and `insert_at`.
     /// When the call fails before anything is mapped, or the table runs full and the entries
@@ -1300,13 +1313,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
             ));
         }
         let end = self.check_insert(file, run.lblk, run.len)?;
-        let pieces: Vec<Extent> = (0..run.len.div_ceil(RUN_MAX))
-            .map(|i| {
-                let at = i * RUN_MAX;
-                Extent::new(given.start + at, (run.len - at).min(RUN_MAX))
-            })
-            .collect();
-        self.map_runs(file, run.lblk, end, &pieces, |_| Ok(()))
+        self.map_run(file, run, end)
     }
 
     fn remove(&self, file: &CuckooFile, lblk: u64, len: u64) -> Result<u64> {
@@ -1354,6 +1361,12 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
             self.lookup(file, run.lblk, run.len, &mut got)?;
             if maps_exactly(run, &mut got) {
                 return Ok(());
+            }
+            if got.is_empty() && self.mappable(run) && run.len <= self.slots() {
+                // Nothing is mapped there (an append, a hole filled): an insert, without the
+                // two more lookups of the same range that `replace` makes (its remove, and
+                // `insert_at`'s check).
+                return self.map_run(file, *run, run.lblk + run.len);
             }
             if !self.mappable(run) || got.iter().map(|g| g.len).sum::<u64>() != run.len {
                 freed += self.replace(file, *run)?;
