@@ -1413,15 +1413,15 @@ impl Fs {
                 old.push((b, at));
             }
             // HashFS places blocks by hash: only the allocator takes a goal, the block after
-            // the one before each segment.
-            let mut goals = Vec::with_capacity(segs.len());
-            for sg in &segs {
-                goals.push(match (sg.lblk.checked_sub(1), &self.stage) {
-                    (Some(prev), Stager::Alloc(_)) => {
-                        self.block_at(Some(&ov), f, prev)?.map(|p| p + 1)
-                    }
-                    _ => None,
-                });
+            // the one before each segment (none for HashFS, and no allocation either).
+            let mut goals = Vec::new();
+            if let Stager::Alloc(_) = &self.stage {
+                for sg in &segs {
+                    goals.push(match sg.lblk.checked_sub(1) {
+                        Some(prev) => self.block_at(Some(&ov), f, prev)?.map(|p| p + 1),
+                        None => None,
+                    });
+                }
             }
             // Every lookup above saw the entries below this LSN, and nothing below needs the
             // overlay: the copies run without its lock, so that readers and other writers of
@@ -1436,7 +1436,8 @@ impl Fs {
                 // The times go with the data: the fence after the copies makes both durable
                 // before the commit.
                 self.stamp_write_times(n.h.ino, &s)?;
-                for (sg, &goal) in segs.iter().zip(&goals) {
+                for (i, sg) in segs.iter().enumerate() {
+                    let goal = goals.get(i).copied().flatten();
                     let first = runs.len();
                     self.stage(f, sg.lblk, sg.len, goal, &mut runs)?;
                     for r in &runs[first..] {
