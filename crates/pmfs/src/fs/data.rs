@@ -22,8 +22,10 @@
 //!   the unaligned head and tail old bytes (zeros for holes and at/after the old size) and the
 //!   new bytes with non-temporal stores, fences, and commits `Write { runs, extend_to }` at the
 //!   tail it started from. Growing past an unaligned end of file also copies the old last block
-//!   with its bytes past the old size zeroed (a truncation leaves stale bytes there). If other
-//!   entries were committed meanwhile (another process), the writer folds them, re-copies only
+//!   with its bytes past the old size zeroed (a truncation leaves stale bytes there). The
+//!   overlay's lock covers the catch-up and the lookups of the old blocks only, not the copies.
+//!   If other entries were committed meanwhile (another process, or another thread of this
+//!   one), the writer folds them, re-copies only
 //!   the partial blocks whose old contents they changed, and retries; a truncation among them,
 //!   a moved end of file for an append, or entries it could not fold (compacted away after
 //!   being applied, or folded meanwhile by another thread of the process) make it start over;
