@@ -2,7 +2,9 @@
 //! the change would alter nothing but the ctime, and then raises the ctime (and nothing else);
 //! every other change is left to the owner, untouched.
 
-use pmfs::{AttrChange, Ino, MappingKind, Options, Owner, Volume, XattrSet};
+mod common;
+
+use pmfs::{AttrChange, Ino, Owner, Volume, XattrSet};
 
 const UID: u32 = 1000;
 const GID: u32 = 100;
@@ -18,15 +20,7 @@ struct Pool {
 
 impl Pool {
     fn new(name: &str) -> Pool {
-        let path =
-            std::env::temp_dir().join(format!("pmfs-chown-{name}-{}.pool", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let opts = Options {
-            size: 16 << 20,
-            inodes: Some(256),
-            ..Options::with_mapping(MappingKind::HashFs)
-        };
-        let owner = Volume::create(&path, &opts).unwrap();
+        let (path, owner) = common::client_pool(&format!("chown-{name}"));
         let who = Owner { uid: UID, gid: GID };
         let root = owner.root();
         let file = owner

@@ -4,17 +4,13 @@
 //! it: from this process's open file, and from a file another client of the pool has open and
 //! this process does not.
 
+mod common;
+
 use std::sync::Arc;
 
-use pmfs::{MappingKind, OpenMode, OpenOptions, Options, Volume};
+use common::KINDS;
+use pmfs::{OpenMode, OpenOptions, Options, Volume};
 use pmfs_core::pm::HeapRegion;
-
-const KINDS: [MappingKind; 4] = [
-    MappingKind::Extent,
-    MappingKind::Radix,
-    MappingKind::Cuckoo,
-    MappingKind::HashFs,
-];
 
 #[test]
 fn stat_by_path_sees_the_writes_of_an_open_file() {
@@ -48,15 +44,7 @@ fn stat_by_path_sees_the_writes_of_an_open_file() {
 
 #[test]
 fn the_owner_sees_the_size_a_client_wrote() {
-    let dir = std::env::temp_dir();
-    let path = dir.join(format!("pmfs-stat-client-{}.pool", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let opts = Options {
-        size: 16 << 20,
-        inodes: Some(256),
-        ..Options::with_mapping(MappingKind::HashFs)
-    };
-    let owner = Volume::create(&path, &opts).unwrap();
+    let (path, owner) = common::client_pool("stat-client");
     owner.write("/f", b"").unwrap();
     let ino = owner.lookup(owner.root(), b"f").unwrap().ino;
     let client = Volume::attach(&path).unwrap();

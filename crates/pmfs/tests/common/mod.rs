@@ -37,6 +37,20 @@ pub fn fresh(kind: MappingKind) -> (Volume, Arc<dyn Media>) {
     (vol, media)
 }
 
+/// A small HashFS volume in a new pool file under the temporary directory (named after `tag`
+/// and this process), for data-only clients to attach to; the caller removes the file.
+pub fn client_pool(tag: &str) -> (std::path::PathBuf, Volume) {
+    let path = std::env::temp_dir().join(format!("pmfs-{tag}-{}.pool", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let opts = Options {
+        size: 16 << 20,
+        inodes: Some(256),
+        ..Options::with_mapping(MappingKind::HashFs)
+    };
+    let vol = Volume::create(&path, &opts).unwrap();
+    (path, vol)
+}
+
 /// Mounts the volume on `media` again.
 pub fn remount(media: &Arc<dyn Media>) -> Volume {
     Volume::mount(media.clone()).unwrap()
