@@ -30,6 +30,11 @@
 //!   `SEEK_DATA`/`SEEK_HOLE`, fallocate modes other than 0, `KEEP_SIZE` and punch hole, and
 //!   every call whose arguments the kernel must reject (wrong access mode, negative
 //!   offsets): the kernel gives the exact errno.
+//! - **Updates that find no space** (writes, appends, `ftruncate`, `fallocate`) go to the
+//!   kernel, unchanged (the engine's failed update changed nothing): the daemon may still
+//!   hold blocks of deleted files, which it frees in batches (`pmfs::Fs::release_deferred`)
+//!   and at once when its own update finds no space. So the daemon frees them, does the
+//!   update, or answers `ENOSPC` itself when the pool is full.
 //! - **fork**: the child must not use the parent's objects (their DRAM locks may be held by
 //!   parent threads that do not exist in the child), so the child starts a new generation:
 //!   inherited descriptors take the kernel path, files it opens get a client of its own. The
@@ -579,6 +584,7 @@ impl Served {
                     }
                     src.len() as isize
                 }
+                Err(pmfs::Error::NoSpace) => return None,
                 Err(e) => errno_of(&e),
             });
         }
@@ -592,6 +598,7 @@ impl Served {
         }
         Some(match r {
             Ok(k) => k as isize,
+            Err(pmfs::Error::NoSpace) => return None,
             Err(e) => errno_of(&e),
         })
     }
@@ -708,6 +715,7 @@ impl Served {
         let len = u64::try_from(len).ok()?;
         Some(match self.node().set_len(len) {
             Ok(()) => 0,
+            Err(pmfs::Error::NoSpace) => return None,
             Err(e) => errno_of(&e) as c_int,
         })
     }
@@ -748,6 +756,7 @@ impl Served {
         };
         Some(match r {
             Ok(()) => 0,
+            Err(pmfs::Error::NoSpace) => return None,
             Err(e) => errno_of(&e) as c_int,
         })
     }

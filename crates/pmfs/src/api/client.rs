@@ -56,6 +56,11 @@ impl Volume {
     /// - A hole punch with partial edge blocks *and* whole blocks is two log updates; the owner
     ///   makes the pair atomic with its journal, which a client cannot use, so a client killed
     ///   between them leaves the edges zeroed and the whole blocks still mapped.
+    /// - Space the owner has yet to free is not the client's: the owner frees the blocks of
+    ///   deleted files in batches (at once when its own update finds no space, or when free
+    ///   space is asked of it), so a client update can fail with [`Error::NoSpace`] while the
+    ///   owner holds free blocks. Such a failed update changes nothing; hand it to the owner
+    ///   (the preload library sends it through the kernel to the daemon).
     /// - Process liveness for the digest cursor is judged by `/proc/<pid>`: owner and clients
     ///   must share a PID namespace.
     /// - The owner's mapping caches must not outlive a client's remapping: HashFS translation
