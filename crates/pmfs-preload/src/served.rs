@@ -512,6 +512,13 @@ fn unclaim(fd: c_int, unused: usize) {
     }
 }
 
+/// The offset of a positioned transfer of `n` bytes at `off`; `None` where the kernel answers
+/// `EINVAL`: a negative offset, or a range that ends past the largest file offset.
+fn position(off: i64, n: usize) -> Option<u64> {
+    off.checked_add(i64::try_from(n).ok()?)?;
+    u64::try_from(off).ok()
+}
+
 /// Linux's largest single transfer.
 const MAX_RW: usize = 0x7fff_f000;
 
@@ -532,7 +539,7 @@ impl Served {
         }
         let n = n.min(MAX_RW);
         let at = match off {
-            Some(o) => u64::try_from(o).ok()?,
+            Some(o) => position(o, n)?,
             None => claim(fd, n)?,
         };
         // SAFETY: the caller's buffer, writable for `n` bytes.
@@ -572,7 +579,7 @@ impl Served {
     /// (for `pwrite` too, as Linux does), and `write` leaves the offset right after them.
     fn write_slice(&self, fd: c_int, src: &[u8], off: Option<i64>) -> Option<isize> {
         if self.append.load(Ordering::Acquire) {
-            if off.is_some_and(|o| o < 0) {
+            if off.is_some_and(|o| position(o, src.len()).is_none()) {
                 return None;
             }
             return Some(match self.node().append(src) {
@@ -589,7 +596,7 @@ impl Served {
             });
         }
         let at = match off {
-            Some(o) => u64::try_from(o).ok()?,
+            Some(o) => position(o, src.len())?,
             None => claim(fd, src.len())?,
         };
         let r = self.node().write_at(src, at);
@@ -626,7 +633,7 @@ impl Served {
             total = total.checked_add(v.iov_len).filter(|&t| t <= MAX_RW)?;
         }
         let start = match off {
-            Some(o) => u64::try_from(o).ok()?,
+            Some(o) => position(o, total)?,
             None => claim(fd, total)?,
         };
         let mut done = 0usize;

@@ -1,13 +1,13 @@
-//! A C program (`programs/descriptors.c`) drives every interposed call — read/write at
-//! offsets, holes and short reads at EOF, vectored I/O, lseek, dup/dup2/dup3/F_DUPFD(_CLOEXEC)
-//! sharing offsets, O_APPEND and F_SETFL, ftruncate, fallocate and punch hole, fstat/statx
-//! sizes, fsync, EBADF after close, a fork child and an exec'd image writing through a shared
-//! descriptor, a vfork child closing its copy of a descriptor, threads writing at once (at
-//! offsets, and with write/read on one shared offset: each record in a range of its own), a
-//! shared mapping against read and write, stdio, close_range, a pipe, and file calls from a
-//! constructor before `main` — and prints a transcript. On a pmfs mount the transcript and the files are the same with and without the
-//! library, and the same as on a local directory (except one call the daemon refuses, see
-//! below).
+//! A C program (`programs/descriptors.c`) drives every interposed call — read/write at offsets,
+//! holes and short reads at EOF, vectored I/O, lseek, dup/dup2/dup3/F_DUPFD(_CLOEXEC) sharing
+//! offsets, O_APPEND and F_SETFL, ftruncate, fallocate and punch hole, fstat/statx sizes,
+//! ranges ending past the largest offset, fsync, EBADF after close, a fork child and an exec'd
+//! image writing through a shared descriptor, a vfork child closing its copy of a descriptor,
+//! threads writing at once (at offsets, and with write/read on one shared offset: each record
+//! in a range of its own), a shared mapping against read and write, stdio, close_range, a pipe,
+//! and file calls from a constructor before `main` — and prints a transcript. On a pmfs mount
+//! the transcript and the files are the same with and without the library, and the same as on a
+//! local directory (except one call the daemon refuses, see below).
 //!
 //! A second program (`programs/copies.c`) grows and shrinks a file with calls the library
 //! serves, then copies it with calls it forwards (copy_file_range, sendfile, splice): the

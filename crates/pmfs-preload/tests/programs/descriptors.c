@@ -172,6 +172,10 @@ int main(int argc, char **argv) {
     sum_at(fd, "pread across the hole", 9950, 200);
     sum_at(fd, "pread short at eof", 20050, 100);
     sum_at(fd, "pread past eof", 30000, 10);
+    /* Ranges that end past the largest offset: EINVAL, before any size limit. */
+    const off_t last = 0x7fffffffffffffffLL - 50;
+    show("pread past the last offset", pread(fd, buf, 100, last));
+    show("pwrite past the last offset", pwrite(fd, buf, 100, last));
     show("offset after preads", lseek(fd, 0, SEEK_CUR));
     show("lseek end", lseek(fd, -5, SEEK_END));
     show("read at end", read(fd, buf + 15000, 100));
@@ -186,6 +190,8 @@ int main(int argc, char **argv) {
     struct iovec riov[2] = {{r1, sizeof r1}, {r2, sizeof r2}};
     show("preadv", preadv(fd, riov, 2, 998));
     printf("preadv sums %lx %lx\n", fnv(r1, sizeof r1), fnv(r2, sizeof r2));
+    show("preadv past the last offset", preadv(fd, riov, 2, last));
+    show("pwritev past the last offset", pwritev(fd, iov, 3, last));
     show("lseek", lseek(fd, 20090, SEEK_SET));
     show("readv short", readv(fd, riov, 2));
     show("offset", lseek(fd, 0, SEEK_CUR));
