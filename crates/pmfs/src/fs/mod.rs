@@ -64,11 +64,26 @@ pub(crate) const MAX_LINKS: u64 = 65_000;
 const SLOTS_PER_RELEASE: u64 = 1024;
 const RELEASE_BATCH_MIN: u64 = 64;
 const RELEASE_BATCH_MAX: u64 = 4096;
+/// A batch of deferred HashFS files is also freed once they hold this share of the table
+/// (`slots / DEFERRED_SHARE` blocks): slots of deleted files are as full as live ones to the
+/// walks of linear probing, so a table that kept gigabytes of them made every insert crawl
+/// long before it ran out of space (`fallocate -l 200M` on a 1 GiB volume, after four such
+/// files were deleted: 2.1-2.5 s instead of 14-87 ms). Each scan still frees at least this
+/// many blocks, a few hundred bytes of table read per block.
+const DEFERRED_SHARE: u64 = 32;
 pub(crate) const LOCK_STRIPES: usize = 1024;
 
 /// How many deferred files one scan of a HashFS table of `slots` slots frees.
 fn release_batch_len(slots: u64) -> u64 {
     (slots / SLOTS_PER_RELEASE).clamp(RELEASE_BATCH_MIN, RELEASE_BATCH_MAX)
+}
+
+/// HashFS files whose release waits for a batch ([`Fs::defer_release`]).
+#[derive(Debug, Default)]
+struct Deferred {
+    files: Vec<Handle>,
+    /// The blocks below their sizes or mapped ends when they were deferred.
+    blocks: u64,
 }
 
 /// What mounting found and repaired.
@@ -107,7 +122,7 @@ pub(crate) struct Fs {
     /// This process's id as a digest holder.
     pub holder: u32,
     /// HashFS files waiting to be freed by one scan of the table ([`Fs::defer_release`]).
-    releasing: Mutex<Vec<Handle>>,
+    releasing: Mutex<Deferred>,
     /// Whether `releasing` holds any file (read without its lock).
     releasing_any: AtomicBool,
     /// Holders of words of this pool found alive, and when ([`Fs::holder_alive`]).
@@ -266,7 +281,7 @@ impl Fs {
             logs: Mutex::new(FastMap::default()),
             holder: std::process::id(),
             alive_seen: Mutex::new(FastMap::default()),
-            releasing: Mutex::new(Vec::new()),
+            releasing: Mutex::new(Deferred::default()),
             releasing_any: AtomicBool::new(false),
             free_count: parts.free,
             inodes,
@@ -722,6 +737,7 @@ impl Fs {
         let root = self.inodes.field(h.ino, field::LOG);
         let has_log = rec.kind() == Some(Kind::File) && m.load_u64(root)? != 0;
         let mut log_blocks: Vec<Extent> = Vec::new();
+        let mut held = 0;
         if has_log {
             let log = self.open_log(h.ino)?;
             let shared = data::Shared::new(log, 0, 0);
@@ -734,6 +750,11 @@ impl Fs {
             if matches!(self.stage, Stager::Alloc(_)) {
                 pmfs_core::log::owned_blocks(m, root, &mut |b| log_blocks.push(Extent::new(b, 1)))?;
             }
+            held = self
+                .inodes
+                .load(m, h.ino, field::SIZE)?
+                .div_ceil(BLOCK_SIZE)
+                .max(self.inodes.load(m, h.ino, field::MAPPED_END)?);
             // The log words go first: a crash after this leaks the log blocks until the
             // allocator is rebuilt (HashFS: remove_file below frees them), never a log whose
             // blocks were reused.
@@ -746,7 +767,7 @@ impl Fs {
             && !thorough
             && let Stager::Hash(t) = &self.stage
         {
-            return self.defer_release(h, release_batch_len(t.data().len));
+            return self.defer_release(h, held, t.data().len);
         }
         let blocks = rec.size.div_ceil(BLOCK_SIZE);
         if self.map.kind() == MappingKind::HashFs
@@ -783,20 +804,24 @@ impl Fs {
     /// anywhere in the table, and not only those its size, its mapped end and its log chain
     /// name: a compaction that ran while other processes had the log open leaves the blocks it
     /// retired to whoever frees the file. Only a scan of the whole table finds them all, so
-    /// the files are freed a batch at a time by one scan, the batch growing with the table
-    /// ([`SLOTS_PER_RELEASE`]: with a batch of 64 files, unlinking the rollback journal of
-    /// each sqlite3 transaction cost 94 µs on a 1 GiB pool, and more in proportion on larger
-    /// ones)
+    /// the files are freed a batch at a time by one scan: once the batch has
+    /// [`release_batch_len`] files, a number growing with the table ([`SLOTS_PER_RELEASE`]:
+    /// with a batch of 64 files, unlinking the rollback journal of each sqlite3 transaction
+    /// cost 94 µs on a 1 GiB pool, and more in proportion on larger ones), or once its files
+    /// hold a [`DEFERRED_SHARE`] of the table's `slots`
     /// ([`release_deferred`](Fs::release_deferred)); also when a write finds no space, when
     /// free space is asked for, and at unmount. Until then the inode stays live without a
     /// link, an orphan: nobody can open it, its number is not reused, and after a crash the
-    /// mount frees it as it frees every orphan.
-    /// `batch`: the files of a batch ([`release_batch_len`]).
-    fn defer_release(&self, h: Handle, batch: u64) -> Result<()> {
+    /// mount frees it as it frees every orphan. `held`: the blocks below `h`'s size or mapped
+    /// end (its log blocks aside).
+    fn defer_release(&self, h: Handle, held: u64, slots: u64) -> Result<()> {
         let mut pending = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
-        pending.push(h);
+        pending.files.push(h);
+        pending.blocks = pending.blocks.saturating_add(held);
         self.releasing_any.store(true, Ordering::Release);
-        if pending.len() as u64 >= batch {
+        if pending.files.len() as u64 >= release_batch_len(slots)
+            || pending.blocks >= slots / DEFERRED_SHARE
+        {
             self.release_batch(&mut pending)?;
         }
         Ok(())
@@ -820,24 +845,25 @@ impl Fs {
         self.release_batch(&mut pending)
     }
 
-    fn release_batch(&self, pending: &mut Vec<Handle>) -> Result<()> {
+    fn release_batch(&self, pending: &mut Deferred) -> Result<()> {
         let Stager::Hash(t) = &self.stage else {
             return Ok(());
         };
-        if pending.is_empty() {
+        if pending.files.is_empty() {
             return Ok(());
         }
-        let inos: HashSet<u64> = pending.iter().map(|h| u64::from(h.ino)).collect();
+        let inos: HashSet<u64> = pending.files.iter().map(|h| u64::from(h.ino)).collect();
         t.remove_files(&inos)?;
         let m = self.m();
-        for h in pending.iter() {
+        for h in &pending.files {
             self.inodes
                 .store(m, h.ino, field::STATE, u64::from(h.generation))?;
         }
         m.fence();
-        for h in pending.drain(..) {
+        for h in pending.files.drain(..) {
             self.inodes.release(h.ino);
         }
+        pending.blocks = 0;
         self.releasing_any.store(false, Ordering::Release);
         Ok(())
     }
@@ -850,6 +876,7 @@ impl Fs {
                 .releasing
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
+                .files
                 .contains(&h)
     }
 
