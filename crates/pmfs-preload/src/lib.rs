@@ -66,7 +66,10 @@
 //!   kernel is made to refresh the size first. So is a description whose shared mapping
 //!   reaches past the end of file (its pages within the file still come from the pool). So
 //!   are `preadv2`/`pwritev2`, other `lseek` and `fallocate` modes, and calls the kernel must
-//!   reject (wrong access mode, negative offsets, zero lengths), for the exact errno. So are
+//!   reject (wrong access mode, negative offsets, ranges ending past the largest offset,
+//!   zero lengths), for the exact errno. So are updates that find no space in the pool (the
+//!   daemon may hold blocks of deleted files it has yet to free: it frees them, or answers
+//!   `ENOSPC` itself). So are
 //!   the updates (reads stay served) of a file that has set-ID bits which a write by this
 //!   process clears (a process not running as root; set-user-ID, or set-group-ID with
 //!   group-execute) when its node is opened: only the daemon changes modes, and it clears
