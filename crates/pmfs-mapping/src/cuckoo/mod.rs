@@ -476,6 +476,12 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
 
     /// Reads buckets `bs` as one consistent snapshot (seqlock read side).
     fn read_snapshot<const N: usize>(&self, bs: [u64; N]) -> Result<[Bucket; N]> {
+        self.read_versioned(bs).map(|(out, _)| out)
+    }
+
+    /// [`read_snapshot`](Self::read_snapshot), also returning the buckets' lock words as the
+    /// snapshot saw them: a bucket is unchanged since while its word is.
+    fn read_versioned<const N: usize>(&self, bs: [u64; N]) -> Result<([Bucket; N], [u64; N])> {
         let rule = self.lock_rule();
         let mut backoff = Backoff::default();
         'retry: loop {
@@ -505,7 +511,7 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
                     at,
                 })?;
             }
-            return Ok(out);
+            return Ok((out, before));
         }
     }
 
@@ -595,9 +601,22 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
     /// The value of `key`, read without locks.
     fn get(&self, file: &CuckooFile, lblk: u64) -> Result<Option<Value>> {
         let (b1, b2) = self.buckets_of(file.seeds, lblk);
-        let [x, y] = self.read_snapshot([b1, b2])?;
         let key = Key::new(file.ino, lblk);
-        Ok(x.find(key).or_else(|| y.find(key)).map(|(_, v)| v))
+        // Inserts fill the first bucket first, so most keys are found there, without waiting
+        // for the second bucket's line. An entry in a consistent snapshot of one bucket is
+        // mapped; its absence needs both buckets at one instant (a displacement may be moving
+        // it from one to the other): the first bucket's word unchanged after the second was
+        // read makes its snapshot still true then.
+        loop {
+            let ([x], [word]) = self.read_versioned([b1])?;
+            if let Some((_, v)) = x.find(key) {
+                return Ok(Some(v));
+            }
+            let [y] = self.read_snapshot([b2])?;
+            if self.media.load_u64(self.bucket_off(b1))? == word {
+                return Ok(y.find(key).map(|(_, v)| v));
+            }
+        }
     }
 
     /// Applies `f` to the entry of `key` under its bucket locks; `f` returns the new value,
