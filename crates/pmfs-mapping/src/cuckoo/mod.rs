@@ -73,10 +73,13 @@
 //!
 //! The paper isolates displacement chains with Intel TSX, which current CPUs no longer have.
 //! Each bucket instead carries a seqlock word in its own cache line: writers (insert, remove,
-//! move) lock the two buckets of the key they change, in index order, with a CAS; readers
-//! take no lock, read both buckets and retry if either seqlock word was locked or changed,
-//! so a reader never misses an entry that is halfway through a move. Writers never hold more
-//! than two locks and take them in order, so they cannot deadlock.
+//! move) lock the two buckets of the key they change, in index order, with a CAS; readers take
+//! no lock and retry while a seqlock word they read is locked or changes. A reader looks in the
+//! key's first bucket alone first (inserts fill it first, so most keys are there, and the
+//! second bucket's line need not arrive); if the key is not there it reads the second and
+//! checks that the first one's word is still the same, so both were as read at one instant and
+//! a reader never misses an entry that is halfway through a move. Writers never hold more than
+//! two locks and take them in order, so they cannot deadlock.
 //!
 //! The locks live in PM, not in DRAM, because several processes may map the same pool and a
 //! DRAM lock would not exclude another process. The price: a process that dies while holding
@@ -93,13 +96,13 @@
 //! A range larger than a quarter of the table (a truncate, `remove_file`, a whole-file lookup)
 //! is answered by one pass over all buckets, and bucket seqlocks do not make such a pass a
 //! snapshot: a move running meanwhile can carry an entry from a bucket the pass has not read
-//! yet into one it has (the entry is missed) or the other way (seen twice). A *move gate*
-//! word in the header block counts moves started and finished; a pass counts only if no move
-//! was running when it began and none started before it ended. After a few overlapped passes
-//! the scanner closes the gate (new moves wait), lets running moves finish and scans once
-//! more. Lookups of shorter ranges probe key by key, and each probe reads the key's two
-//! buckets as one snapshot. Like a lock, a gate left closed by a dead process makes movers
-//! give up after a second with an error; recovery reopens it.
+//! yet into one it has (the entry is missed) or the other way (seen twice). A *move gate* word
+//! in the header block counts moves started and finished; a pass counts only if no move was
+//! running when it began and none started before it ended. After a few overlapped passes the
+//! scanner closes the gate (new moves wait), lets running moves finish and scans once more.
+//! Lookups of shorter ranges probe key by key, each probe as above. Like a lock, a gate left
+//! closed by a dead process makes movers give up after a second with an error; recovery reopens
+//! it.
 
 pub mod bucket;
 
