@@ -53,6 +53,21 @@ pub(crate) mod field {
     pub const MAPPED_END: u64 = 120;
 }
 
+/// Bits of the record's flags half-word (offset 22).
+pub(crate) mod flag {
+    /// Regular files: a block below the end of file may be unmapped (a hole), because a
+    /// write or an allocation started past the end, a truncation grew the file or a punch
+    /// unmapped blocks. Set, by CAS, before such an update commits, and never cleared: a
+    /// file without it maps every block below its size, so its allocated blocks are known
+    /// without a lookup (see `Fs::blocks_of`).
+    pub const HOLES: u16 = 1;
+}
+
+/// The record word that holds gid, version and flags.
+pub(crate) const GID_WORD: u64 = 16;
+/// Where the flags half-word sits in [`GID_WORD`].
+const FLAGS_SHIFT: u32 = 48;
+
 /// POSIX file-type bits of `mode`.
 pub(crate) const S_IFMT: u32 = 0o170000;
 pub(crate) const S_IFREG: u32 = 0o100000;
@@ -336,6 +351,30 @@ impl InodeTable {
     pub fn load(&self, m: &dyn Media, ino: u32, f: u64) -> Result<u64> {
         self.check(ino)?;
         Ok(m.load_u64(self.field(ino, f))?)
+    }
+
+    /// The flags half-word of `ino`.
+    pub fn flags(&self, m: &dyn Media, ino: u32) -> Result<u16> {
+        Ok((self.load(m, ino, GID_WORD)? >> FLAGS_SHIFT) as u16)
+    }
+
+    /// Sets flag bits `bits` of `ino` by CAS (any thread of any process may race here, and a
+    /// change of group stores the word whole), flushed: durable after the next fence.
+    pub fn set_flags(&self, m: &dyn Media, ino: u32, bits: u16) -> Result<()> {
+        self.check(ino)?;
+        let at = self.field(ino, GID_WORD);
+        let set = u64::from(bits) << FLAGS_SHIFT;
+        let mut cur = m.load_u64(at)?;
+        while cur & set != set {
+            match m.cas_u64(at, cur, cur | set)? {
+                Ok(_) => {
+                    m.flush(at, 8)?;
+                    break;
+                }
+                Err(seen) => cur = seen,
+            }
+        }
+        Ok(())
     }
 
     /// Stores one 8-byte field and flushes its line (durable after the next fence).

@@ -24,11 +24,9 @@ use crate::error::{Error, Result};
 use crate::fs::data::Node;
 use crate::fs::path::check_name;
 use crate::fs::{Fs, ns};
-use crate::inode::{Handle, InodeRaw, Kind, field};
+use crate::inode::{GID_WORD, Handle, InodeRaw, Kind, field};
 use crate::parts::Stager;
 
-/// Offset of the word holding gid, record version and flags in an inode record.
-const GID_WORD: u64 = 16;
 const BS: u64 = BLOCK_SIZE;
 
 /// An inode number with the generation of one incarnation, packed as
@@ -135,8 +133,10 @@ pub struct Attr {
     pub nlink: u64,
     /// Size in bytes.
     pub size: u64,
-    /// Space the object occupies, in 512-byte units (whole blocks up to the size; holes are
-    /// not subtracted).
+    /// Space the object occupies, in 512-byte units: for a regular file the data blocks it
+    /// maps (holes are not counted, blocks allocated past the end of file are), taking in a
+    /// write when it is digested (at the latest at the writer's last close); whole blocks up
+    /// to the size for a directory, one block for a symbolic link.
     pub blocks: u64,
     /// Access time, ns since the epoch.
     pub atime: i64,
@@ -980,10 +980,11 @@ pub(crate) fn attr_of(fs: &Fs, h: Handle) -> Result<Attr> {
     let md: Metadata = fs.stat(h)?;
     let rdev = fs.inodes.load(fs.m(), h.ino, field::RDEV)?;
     let blocks = match md.kind {
-        Kind::File | Kind::Dir => md.size.div_ceil(BS) * (BS / 512),
-        Kind::Symlink => BS / 512,
+        Kind::File => fs.blocks_of(h.ino, md.size)?,
+        Kind::Dir => md.size.div_ceil(BS),
+        Kind::Symlink => 1,
         _ => 0,
-    };
+    } * (BS / 512);
     Ok(Attr {
         ino: Ino::of(h),
         kind: NodeKind::of(md.kind),

@@ -150,7 +150,7 @@ use super::path::{Follow, Target};
 use crate::error::{Error, Result};
 use crate::fs::MAX_FILE_SIZE;
 use crate::hash::FastMap;
-use crate::inode::{Handle, Kind, field};
+use crate::inode::{Handle, Kind, field, flag};
 use crate::mapping::{MapFile, handle};
 use crate::overlay::{Overlay, Src, touches, touches_range};
 use crate::parts::{Pm, Stager};
@@ -736,6 +736,37 @@ impl Fs {
     /// The digested size word.
     fn digested_size(&self, ino: u32) -> Result<u64> {
         self.inodes.load(self.m(), ino, field::SIZE)
+    }
+
+    /// The data blocks regular file `ino` of `size` bytes maps (its `st_blocks`, in blocks).
+    /// A file that never had a hole ([`flag::HOLES`]) maps every block below its size, and
+    /// past it those allocated with `KEEP_SIZE`, up to its mapped end: no lookup. The blocks
+    /// of any other file are counted in its mapping, which takes in a write when it is
+    /// digested; the count costs a lookup of the mapped range (on the hashed structures at
+    /// most one pass over the table).
+    pub fn blocks_of(&self, ino: u32, size: u64) -> Result<u64> {
+        let m = self.m();
+        let end = size
+            .div_ceil(BS)
+            .max(self.inodes.load(m, ino, field::MAPPED_END)?)
+            .min(MAX_FILE_SIZE / BS);
+        if self.inodes.flags(m, ino)? & flag::HOLES == 0 {
+            return Ok(end);
+        }
+        let _il = self.tree_read_lock(ino);
+        let f = self.map.open_file(self.file_id(ino))?;
+        let mut runs = RUNS.take();
+        runs.clear();
+        let r = self.map.lookup(&f, 0, end, &mut runs);
+        let blocks = runs.iter().map(|r| r.len).sum();
+        RUNS.set(runs);
+        r.map(|()| blocks)
+    }
+
+    /// Marks `ino` as a file that may have holes ([`flag::HOLES`]), before an update that may
+    /// make one commits (durable at its fence).
+    fn mark_holes(&self, ino: u32) -> Result<()> {
+        self.inodes.set_flags(self.m(), ino, flag::HOLES)
     }
 
     /// The file's size.
@@ -1960,6 +1991,9 @@ impl Fs {
             landed = off;
             let first = off / BS;
             let last = (end - 1) / BS;
+            if first > size.div_ceil(BS) {
+                fs.mark_holes(n.h.ino)?;
+            }
             let mut segs = vec![Seg {
                 lblk: first,
                 len: last - first + 1,
@@ -2038,6 +2072,9 @@ impl Fs {
         self.cow_update(n, Update::NOW, &mut |fs, ov, f, size| {
             if len <= size {
                 return Ok(None);
+            }
+            if len.div_ceil(BS) > size.div_ceil(BS) {
+                fs.mark_holes(n.h.ino)?;
             }
             let segs: Vec<Seg<'_>> = fs.eof_seg(ov, f, size, u64::MAX)?.into_iter().collect();
             Ok(Some((segs, len)))
@@ -2133,6 +2170,9 @@ impl Fs {
                 cursor = cursor.max(r.lblk + r.len);
             }
             let grow = !keep_size && end > size;
+            if grow && first > size.div_ceil(BS) {
+                fs.mark_holes(n.h.ino)?;
+            }
             if grow {
                 segs.extend(
                     fs.eof_seg(ov, f, size, u64::MAX)?
@@ -2191,6 +2231,9 @@ impl Fs {
         }
         let whole_from = offset.div_ceil(BS);
         let whole_to = end / BS;
+        if whole_to > whole_from {
+            self.mark_holes(n.h.ino)?;
+        }
         // With both an edge copy and whole blocks, the punch takes two log updates: a journal
         // cleanup armed before the first finishes the second after a crash between them.
         let mut tx: Option<crate::journal::Tx<'_>> = None;

@@ -1,0 +1,123 @@
+//! `st_blocks` (`Attr::blocks`, in 512-byte units) counts the data blocks a regular file
+//! maps: holes made by writes and allocations past the end, by growing truncations and by
+//! punches are not counted, blocks allocated past the end of file are; on every mapping
+//! structure, after a remount, and through a data-only client.
+
+mod common;
+
+use pmfs::{Attr, Ino, OpenMode, OpenNode, Owner, Volume};
+
+use common::{KINDS, fresh, remount};
+
+const RW: OpenMode = OpenMode {
+    read: true,
+    write: true,
+    truncate: false,
+};
+const BS: u64 = 4096;
+/// 512-byte units per block.
+const UNITS: u64 = BS / 512;
+
+fn create(vol: &Volume, name: &[u8]) -> (Attr, OpenNode) {
+    let who = Owner { uid: 0, gid: 0 };
+    let (a, node, _) = vol
+        .create_open(vol.root(), name, 0o644, who, true, RW)
+        .unwrap();
+    (a, node)
+}
+
+fn blocks(vol: &Volume, ino: Ino) -> u64 {
+    vol.getattr(ino).unwrap().blocks
+}
+
+#[test]
+fn holes_are_not_counted_and_allocations_past_the_end_are() {
+    for kind in KINDS {
+        let (vol, media) = fresh(kind);
+        let data = vec![5u8; 10 * BS as usize];
+
+        // Dense: every block below the size.
+        let (dense, node) = create(&vol, b"dense");
+        node.write_at(&data, 0).unwrap();
+        node.write_at(b"tail", 10 * BS).unwrap();
+        drop(node);
+        assert_eq!(blocks(&vol, dense.ino), 11 * UNITS, "{kind:?} dense");
+
+        // One byte written a megabyte in: one block.
+        let (sparse, node) = create(&vol, b"sparse");
+        node.write_at(b"x", 1 << 20).unwrap();
+        drop(node);
+        assert_eq!(vol.getattr(sparse.ino).unwrap().size, (1 << 20) + 1);
+        assert_eq!(blocks(&vol, sparse.ino), UNITS, "{kind:?} sparse");
+
+        // Grown by truncation: the old block only.
+        let (grown, node) = create(&vol, b"grown");
+        node.write_at(b"abc", 0).unwrap();
+        node.set_len(1 << 20).unwrap();
+        drop(node);
+        assert_eq!(blocks(&vol, grown.ino), UNITS, "{kind:?} grown");
+
+        // Four whole blocks punched out of ten.
+        let (punched, node) = create(&vol, b"punched");
+        node.write_at(&data, 0).unwrap();
+        node.punch_hole(3 * BS, 4 * BS).unwrap();
+        drop(node);
+        assert_eq!(blocks(&vol, punched.ino), 6 * UNITS, "{kind:?} punched");
+
+        // Allocated past the end, the size unchanged: counted.
+        let (kept, node) = create(&vol, b"kept");
+        node.write_at(b"abc", 0).unwrap();
+        node.allocate(0, 5 * BS, true).unwrap();
+        drop(node);
+        assert_eq!(vol.getattr(kept.ino).unwrap().size, 3);
+        assert_eq!(blocks(&vol, kept.ino), 5 * UNITS, "{kind:?} kept");
+
+        // Allocated with a gap after the end: the gap is a hole.
+        let (gap, node) = create(&vol, b"gap");
+        node.write_at(b"abc", 0).unwrap();
+        node.allocate(4 * BS, 2 * BS, false).unwrap();
+        drop(node);
+        assert_eq!(blocks(&vol, gap.ino), 3 * UNITS, "{kind:?} gap");
+
+        // Filling the holes counts the blocks again.
+        let node = vol.open_ino(punched.ino, RW).unwrap();
+        node.write_at(&data[..4 * BS as usize], 3 * BS).unwrap();
+        drop(node);
+        assert_eq!(blocks(&vol, punched.ino), 10 * UNITS, "{kind:?} refilled");
+
+        let expect = [
+            (dense.ino, 11),
+            (sparse.ino, 1),
+            (grown.ino, 1),
+            (punched.ino, 10),
+            (kept.ino, 5),
+            (gap.ino, 3),
+        ];
+        vol.close().unwrap();
+        let vol = remount(&media);
+        for (ino, n) in expect {
+            assert_eq!(
+                blocks(&vol, ino),
+                n * UNITS,
+                "{kind:?} {ino:?} after a remount"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_data_only_clients_sparse_writes_are_counted_by_both_sides() {
+    let (path, vol) = common::client_pool("st-blocks");
+    let (a, node) = create(&vol, b"f");
+    drop(node);
+    let client = Volume::attach(&path).unwrap();
+    let node = client.open_ino(a.ino, RW).unwrap();
+    node.write_at(b"first", 0).unwrap();
+    node.write_at(b"far", 64 * BS).unwrap();
+    drop(node);
+    assert_eq!(client.getattr(a.ino).unwrap().blocks, 2 * UNITS);
+    assert_eq!(blocks(&vol, a.ino), 2 * UNITS);
+    drop(client);
+    drop(vol);
+    let _ = std::fs::remove_file(&path);
+}
