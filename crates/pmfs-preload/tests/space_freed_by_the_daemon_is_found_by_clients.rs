@@ -1,21 +1,39 @@
 //! The daemon of a HashFS volume frees the blocks of unlinked files in batches, later (the
-//! engine's deferred release), and only its own writes that find no space make it free them
-//! at once. A client of the library that finds no space in the pool therefore hands its call
-//! to the kernel: the daemon frees what it deferred and does the update. Without that, a
-//! program that deleted a file and wrote another as large got `ENOSPC` from a half-empty
-//! volume.
+//! engine's deferred release: a batch goes once it holds 1/32 of the table), and its own
+//! updates that find no space make it free them at once. A client of the library that finds
+//! no space in the pool therefore hands its call to the kernel: the daemon frees what it
+//! deferred and does the update. Without that, a program that deleted a file and wrote
+//! another as large into a nearly full volume got `ENOSPC`.
 
 mod common;
 
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
 use common::{Mounted, TempDir, With, counters, sh_in, sh_ok};
 
-/// Each script fills most of a 64 MiB pool under the library, after the file of the script
-/// before was deleted (so the daemon still holds its blocks): a write, an append and an
-/// allocation.
+/// Free 4 KiB blocks of the file system at `p`. (Asking also makes the daemon free the files
+/// it deferred.)
+fn free_blocks(p: &Path) -> u64 {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path and a zeroed statvfs to fill.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st.f_bavail * st.f_frsize / 4096
+}
+
+/// Each fill writes `FILL` blocks under the library, right after a file of `GONE` blocks was
+/// deleted through the kernel (too small a share of the table for the daemon to free it at
+/// once), into a volume with fewer than `FILL` blocks free besides: a write in 16 KiB pieces,
+/// an append and an allocation.
+const GONE: u64 = 256;
+const FILL: u64 = 300;
 const FILLS: [&str; 3] = [
-    "dd if=/dev/zero of=a bs=1M count=40 status=none",
-    "head -c 41943040 /dev/zero >> b",
-    "fallocate -l 40M c",
+    "dd if=/dev/zero of=a bs=16k count=75 status=none",
+    "head -c 1228800 /dev/zero >> b",
+    "fallocate -l 1228800 c",
 ];
 
 #[test]
@@ -23,12 +41,14 @@ fn clients_write_into_space_the_daemon_has_yet_to_free() {
     let m = Mounted::new("space", "64M", "hashfs");
     let work = TempDir::new("space-stats");
     let stats = work.path().join("stats");
-    sh_ok(
-        m.path(),
-        "dd if=/dev/zero of=first bs=1M count=40 status=none && rm first",
-        With::Kernel,
-    );
+    let keep = (free_blocks(m.path()) - (FILL + GONE / 2)) * 4096;
+    sh_ok(m.path(), &format!("fallocate -l {keep} keep"), With::Kernel);
     for (i, fill) in FILLS.iter().enumerate() {
+        sh_ok(
+            m.path(),
+            &format!("fallocate -l {} gone && rm gone", GONE * 4096),
+            With::Kernel,
+        );
         let out = sh_in(m.path(), fill, With::Library(&stats));
         assert!(
             out.status.success(),
@@ -37,7 +57,7 @@ fn clients_write_into_space_the_daemon_has_yet_to_free() {
         );
         let name = ["a", "b", "c"][i];
         let len = std::fs::metadata(m.path().join(name)).unwrap().len();
-        assert_eq!(len, 40 << 20, "{name}");
+        assert_eq!(len, FILL * 4096, "{name}");
         sh_ok(m.path(), &format!("rm {name}"), With::Kernel);
     }
     // The writes that found space were served in userspace, the others went to the kernel.
@@ -45,14 +65,9 @@ fn clients_write_into_space_the_daemon_has_yet_to_free() {
     assert!(c.served > 0 && c.pmfs_calls > c.served, "{c:?}");
 
     // A pool that is really full still says so, under the library as without it.
-    sh_ok(
-        m.path(),
-        "dd if=/dev/zero of=keep bs=1M count=40 status=none",
-        With::Kernel,
-    );
     let out = sh_in(
         m.path(),
-        "dd if=/dev/zero of=more bs=1M count=40 status=none",
+        "dd if=/dev/zero of=more bs=64k count=32 status=none",
         With::Library(&stats),
     );
     assert!(!out.status.success());
