@@ -19,6 +19,10 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 const NAMES: [&str; 5] = ["a", "b", "c", "dir", "x y"];
+/// The target of the symbolic links that lead out of the trees: in a directory that does not
+/// exist, so that writes through them fail alike on both sides (`ENOENT`) instead of creating
+/// a file in the machine's root directory, as `/nonexistent` did.
+const OUTSIDE: &str = "/nonexistent-dir/target";
 
 fn random_path(rng: &mut SmallRng) -> String {
     let depth = rng.gen_range(1..=3);
@@ -88,7 +92,7 @@ fn draw(rng: &mut SmallRng, tree: &Path) -> Op {
         13 => Op::Exchange(p, random_path(rng)),
         14 => Op::Link(p, random_path(rng)),
         15 => Op::Symlink(
-            ["a", "dir/../b", "dir/c", "/nonexistent"][rng.gen_range(0..4)].to_owned(),
+            ["a", "dir/../b", "dir/c", OUTSIDE][rng.gen_range(0..4)].to_owned(),
             p,
         ),
         16 => Op::Chmod(p, [0o644, 0o600, 0o755, 0o711, 0o4755][rng.gen_range(0..5)]),
