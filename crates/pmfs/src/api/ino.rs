@@ -980,7 +980,7 @@ pub(crate) fn attr_of(fs: &Fs, h: Handle) -> Result<Attr> {
     let md: Metadata = fs.stat(h)?;
     let rdev = fs.inodes.load(fs.m(), h.ino, field::RDEV)?;
     let blocks = match md.kind {
-        Kind::File => fs.blocks_of(h.ino, md.size)?,
+        Kind::File => fs.blocks_of(h, md.size)?,
         Kind::Dir => md.size.div_ceil(BS),
         Kind::Symlink => 1,
         _ => 0,

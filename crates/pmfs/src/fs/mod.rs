@@ -127,6 +127,8 @@ pub(crate) struct Fs {
     releasing_any: AtomicBool,
     /// Holders of words of this pool found alive, and when ([`Fs::holder_alive`]).
     alive_seen: Mutex<FastMap<u32, std::time::Instant>>,
+    /// Block counts of files with holes ([`Fs::blocks_of`]), with what they were counted at.
+    pub(crate) blocks_seen: Mutex<FastMap<u32, (data::Counted, u64)>>,
     free_count: FreeCount,
     pub inodes: InodeTable,
     pub journal: Journal,
@@ -281,6 +283,7 @@ impl Fs {
             logs: Mutex::new(FastMap::default()),
             holder: std::process::id(),
             alive_seen: Mutex::new(FastMap::default()),
+            blocks_seen: Mutex::new(FastMap::default()),
             releasing: Mutex::new(Deferred::default()),
             releasing_any: AtomicBool::new(false),
             free_count: parts.free,
