@@ -762,10 +762,7 @@ impl Fs {
     /// so it is kept until the file's digest cursor moves ([`Counted`]).
     pub fn blocks_of(&self, h: Handle, size: u64) -> Result<u64> {
         let (m, ino) = (self.m(), h.ino);
-        let end = size
-            .div_ceil(BS)
-            .max(self.inodes.load(m, ino, field::MAPPED_END)?)
-            .min(MAX_FILE_SIZE / BS);
+        let end = self.block_span(ino, size)?.min(MAX_FILE_SIZE / BS);
         if self.inodes.flags(m, ino)? & flag::HOLES == 0 {
             return Ok(end);
         }
@@ -805,6 +802,13 @@ impl Fs {
             c.insert(ino, (counted, blocks));
         }
         Ok(blocks)
+    }
+
+    /// The logical blocks regular file `ino` of `size` bytes may map: those below its size
+    /// or below its mapped end, whichever reaches further.
+    pub(crate) fn block_span(&self, ino: u32, size: u64) -> Result<u64> {
+        let mapped_end = self.inodes.load(self.m(), ino, field::MAPPED_END)?;
+        Ok(size.div_ceil(BS).max(mapped_end))
     }
 
     /// Marks `ino` as a file that may have holes ([`flag::HOLES`]), before an update that may

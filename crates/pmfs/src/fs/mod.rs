@@ -753,11 +753,7 @@ impl Fs {
             if matches!(self.stage, Stager::Alloc(_)) {
                 pmfs_core::log::owned_blocks(m, root, &mut |b| log_blocks.push(Extent::new(b, 1)))?;
             }
-            held = self
-                .inodes
-                .load(m, h.ino, field::SIZE)?
-                .div_ceil(BLOCK_SIZE)
-                .max(self.inodes.load(m, h.ino, field::MAPPED_END)?);
+            held = self.block_span(h.ino, self.inodes.load(m, h.ino, field::SIZE)?)?;
             // The log words go first: a crash after this leaks the log blocks until the
             // allocator is rebuilt (HashFS: remove_file below frees them), never a log whose
             // blocks were reused.
