@@ -50,16 +50,16 @@
 //!   pool: the engine puts the file in *mapped mode* (while any process maps it, every process
 //!   writes it in place) and names the pool pieces that hold the range; the caller's range is
 //!   first mapped through the kernel from its own descriptor (the kernel checks the call and
-//!   gives the exact errno), then each piece of the pool file is mapped over it
-//!   (`MAP_FIXED`). Stores through the mapping are what `read` returns in any process, and
-//!   `write`s of any process (served in userspace or through the daemon) appear in it at once;
-//!   holes in the range are allocated (zeroed) first. The description stays served in
-//!   userspace. `munmap` and `MAP_FIXED` mappings over it follow it (the file's pin is
-//!   released with the last page), `msync` also flushes the CPU caches over it, `mremap`
-//!   shrinking or moving it is followed, a `fork` child takes pins of its own, and exit and
-//!   exec make the pages private before releasing the pins. Once the mount is found gone the
-//!   mapping is made private (`MAP_PRIVATE` of the same bytes), so later stores stay in the
-//!   process. These calls count as served.
+//!   gives the exact errno), then each piece of the pool file is mapped over it (`MAP_FIXED`).
+//!   Stores through the mapping are what `read` returns in any process, and `write`s of any
+//!   process (served in userspace or through the daemon) appear in it at once; holes in the
+//!   range are allocated (zeroed) first. The description stays served in userspace. `munmap`
+//!   and `MAP_FIXED` mappings over it follow it (the file's pin is released with the last
+//!   page), `msync` also flushes the CPU caches over it, `mremap` shrinking or moving it is
+//!   followed, growing it (within the file) is served from the pool, a `fork` child takes pins
+//!   of its own, and exit and exec make the pages private before releasing the pins. Once the
+//!   mount is found gone the mapping is made private (`MAP_PRIVATE` of the same bytes), so
+//!   later stores stay in the process. These calls count as served.
 //! - **Left to the kernel on pmfs files**: descriptions mapped any other way (`MAP_PRIVATE`,
 //!   `PROT_EXEC`, `MAP_SYNC` and other flags, a range of more than 16384 pool pieces) are
 //!   released from userspace at the `mmap`: the kernel's page cache backs the mapping; the
@@ -105,19 +105,20 @@
 //!
 //! ## What does not work yet
 //! - Mapped files: a mapping that reaches past the end of file takes the kernel path for its
-//!   description, and its pages past the end stay the kernel's (they see only what the
-//!   kernel's page cache knows). Growing a served mapping with `mremap` fails with `ENOMEM`,
-//!   `MREMAP_DONTUNMAP` on one with `EINVAL`. Protection changed by `mprotect` is not followed:
-//!   a mapping made private (mount gone, exit, exec) gets the protection it was mapped with.
-//!   Writes to a mapped file are in place, hence not atomic against a concurrent reader or a
-//!   crash (the engine's mapped mode), and stores through a mapping change no `mtime`. A
-//!   process that only stores through a mapping and makes no call on the mount's files never
-//!   finds the mount gone: its stores keep reaching the pool. `munmap` is not async-signal
-//!   safe here (a signal handler calling it while its thread is in the library's `mmap`,
-//!   `munmap`, `msync` or `mremap` leaves the table as it was). The mapping table is a
-//!   spin-locked vector: these calls serialise while any served mapping exists. A file
-//!   unlinked while served mappings of it remain after its last `close` is freed only at the
-//!   owner's next mount (the daemon frees it at that close only if no process pins it).
+//!   description, and its pages past the end stay the kernel's (they see only what the kernel's
+//!   page cache knows). Growing a served mapping with `mremap` past the end of file fails with
+//!   `ENOMEM` (within it, it works), `MREMAP_DONTUNMAP` on one with `EINVAL`. Protection
+//!   changed by `mprotect` is not followed: a mapping made private (mount gone, exit, exec)
+//!   gets the protection it was mapped with. Writes to a mapped file are in place, hence not
+//!   atomic against a concurrent reader or a crash (the engine's mapped mode), and stores
+//!   through a mapping change no `mtime`. A process that only stores through a mapping and
+//!   makes no call on the mount's files never finds the mount gone: its stores keep reaching
+//!   the pool. `munmap` is not async-signal safe here (a signal handler calling it while its
+//!   thread is in the library's `mmap`, `munmap`, `msync` or `mremap` leaves the table as it
+//!   was). The mapping table is a spin-locked vector: these calls serialise while any served
+//!   mapping exists. A file unlinked while served mappings of it remain after its last `close`
+//!   is freed only at the owner's next mount (the daemon frees it at that close only if no
+//!   process pins it).
 //! - A file mapped through the kernel by *another* process is not told about userspace
 //!   writes (its mapping sees them only after the kernel re-reads the size/mtime).
 //! - Calls made in the first 10 ms after the daemon was killed or the mount detached still

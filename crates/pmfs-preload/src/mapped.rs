@@ -21,9 +21,13 @@
 //!   mapped (segments). `munmap` and `MAP_FIXED` mappings over a segment trim, split or drop
 //!   it; the pin is released with the last segment. `msync` writes the CPU caches back over
 //!   the segments it covers and fences (`pmfs_core::pm::persist`) after the kernel accepted
-//!   it. `mremap` is followed when it shrinks or moves a range; growing a range that holds a
-//!   segment fails with `ENOMEM` (the kernel would extend it over the pool bytes after the
-//!   piece: other files' blocks), and `MREMAP_DONTUNMAP` on one with `EINVAL`.
+//!   it. `mremap` is followed when it shrinks or moves a range. Growing a range of segments is
+//!   done here (the kernel would extend the last piece over the pool bytes after it: other
+//!   files' blocks): the new pages are mapped from the pool like a new `mmap` of the file, in
+//!   place or, with `MREMAP_MAYMOVE`, with the old segments mapped again elsewhere. It needs
+//!   the file to reach past the new end (what a program that grows its file and then its
+//!   mapping has done) and fails with `ENOMEM` otherwise; `MREMAP_DONTUNMAP` on a segment
+//!   fails with `EINVAL`.
 //! - **Lifetime**: a `fork` child takes a pin of its own for every record it inherited
 //!   ([`pmfs::MapPin::inherit`]: atomic operations on the pool only). Exit, `_exit` and exec
 //!   remap every segment `MAP_PRIVATE` (stores made later, by threads still running or after a
@@ -106,12 +110,14 @@ fn page_size() -> usize {
     usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(0)
 }
 
-/// Pool bytes `pool_off..pool_off + len` mapped at `addr..addr + len`.
+/// Pool bytes `pool_off..pool_off + len`, the file's bytes `file_off..file_off + len`, mapped
+/// at `addr..addr + len`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Seg {
     addr: usize,
     len: usize,
     pool_off: u64,
+    file_off: u64,
 }
 
 impl Seg {
@@ -130,6 +136,7 @@ impl Seg {
             addr: a,
             len: b - a,
             pool_off: self.pool_off + (a - self.addr) as u64,
+            file_off: self.file_off + (a - self.addr) as u64,
         })
     }
 
@@ -146,9 +153,13 @@ impl Seg {
 #[derive(Debug)]
 struct Record {
     mount: usize,
-    /// The client that mapped it, for the mount-state word only (a PM load, safe in a `fork`
-    /// child, where the client is the parent's).
+    /// The client that mapped it: for the mount-state word (a PM load, safe in a `fork` child,
+    /// where the client is the parent's), and for mapping more of the file when `mremap` grows
+    /// the mapping.
     client: &'static Client,
+    ino: Ino,
+    /// Whether the description mapped may write.
+    writable: bool,
     prot: c_int,
     pin: MapPin,
     segs: Vec<Seg>,
@@ -309,6 +320,7 @@ pub(crate) fn map(
                     addr: base + (p.file_off - call.off as u64) as usize,
                     len: p.len as usize,
                     pool_off: p.pool_off,
+                    file_off: p.file_off,
                 };
                 // SAFETY: the segment lies inside the range the kernel just gave the caller.
                 unsafe { sys_mmap(seg.addr, seg.len, call.prot, piece_flags, fd, seg.pool_off) }
@@ -347,6 +359,8 @@ pub(crate) fn map(
         Some(segs) if !segs.is_empty() => t.records().push(Record {
             mount: m,
             client,
+            ino,
+            writable,
             prot: call.prot,
             pin: file.into_pin(),
             segs,
@@ -423,9 +437,10 @@ pub(crate) unsafe fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int
     r
 }
 
-/// `mremap`: forwarded, and the segments it moves or cuts followed; refused when it would
-/// grow a range holding a segment (`ENOMEM`: the kernel would extend the mapping over the pool
-/// bytes after the piece) or keep one mapped twice (`MREMAP_DONTUNMAP`, `EINVAL`).
+/// `mremap`: forwarded, and the segments it moves or cuts followed. Growing a range of
+/// segments is served here instead (the kernel would extend the last piece's mapping over the
+/// pool bytes after it: other files' blocks), see [`grow`]; `MREMAP_DONTUNMAP` on a segment
+/// is refused (`EINVAL`: it would keep the pool mapped twice).
 ///
 /// # Safety
 /// The C function's contract.
@@ -452,13 +467,28 @@ pub(crate) unsafe fn mremap(
         .flat_map(|r| &r.segs)
         .any(|s| s.overlaps(from, from.saturating_add(old_span.max(PAGE))));
     if held && (new_span > old_span || flags & libc::MREMAP_DONTUNMAP != 0) {
-        drop(t);
-        crate::set_errno(if new_span > old_span {
-            libc::ENOMEM
+        let saved = crate::errno();
+        let mut emptied = Vec::new();
+        let grown = if flags & libc::MREMAP_DONTUNMAP != 0 {
+            Err(libc::EINVAL)
         } else {
-            libc::EINVAL
-        });
-        return libc::MAP_FAILED;
+            let to = new_addr as usize;
+            grow(&mut t, from, old_span, new_span, flags, to, &mut emptied)
+        };
+        drop(t);
+        let_go(emptied);
+        return match grown {
+            Ok(to) => {
+                crate::set_errno(saved);
+                crate::PMFS_CALLS.fetch_add(1, Ordering::Relaxed);
+                crate::SERVED.fetch_add(1, Ordering::Relaxed);
+                core::ptr::without_provenance_mut(to)
+            }
+            Err(e) => {
+                crate::set_errno(e);
+                libc::MAP_FAILED
+            }
+        };
     }
     // SAFETY: forwarded under the same contract.
     let r = unsafe { crate::real::mremap(old, old_len, new_len, flags, new_addr) };
@@ -468,6 +498,170 @@ pub(crate) unsafe fn mremap(
         });
     }
     r
+}
+
+/// Grows `from..from + old_span` (whole pages, `old_span < new_span`), which holds segments, to
+/// `new_span` bytes as `mremap` with `flags` would: the range must be segments of one file,
+/// mapped with one access mode and protection, contiguous in the file, and the file must reach
+/// past the grown range (a program grows a mapping after growing its file), whose new pages are
+/// then mapped from the pool like a new `mmap` (holes allocated, a record and pin of their
+/// own). In place if the pages after the range are free; otherwise, with `MREMAP_MAYMOVE`,
+/// somewhere else (at `new_addr` with `MREMAP_FIXED`, replacing what was there), the old
+/// segments mapped there again from the pool (a shared mapping: the same bytes) and the old
+/// range unmapped. Returns the address or the errno, and puts the records nothing is left of in
+/// `emptied` (even on failure: an `MREMAP_FIXED` target is given up first). `ENOMEM` where the
+/// kernel would succeed but this cannot (a range that is not such segments, a file that ends
+/// sooner) and where the kernel would fail for want of room, `EINVAL` for flags it refuses.
+fn grow(
+    t: &mut Locked,
+    from: usize,
+    old_span: usize,
+    new_span: usize,
+    flags: c_int,
+    new_addr: usize,
+    emptied: &mut Vec<Record>,
+) -> Result<usize, c_int> {
+    let moving = flags & libc::MREMAP_MAYMOVE != 0;
+    let fixed = flags & libc::MREMAP_FIXED != 0;
+    if flags & !(libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) != 0
+        || (fixed && !moving)
+        || !from.is_multiple_of(PAGE)
+        || (fixed
+            && (!new_addr.is_multiple_of(PAGE)
+                || (new_addr < from + old_span && from < new_addr.saturating_add(new_span))))
+    {
+        return Err(libc::EINVAL);
+    }
+    let hi = from + old_span;
+    let ext_len = new_span - old_span;
+    let mut owner = None;
+    let mut parts = Vec::new();
+    for r in t.records().iter() {
+        let inside = r.segs.iter().filter_map(|s| s.inside(from, hi));
+        let before = parts.len();
+        parts.extend(inside);
+        if parts.len() == before {
+            continue;
+        }
+        let this = (r.mount, r.ino, r.writable, r.prot);
+        match owner {
+            None => owner = Some((r.client, this)),
+            Some((_, first)) if first == this => {}
+            Some(_) => return Err(libc::ENOMEM),
+        }
+    }
+    let (client, (mount, ino, writable, prot)) = owner.ok_or(libc::ENOMEM)?;
+    parts.sort_unstable_by_key(|s| s.addr);
+    let contiguous = parts
+        .windows(2)
+        .all(|w| w[0].end() == w[1].addr && w[0].file_off + w[0].len as u64 == w[1].file_off);
+    let last = *parts.last().ok_or(libc::ENOMEM)?;
+    if parts[0].addr != from || last.end() != hi || !contiguous {
+        return Err(libc::ENOMEM);
+    }
+    let ext_off = last.file_off + last.len as u64;
+    let ext = client
+        .map(ino, ext_off, ext_len as u64)
+        .map_err(|_| libc::ENOMEM)?;
+    let mapped: u64 = ext.pieces().iter().map(|p| p.len).sum();
+    if ext.pieces().first().is_none_or(|p| p.file_off != ext_off) || mapped != ext_len as u64 {
+        return Err(libc::ENOMEM);
+    }
+    let fd = pool_fd(mount, writable).ok_or(libc::ENOMEM)?;
+    let reserve = |addr: usize, len: usize, how: c_int| {
+        // SAFETY: an anonymous mapping; with MAP_FIXED only over the target of an
+        // `mremap(MREMAP_FIXED)`, which the caller gave up.
+        unsafe {
+            sys_mmap(
+                addr,
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | how,
+                -1,
+                0,
+            )
+        }
+    };
+    let to = if fixed {
+        reserve(new_addr, new_span, libc::MAP_FIXED).map_err(|_| libc::ENOMEM)?;
+        emptied.extend(unrecord(t.records(), new_addr, new_addr + new_span));
+        new_addr
+    } else {
+        match reserve(hi, ext_len, libc::MAP_FIXED_NOREPLACE) {
+            Ok(a) if a == hi => from,
+            Ok(a) => {
+                // SAFETY: the reservation just made, at an address the kernel chose.
+                unsafe { libc::syscall(libc::SYS_munmap, a, ext_len) };
+                if !moving {
+                    return Err(libc::ENOMEM);
+                }
+                reserve(0, new_span, 0).map_err(|_| libc::ENOMEM)?
+            }
+            Err(_) if moving => reserve(0, new_span, 0).map_err(|_| libc::ENOMEM)?,
+            Err(_) => return Err(libc::ENOMEM),
+        }
+    };
+    let kept = if to == from { &[][..] } else { &parts[..] };
+    let old_pieces = kept.iter().map(|s| (s.addr - from, s.len, s.pool_off));
+    let new_pieces = ext.pieces().iter().map(|p| {
+        (
+            old_span + (p.file_off - ext_off) as usize,
+            p.len as usize,
+            p.pool_off,
+        )
+    });
+    let placed = old_pieces
+        .chain(new_pieces)
+        .try_for_each(|(at, len, pool_off)| {
+            // SAFETY: inside the range reserved above.
+            unsafe {
+                sys_mmap(
+                    to + at,
+                    len,
+                    prot,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    fd,
+                    pool_off,
+                )
+            }
+            .map(drop)
+        });
+    if placed.is_err() {
+        let (lo, len) = if to == from {
+            (hi, ext_len)
+        } else {
+            (to, new_span)
+        };
+        // SAFETY: the range reserved above, which holds nothing of the caller's yet (an
+        // `MREMAP_FIXED` target was given up).
+        unsafe { libc::syscall(libc::SYS_munmap, lo, len) };
+        return Err(libc::ENOMEM);
+    }
+    if to != from {
+        // SAFETY: the old range, whose pieces are mapped at `to` now.
+        unsafe { libc::syscall(libc::SYS_munmap, from, old_span) };
+        emptied.extend(moved(t.records(), from, old_span, to, old_span));
+    }
+    let segs = ext
+        .pieces()
+        .iter()
+        .map(|p| Seg {
+            addr: to + old_span + (p.file_off - ext_off) as usize,
+            len: p.len as usize,
+            pool_off: p.pool_off,
+            file_off: p.file_off,
+        })
+        .collect();
+    t.records().push(Record {
+        mount,
+        client,
+        ino,
+        writable,
+        prot,
+        pin: ext.into_pin(),
+        segs,
+    });
+    Ok(to)
 }
 
 /// A mapping with `MAP_FIXED` replaced `addr..addr + len`: the segments there are gone.
@@ -798,6 +992,7 @@ mod tests {
             addr,
             len,
             pool_off,
+            file_off: pool_off + 5 * 4096,
         }
     }
 

@@ -1,15 +1,15 @@
 //! Shared mappings of pmfs files under the library map the file's blocks straight from the
 //! pool. A C program (`programs/mapped.c`) stores through mappings and reads back with `read`,
-//! writes and reads the mapping, maps sparse files, unmaps and syncs parts, shrinks and moves
-//! with `mremap`, maps over a mapping, forks a child that stores through its inherited mapping, and
-//! maps past the end of file: its transcript and files are the same with and without the
-//! library and as on a local directory. `/proc/<pid>/maps` shows the pool file behind a
-//! mapping; other processes' writes (served in userspace or through the daemon) appear in it at
-//! once and its stores in their reads; the file is written in place while mapped (a fork child
-//! that inherited the mapping and left changes nothing) and relocated by copy-on-write again
-//! once the mapping is gone (its pin released by `munmap` or at exit);
-//! once the mount is gone the mapping no longer reaches the pool; sqlite3 in WAL mode (its
-//! `-shm` index is mapped) works across processes. `pmfs fsck` is clean after every run.
+//! writes and reads the mapping, maps sparse files, unmaps and syncs parts, shrinks, moves and
+//! grows with `mremap`, maps over a mapping, forks a child that stores through its inherited
+//! mapping, and maps past the end of file: its transcript and files are the same with and
+//! without the library and as on a local directory. `/proc/<pid>/maps` shows the pool file
+//! behind a mapping; other processes' writes (served in userspace or through the daemon) appear
+//! in it at once and its stores in their reads; the file is written in place while mapped (a
+//! fork child that inherited the mapping and left changes nothing) and relocated by
+//! copy-on-write again once the mapping is gone (its pin released by `munmap` or at exit); once
+//! the mount is gone the mapping no longer reaches the pool; sqlite3 in WAL mode (its `-shm`
+//! index is mapped) works across processes. `pmfs fsck` is clean after every run.
 
 mod common;
 
@@ -23,7 +23,7 @@ use common::{Mounted, TempDir, With, compile, counters, library, runs_agree, sh_
 #[test]
 fn mapped_files_give_the_same_bytes_with_and_without_the_library() {
     let ((_, files), c, m) = runs_agree("mapped", str::to_owned);
-    assert_eq!(files.len(), 3);
+    assert_eq!(files.len(), 4);
     assert_eq!(c.processes, 1, "{c:?}");
     assert!(c.served >= 30, "{c:?}");
     m.unmount_and_fsck();

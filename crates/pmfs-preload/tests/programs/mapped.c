@@ -1,8 +1,8 @@
 /* Shared mappings of files. Without arguments: mappings of files in the current directory
  * against read/write through the same and other descriptions, sparse files, offsets, partial
- * munmap, msync, mremap shrinking and moving, MAP_FIXED over a mapping, a fork child storing through an
- * inherited mapping, mappings past the end of file, MAP_FIXED_NOREPLACE, MAP_PRIVATE, and the
- * errors of bad calls;
+ * munmap, msync, mremap shrinking, moving and growing, MAP_FIXED over a mapping, a fork child
+ * storing through an inherited mapping, mappings past the end of file, MAP_FIXED_NOREPLACE,
+ * MAP_PRIVATE, and the errors of bad calls;
  * prints a transcript that must not depend on whether the library is loaded.
  * "hold FILE": maps FILE whole (shared, read-write), prints "ready" and then answers lines on
  * standard input: "show OFF LEN" prints those bytes of the mapping, "store OFF TEXT" stores
@@ -193,6 +193,42 @@ int main(int argc, char **argv) {
     show("msync moved", msync(moved, PG, MS_SYNC));
     sum_at(fd, "read after the move", PG, 100);
     show("munmap moved", munmap(moved, PG));
+
+    /* mremap growing a mapping after its file grew: in place where the pages after it are
+     * free, refused without MREMAP_MAYMOVE where they are not, moved with it, and moved to a
+     * place given with MREMAP_FIXED. */
+    int gf = open("grown", O_RDWR | O_CREAT, 0644);
+    show("ftruncate to map", ftruncate(gf, 2 * PG));
+    unsigned char *room = mmap(NULL, 8 * PG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *g = mmap(room, 2 * PG, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, gf, 0);
+    show("mmap with room after it", g == room ? 0 : -1);
+    show("munmap the room", munmap(room + 2 * PG, 6 * PG));
+    memcpy(g + 10, "FIRST", 5);
+    show("ftruncate to grow", ftruncate(gf, 5 * PG));
+    show("mremap grow in place", mremap(g, 2 * PG, 4 * PG, 0) == g ? 0 : -1);
+    memcpy(g + 3 * PG + 7, "GROWN-IN-PLACE", 14);
+    show("msync grown", msync(g, 4 * PG, MS_SYNC));
+    sum_at(gf, "read the grown map", 0, 5 * PG);
+    unsigned char *block =
+        mmap(g + 4 * PG, PG, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    show("block the page after it", block == g + 4 * PG ? 0 : -1);
+    show("mremap grow blocked", mremap(g, 4 * PG, 5 * PG, 0) == MAP_FAILED ? -1 : 0);
+    unsigned char *g3 = mremap(g, 4 * PG, 5 * PG, MREMAP_MAYMOVE);
+    show("mremap grow and move", g3 != MAP_FAILED && g3 != g ? 0 : -1);
+    text_at(g3 + 10, "moved map keeps", 5);
+    text_at(g3 + 3 * PG + 7, "and its grown part", 14);
+    memcpy(g3 + 4 * PG + 1, "LAST-PAGE", 9);
+    show("pwrite under the moved map", pwrite(gf, "PWRITTEN", 8, PG));
+    text_at(g3 + PG, "moved map sees it", 8);
+    show("ftruncate to grow again", ftruncate(gf, 7 * PG));
+    unsigned char *target = mmap(NULL, 7 * PG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *g4 = mremap(g3, 5 * PG, 7 * PG, MREMAP_MAYMOVE | MREMAP_FIXED, target);
+    show("mremap grow to a place", g4 == target ? 0 : -1);
+    text_at(g4 + 4 * PG + 1, "map there keeps", 9);
+    memcpy(g4 + 6 * PG, "SEVENTH", 7);
+    show("msync there", msync(g4, 7 * PG, MS_SYNC));
+    sum_at(gf, "read the map there", 0, 7 * PG);
+    show("munmap grown", munmap(g4, 7 * PG) | munmap(block, PG));
     unsigned char *f = map(2 * PG, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0, "mmap to cover");
     unsigned char *a = mmap(f + PG, PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     show("anonymous over the map", a == f + PG ? 0 : -1);
@@ -256,6 +292,6 @@ int main(int argc, char **argv) {
 
     show("size", size_of(fd));
     sum_at(fd, "whole file", 0, (size_t)size_of(fd));
-    show("close", close(fd) | close(other) | close(sp) | close(ro) | close(e) | close(wo) | close(pv));
+    show("close", close(fd) | close(other) | close(sp) | close(ro) | close(e) | close(wo) | close(pv) | close(gf));
     return 0;
 }
