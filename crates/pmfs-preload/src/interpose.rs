@@ -761,14 +761,14 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
     r
 }
 
-/// `_exit`: the process's userspace nodes are released first (their pins in the pool), then
-/// it ends.
+/// `_exit`: the process's userspace nodes are released first (their pins in the pool) and its
+/// counters reported (`PMFS_PRELOAD_STATS`), then it ends.
 ///
 /// # Safety
 /// None beyond `_exit`'s: it takes a plain integer.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {
-    crate::leaving();
+    crate::ending();
     real::exit_now(status)
 }
 
@@ -779,7 +779,7 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 #[allow(non_snake_case, reason = "the C name")]
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
-    crate::leaving();
+    crate::ending();
     real::exit_now(status)
 }
 

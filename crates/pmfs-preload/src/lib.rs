@@ -97,11 +97,12 @@
 //!   the new image). A `vfork` child (shared memory) never writes the table.
 //! - `PMFS_PRELOAD=off` (or `0`) turns all of it off: every call is forwarded, nothing is
 //!   recorded or counted.
-//! - `PMFS_PRELOAD_STATS=1` prints one line to standard error at exit (the library's only
-//!   output): `pmfs-preload: pid P: F pmfs fds, C calls on them, S served in userspace`;
-//!   `PMFS_PRELOAD_STATS=/absolute/path` appends that line to the file instead (one `write`
-//!   per process, `O_APPEND`), for programs that close standard error before they exit
-//!   (coreutils do) and for collecting the lines of every process of a pipeline.
+//! - `PMFS_PRELOAD_STATS=1` prints one line to standard error at exit, and at `_exit` if the
+//!   process had pmfs files (the library's only output): `pmfs-preload: pid P: F pmfs fds, C
+//!   calls on them, S served in userspace`; `PMFS_PRELOAD_STATS=/absolute/path` appends that
+//!   line to the file instead (one `write` per process, `O_APPEND`), for programs that close
+//!   standard error before they exit (coreutils do) and for collecting the lines of every
+//!   process of a pipeline.
 //!
 //! ## What does not work yet
 //! - Mapped files: a mapping that reaches past the end of file takes the kernel path for its
@@ -409,6 +410,20 @@ fn leaving() {
     if STATE.load(Ordering::Acquire) == ON && owns_table() {
         mapped::release_all();
         served::release_all();
+    }
+}
+
+/// The process ends without running its exit handlers (`_exit`, `_Exit`): as [`leaving`], and
+/// the counters reported as at exit if it had pmfs files (shells leave this way after every
+/// command, and a `vfork` child, whose counters are its parent's, always does).
+fn ending() {
+    leaving();
+    if STATE.load(Ordering::Acquire) == ON
+        && STATS.load(Ordering::Acquire)
+        && owns_table()
+        && PMFS_FDS.load(Ordering::Relaxed) > 0
+    {
+        report();
     }
 }
 

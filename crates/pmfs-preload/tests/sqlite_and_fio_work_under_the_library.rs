@@ -2,8 +2,7 @@
 //! deletes and `PRAGMA integrity_check`, and fio with `--verify=crc32c`, all on a pmfs mount
 //! under the library: the same query results as on a local directory without it, databases
 //! the kernel path reads back intact, and counters that show the library served the calls (fio
-//! runs its job as a thread: a forked job process leaves with `_exit`, which runs no exit
-//! handler to report).
+//! runs its job in a forked process, which leaves with `_exit`: the library reports there too).
 
 mod common;
 
@@ -79,7 +78,7 @@ fn fio_verifies_its_data_under_the_library() {
     let out = sh_ok(
         m.path(),
         "fio --name=verify --filename=fio.dat --size=4M --bs=4k --rw=randwrite \
-         --ioengine=psync --verify=crc32c --do_verify=1 --thread --output-format=terse",
+         --ioengine=psync --verify=crc32c --do_verify=1 --output-format=terse",
         With::Library(&stats),
     );
     let terse = String::from_utf8_lossy(&out);
