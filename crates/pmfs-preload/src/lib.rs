@@ -138,7 +138,9 @@
 //! - A served `fchown` is judged by the caller's effective user id (the kernel uses the
 //!   file-system user id, which differs only after `setfsuid`), asks no security module, and
 //!   raises no inotify/fanotify `IN_ATTRIB` event (served writes raise no `IN_MODIFY` either).
-//! - A buffer the kernel would answer `EFAULT` for crashes the caller instead.
+//! - A buffer the kernel would answer `EFAULT` for crashes the caller instead (`SIGSEGV`),
+//!   unless it lies in the first 64 KiB of the address space (a null or small bogus pointer),
+//!   where nothing is mapped: those calls are forwarded.
 //! - A process that ends by `exit_group` without libc, or by a signal, leaves its files' log
 //!   and mapping pins in the pool until the owner's next mount (files unlinked meanwhile stay
 //!   orphans until then, mapped ones stay in mapped mode; see `Volume::attach`); so does

@@ -522,6 +522,15 @@ fn position(off: i64, n: usize) -> Option<u64> {
 /// Linux's largest single transfer.
 const MAX_RW: usize = 0x7fff_f000;
 
+/// Whether a buffer at `p` lies in the first 64 KiB of the address space, which nothing maps
+/// unless an administrator lowered `vm.mmap_min_addr`: a null or small bogus pointer, which
+/// the kernel answers with `EFAULT` and a copy here would answer with `SIGSEGV`. Such calls
+/// are forwarded (correct either way). Other unmapped buffers are not detected: checking
+/// each would cost a system call.
+fn low(p: *const libc::c_void) -> bool {
+    (p as usize) < 1 << 16
+}
+
 impl Served {
     /// `pread` at `off`, or at the descriptor's offset (moved past the bytes read) if `None`.
     ///
@@ -534,7 +543,7 @@ impl Served {
         n: usize,
         off: Option<i64>,
     ) -> Option<isize> {
-        if !self.read || n == 0 || buf.is_null() {
+        if !self.read || n == 0 || low(buf.cast()) {
             return None;
         }
         let n = n.min(MAX_RW);
@@ -565,7 +574,7 @@ impl Served {
         n: usize,
         off: Option<i64>,
     ) -> Option<isize> {
-        if !self.write || n == 0 || buf.is_null() {
+        if !self.write || n == 0 || low(buf.cast()) {
             return None;
         }
         let n = n.min(MAX_RW);
@@ -627,7 +636,7 @@ impl Served {
         }
         let mut total = 0usize;
         for v in iovs {
-            if v.iov_len > 0 && v.iov_base.is_null() {
+            if v.iov_len > 0 && low(v.iov_base) {
                 return None;
             }
             total = total.checked_add(v.iov_len).filter(|&t| t <= MAX_RW)?;
@@ -689,7 +698,7 @@ impl Served {
         let mut all = Vec::with_capacity(total);
         for v in iovs {
             if v.iov_len > 0 {
-                if v.iov_base.is_null() {
+                if low(v.iov_base) {
                     return None;
                 }
                 // SAFETY: the caller's iovec buffer.

@@ -4,8 +4,9 @@
 //! ranges ending past the largest offset, fsync, EBADF after close, a fork child and an exec'd
 //! image writing through a shared descriptor, a vfork child closing its copy of a descriptor,
 //! threads writing at once (at offsets, and with write/read on one shared offset: each record
-//! in a range of its own), a shared mapping against read and write, stdio, close_range, a pipe,
-//! and file calls from a constructor before `main` — and prints a transcript. On a pmfs mount
+//! in a range of its own), a shared mapping against read and write, stdio, buffers at bad
+//! addresses (`EFAULT`, or a copy up to the bad one), close_range, a pipe, and file calls from
+//! a constructor before `main` — and prints a transcript. On a pmfs mount
 //! the transcript and the files are the same with and without the library, and the same as on a
 //! local directory (except one call the daemon refuses, see below).
 //!
@@ -30,14 +31,16 @@ fn without_keep_size(transcript: &str) -> String {
 #[test]
 fn descriptor_calls_give_the_same_results_with_and_without_the_library() {
     let ((_, files), c, m) = runs_agree("descriptors", without_keep_size);
-    assert_eq!(files.len(), 3);
-    // The program and its exec'd image report; fork children leave with _exit.
+    assert_eq!(files.len(), 4);
+    // The program and its exec'd image report; fork children open no pmfs file and leave
+    // with _exit.
     assert_eq!(c.processes, 2, "{c:?}");
-    // Opened with open(): f, f again with O_APPEND, threads, records, stream; plus the descriptor the
-    // exec'd image inherited, classified on its first read. Duplicates are not new files,
-    // fopen opens inside libc, out of the library's sight, and the vfork child's close did not
-    // reach the parent's table (else the parent would have classified `f` a second time).
-    assert_eq!(c.pmfs_fds, 6, "{c:?}");
+    // Opened with open(): f, f again with O_APPEND, threads, records, stream, bad; plus the
+    // descriptor the exec'd image inherited, classified on its first read. Duplicates are not
+    // new files, fopen opens inside libc, out of the library's sight, and the vfork child's
+    // close did not reach the parent's table (else the parent would have classified `f` a
+    // second time).
+    assert_eq!(c.pmfs_fds, 7, "{c:?}");
     assert!(c.pmfs_calls >= 60, "{c:?}");
     assert!(c.served >= 40, "{c:?}");
     m.unmount_and_fsck();

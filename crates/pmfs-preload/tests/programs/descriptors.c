@@ -342,6 +342,25 @@ int main(int argc, char **argv) {
     printf("%s", r1);
     show("close", close(g));
 
+    /* Buffers at bad addresses: the kernel answers EFAULT, or copies up to the bad one. */
+    int bad = open("bad", O_RDWR | O_CREAT | O_TRUNC, 0644);
+    char *volatile nowhere = (char *)8; /* volatile: the compiler may not see it is bogus */
+    show("write from address 8", write(bad, nowhere, 10));
+    show("pwrite from address 0", pwrite(bad, nowhere - 8, 10, 0));
+    show("write", write(bad, "0123456789", 10));
+    show("pread into address 8", pread(bad, nowhere, 10, 0));
+    show("lseek to 0", lseek(bad, 0, SEEK_SET));
+    show("read into address 0", read(bad, nowhere - 8, 10));
+    show("offset after it", lseek(bad, 0, SEEK_CUR));
+    struct iovec badv[2] = {{"ab", 2}, {nowhere + 4088, 5}};
+    show("pwritev, second bad", pwritev(bad, badv, 2, 0));
+    char rb[4] = "";
+    struct iovec readv_bad[2] = {{rb, 3}, {nowhere + 4088, 5}};
+    show("preadv, second bad", preadv(bad, readv_bad, 2, 0));
+    printf("preadv got: %.3s\n", rb);
+    sum_at(bad, "after bad buffers", 0, 20);
+    show("close bad", close(bad));
+
     show("dup2 to 100", dup2(fd, 100));
     show("dup2 to 101", dup2(fd, 101));
     show("close_range", close_range(100, 101, 0));
