@@ -9,7 +9,9 @@
 //! allocator from the blocks of the live inodes and of their logs. Every regular file's log
 //! is repaired (`log::recover`: pins and a tail beyond a hole) and its digest holder reset,
 //! then digested (a clean close digested them all already, so this finds nothing unless a
-//! data-only client died). Directories are loaded lazily on first use.
+//! data-only client died). Orphans are freed: files unlinked while a data-only client had them
+//! open or mapped, which the owner could not free at their last close. Directories are loaded
+//! lazily on first use.
 //!
 //! After a crash the mount also:
 //! 1. lets the mapping structure recover its own half-done operations;
@@ -490,6 +492,8 @@ impl Fs {
         }
         if !clean {
             fs.recover(&live, &recovered.cleanups, &mut report)?;
+        } else if !read_only {
+            fs.free_orphans(&live, &mut report)?;
         }
         fs.rebuild_free_list()?;
         fs.report = report;
@@ -596,18 +600,27 @@ impl Fs {
             report.journal_cleanups += 1;
         }
 
-        // Orphans: live inodes without links.
+        self.free_orphans(live, report)?;
+        self.journal.reset(m)?;
+        Ok(())
+    }
+
+    /// Frees the orphans among `live`: inodes without links. At mount nothing has a file open,
+    /// so they are garbage whether the volume was closed cleanly or not: open-but-unlinked
+    /// files of a crashed run, removals that zeroed the link count before a crash, and files
+    /// unlinked while another process pinned them (a data-only client's open file or mapping),
+    /// which the owner's last close had to leave.
+    fn free_orphans(&self, live: &[LiveInode], report: &mut MountReport) -> Result<()> {
         for l in live {
             if l.h.ino == ROOT_INO {
                 continue;
             }
-            let rec = self.inodes.read(m, l.h.ino)?;
+            let rec = self.inodes.read(self.m(), l.h.ino)?;
             if rec.state == l.h.live_state() && rec.nlink == 0 {
                 self.free_inode(l.h, None, true)?;
                 report.orphans_freed += 1;
             }
         }
-        self.journal.reset(m)?;
         Ok(())
     }
 

@@ -1,0 +1,73 @@
+//! A file unlinked while a data-only client has it open cannot be freed at the owner's last
+//! close of it (the client's pin keeps its log), so it stays an orphan: a live inode without
+//! links. The owner's next mount frees it, also when the volume was closed cleanly (the
+//! everyday case: the FUSE daemon unmounted after a library client closed such a file).
+
+mod common;
+
+use std::sync::Arc;
+
+use pmfs::fsck::{self, ProblemKind};
+use pmfs::{OpenMode, Owner, Volume};
+use pmfs_core::pm::{Media, PmRegion};
+
+const RW: OpenMode = OpenMode {
+    read: true,
+    write: true,
+    truncate: false,
+};
+
+fn orphans(path: &std::path::Path) -> usize {
+    let media: Arc<dyn Media> = Arc::new(PmRegion::open(path).unwrap());
+    let report = fsck::check(media).unwrap();
+    let other: Vec<_> = report
+        .problems
+        .iter()
+        .filter(|p| p.kind != ProblemKind::Orphan)
+        .collect();
+    assert!(other.is_empty(), "{other:?}");
+    report.problems.len()
+}
+
+#[test]
+fn a_clean_mount_frees_files_a_client_kept_past_their_unlink() {
+    let (path, vol) = common::client_pool("client-orphan");
+    let root = vol.root();
+    let who = Owner { uid: 0, gid: 0 };
+    // The root directory's first entry page, which stays, is taken before counting.
+    vol.create_open(root, b"first", 0o644, who, true, RW)
+        .unwrap();
+    let free = vol.statfs().unwrap().free_blocks;
+
+    let (kept, node, _) = vol
+        .create_open(root, b"kept", 0o644, who, true, RW)
+        .unwrap();
+    node.write_at(&vec![5; 1 << 20], 0).unwrap();
+    drop(node);
+    let client = Volume::attach(&path).unwrap();
+    let held = client.open_ino(kept.ino, RW).unwrap();
+    vol.unlink_at(root, b"kept").unwrap();
+    let mut back = vec![0; 4096];
+    assert_eq!(held.read_at(&mut back, 4096).unwrap(), 4096);
+    assert!(
+        back.iter().all(|&b| b == 5),
+        "the client still reads the file"
+    );
+    drop(held);
+    drop(client);
+    vol.close().unwrap();
+    assert_eq!(
+        orphans(&path),
+        1,
+        "the unlinked file outlived the owner's close"
+    );
+
+    let vol = Volume::open(&path).unwrap();
+    let report = vol.mount_report();
+    assert!(report.clean, "{report:?}");
+    assert_eq!(report.orphans_freed, 1, "{report:?}");
+    assert_eq!(vol.statfs().unwrap().free_blocks, free);
+    vol.close().unwrap();
+    assert_eq!(orphans(&path), 0);
+    let _ = std::fs::remove_file(&path);
+}
