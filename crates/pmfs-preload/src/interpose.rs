@@ -482,7 +482,7 @@ pub unsafe extern "C" fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> 
 
 /// `mremap` (variadic in C: the new address is read as the fifth argument, where the C
 /// calling convention of Linux puts it): forwarded, and pool segments followed when they
-/// shrink or move; growing them is served from the pool (module `mapped`).
+/// shrink; moving or growing them is served from the pool (module `mapped`).
 ///
 /// # Safety
 /// The C function's contract.

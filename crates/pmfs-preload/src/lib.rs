@@ -55,8 +55,8 @@
 //!   process (served in userspace or through the daemon) appear in it at once; holes in the
 //!   range are allocated (zeroed) first. The description stays served in userspace. `munmap`
 //!   and `MAP_FIXED` mappings over it follow it (the file's pin is released with the last
-//!   page), `msync` also flushes the CPU caches over it, `mremap` shrinking or moving it is
-//!   followed, growing it (within the file) is served from the pool, a `fork` child takes pins
+//!   page), `msync` also flushes the CPU caches over it, `mremap` shrinking it is followed,
+//!   moving or growing it (within the file) is served from the pool, a `fork` child takes pins
 //!   of its own, and exit and exec make the pages private before releasing the pins. Once the
 //!   mount is found gone the mapping is made private (`MAP_PRIVATE` of the same bytes), so
 //!   later stores stay in the process. These calls count as served.

@@ -21,13 +21,14 @@
 //!   mapped (segments). `munmap` and `MAP_FIXED` mappings over a segment trim, split or drop
 //!   it; the pin is released with the last segment. `msync` writes the CPU caches back over
 //!   the segments it covers and fences (`pmfs_core::pm::persist`) after the kernel accepted
-//!   it. `mremap` is followed when it shrinks or moves a range. Growing a range of segments is
-//!   done here (the kernel would extend the last piece over the pool bytes after it: other
-//!   files' blocks): the new pages are mapped from the pool like a new `mmap` of the file, in
-//!   place or, with `MREMAP_MAYMOVE`, with the old segments mapped again elsewhere. It needs
-//!   the file to reach past the new end (what a program that grows its file and then its
-//!   mapping has done) and fails with `ENOMEM` otherwise; `MREMAP_DONTUNMAP` on a segment
-//!   fails with `EINVAL`.
+//!   it. `mremap` is followed when it shrinks a range in place. Growing or moving a range of
+//!   segments is done here: the kernel would extend the last piece over the pool bytes after
+//!   it (other files' blocks), and moves one mapping at a time where each piece is one. New
+//!   pages are mapped from the pool like a new `mmap` of the file, in place or, with
+//!   `MREMAP_MAYMOVE`, with the kept segments mapped again elsewhere. Growing needs the file to
+//!   reach past the new end (what a program that grows its file and then its mapping has
+//!   done) and fails with `ENOMEM` otherwise; `MREMAP_DONTUNMAP` on a segment fails with
+//!   `EINVAL`.
 //! - **Lifetime**: a `fork` child takes a pin of its own for every record it inherited
 //!   ([`pmfs::MapPin::inherit`]: atomic operations on the pool only). Exit, `_exit` and exec
 //!   remap every segment `MAP_PRIVATE` (stores made later, by threads still running or after a
@@ -437,10 +438,9 @@ pub(crate) unsafe fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int
     r
 }
 
-/// `mremap`: forwarded, and the segments it moves or cuts followed. Growing a range of
-/// segments is served here instead (the kernel would extend the last piece's mapping over the
-/// pool bytes after it: other files' blocks), see [`grow`]; `MREMAP_DONTUNMAP` on a segment
-/// is refused (`EINVAL`: it would keep the pool mapped twice).
+/// `mremap`: forwarded, and the segments it cuts followed. Growing or moving a range of
+/// segments is served here instead, see [`relocate`]; `MREMAP_DONTUNMAP` on a segment is
+/// refused (`EINVAL`: it would keep the pool mapped twice).
 ///
 /// # Safety
 /// The C function's contract.
@@ -466,14 +466,15 @@ pub(crate) unsafe fn mremap(
         .iter()
         .flat_map(|r| &r.segs)
         .any(|s| s.overlaps(from, from.saturating_add(old_span.max(PAGE))));
-    if held && (new_span > old_span || flags & libc::MREMAP_DONTUNMAP != 0) {
+    let fixed = flags & libc::MREMAP_FIXED != 0;
+    if held && (new_span > old_span || fixed || flags & libc::MREMAP_DONTUNMAP != 0) {
         let saved = crate::errno();
         let mut emptied = Vec::new();
         let grown = if flags & libc::MREMAP_DONTUNMAP != 0 {
             Err(libc::EINVAL)
         } else {
             let to = new_addr as usize;
-            grow(&mut t, from, old_span, new_span, flags, to, &mut emptied)
+            relocate(&mut t, from, old_span, new_span, flags, to, &mut emptied)
         };
         drop(t);
         let_go(emptied);
@@ -500,19 +501,22 @@ pub(crate) unsafe fn mremap(
     r
 }
 
-/// Grows `from..from + old_span` (whole pages, `old_span < new_span`), which holds segments, to
-/// `new_span` bytes as `mremap` with `flags` would: the range must be segments of one file,
-/// mapped with one access mode and protection, contiguous in the file, and the file must reach
-/// past the grown range (a program grows a mapping after growing its file), whose new pages are
-/// then mapped from the pool like a new `mmap` (holes allocated, a record and pin of their
-/// own). In place if the pages after the range are free; otherwise, with `MREMAP_MAYMOVE`,
-/// somewhere else (at `new_addr` with `MREMAP_FIXED`, replacing what was there), the old
-/// segments mapped there again from the pool (a shared mapping: the same bytes) and the old
-/// range unmapped. Returns the address or the errno, and puts the records nothing is left of in
-/// `emptied` (even on failure: an `MREMAP_FIXED` target is given up first). `ENOMEM` where the
-/// kernel would succeed but this cannot (a range that is not such segments, a file that ends
-/// sooner) and where the kernel would fail for want of room, `EINVAL` for flags it refuses.
-fn grow(
+/// Serves an `mremap` of `from..from + old_span` (whole pages), which holds segments, that the
+/// kernel cannot do on them: one that grows the range (the kernel would extend the last piece
+/// over the pool bytes after it: other files' blocks) or moves it (the kernel moves one
+/// mapping at a time, and the pieces are one each). The range must be segments of one file,
+/// mapped with one access mode and protection, contiguous in the file. New pages are mapped
+/// from the pool like a new `mmap` of the file (holes allocated, a record and pin of their
+/// own), so the file must reach past the grown range (a program grows a mapping after growing
+/// its file). The range grows in place if the pages after it are free; otherwise, with
+/// `MREMAP_MAYMOVE`, it moves (to `new_addr` with `MREMAP_FIXED`, replacing what was there):
+/// the pieces it keeps are mapped there again from the pool (a shared mapping: the same
+/// bytes) and the old range unmapped. Returns the address or the errno, and puts the records
+/// nothing is left of in `emptied` (even on failure: an `MREMAP_FIXED` target is given up
+/// first). The errors are the kernel's (`EINVAL` for flags it refuses, `EFAULT` for a range
+/// that is not one mapping, `ENOMEM` for want of room), and `ENOMEM` for a file that ends
+/// before the grown range, where the kernel would map pages that raise `SIGBUS`.
+fn relocate(
     t: &mut Locked,
     from: usize,
     old_span: usize,
@@ -526,6 +530,7 @@ fn grow(
     if flags & !(libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) != 0
         || (fixed && !moving)
         || !from.is_multiple_of(PAGE)
+        || new_span == 0
         || (fixed
             && (!new_addr.is_multiple_of(PAGE)
                 || (new_addr < from + old_span && from < new_addr.saturating_add(new_span))))
@@ -533,7 +538,8 @@ fn grow(
         return Err(libc::EINVAL);
     }
     let hi = from + old_span;
-    let ext_len = new_span - old_span;
+    let keep = old_span.min(new_span);
+    let ext_len = new_span.saturating_sub(old_span);
     let mut owner = None;
     let mut parts = Vec::new();
     for r in t.records().iter() {
@@ -547,26 +553,31 @@ fn grow(
         match owner {
             None => owner = Some((r.client, this)),
             Some((_, first)) if first == this => {}
-            Some(_) => return Err(libc::ENOMEM),
+            Some(_) => return Err(libc::EFAULT),
         }
     }
-    let (client, (mount, ino, writable, prot)) = owner.ok_or(libc::ENOMEM)?;
+    let (client, (mount, ino, writable, prot)) = owner.ok_or(libc::EFAULT)?;
     parts.sort_unstable_by_key(|s| s.addr);
     let contiguous = parts
         .windows(2)
         .all(|w| w[0].end() == w[1].addr && w[0].file_off + w[0].len as u64 == w[1].file_off);
-    let last = *parts.last().ok_or(libc::ENOMEM)?;
+    let last = *parts.last().ok_or(libc::EFAULT)?;
     if parts[0].addr != from || last.end() != hi || !contiguous {
-        return Err(libc::ENOMEM);
+        return Err(libc::EFAULT);
     }
     let ext_off = last.file_off + last.len as u64;
-    let ext = client
-        .map(ino, ext_off, ext_len as u64)
-        .map_err(|_| libc::ENOMEM)?;
-    let mapped: u64 = ext.pieces().iter().map(|p| p.len).sum();
-    if ext.pieces().first().is_none_or(|p| p.file_off != ext_off) || mapped != ext_len as u64 {
-        return Err(libc::ENOMEM);
-    }
+    let ext = if ext_len > 0 {
+        let ext = client
+            .map(ino, ext_off, ext_len as u64)
+            .map_err(|_| libc::ENOMEM)?;
+        let mapped: u64 = ext.pieces().iter().map(|p| p.len).sum();
+        if ext.pieces().first().is_none_or(|p| p.file_off != ext_off) || mapped != ext_len as u64 {
+            return Err(libc::ENOMEM);
+        }
+        Some(ext)
+    } else {
+        None
+    };
     let fd = pool_fd(mount, writable).ok_or(libc::ENOMEM)?;
     let reserve = |addr: usize, len: usize, how: c_int| {
         // SAFETY: an anonymous mapping; with MAP_FIXED only over the target of an
@@ -602,8 +613,11 @@ fn grow(
         }
     };
     let kept = if to == from { &[][..] } else { &parts[..] };
-    let old_pieces = kept.iter().map(|s| (s.addr - from, s.len, s.pool_off));
-    let new_pieces = ext.pieces().iter().map(|p| {
+    let old_pieces = kept
+        .iter()
+        .filter_map(|s| s.inside(from, from + keep))
+        .map(|s| (s.addr - from, s.len, s.pool_off));
+    let new_pieces = ext.iter().flat_map(|e| e.pieces()).map(|p| {
         (
             old_span + (p.file_off - ext_off) as usize,
             p.len as usize,
@@ -640,27 +654,29 @@ fn grow(
     if to != from {
         // SAFETY: the old range, whose pieces are mapped at `to` now.
         unsafe { libc::syscall(libc::SYS_munmap, from, old_span) };
-        emptied.extend(moved(t.records(), from, old_span, to, old_span));
+        emptied.extend(moved(t.records(), from, old_span, to, keep));
     }
-    let segs = ext
-        .pieces()
-        .iter()
-        .map(|p| Seg {
-            addr: to + old_span + (p.file_off - ext_off) as usize,
-            len: p.len as usize,
-            pool_off: p.pool_off,
-            file_off: p.file_off,
-        })
-        .collect();
-    t.records().push(Record {
-        mount,
-        client,
-        ino,
-        writable,
-        prot,
-        pin: ext.into_pin(),
-        segs,
-    });
+    if let Some(ext) = ext {
+        let segs = ext
+            .pieces()
+            .iter()
+            .map(|p| Seg {
+                addr: to + old_span + (p.file_off - ext_off) as usize,
+                len: p.len as usize,
+                pool_off: p.pool_off,
+                file_off: p.file_off,
+            })
+            .collect();
+        t.records().push(Record {
+            mount,
+            client,
+            ino,
+            writable,
+            prot,
+            pin: ext.into_pin(),
+            segs,
+        });
+    }
     Ok(to)
 }
 

@@ -229,6 +229,30 @@ int main(int argc, char **argv) {
     show("msync there", msync(g4, 7 * PG, MS_SYNC));
     sum_at(gf, "read the map there", 0, 7 * PG);
     show("munmap grown", munmap(g4, 7 * PG) | munmap(block, PG));
+
+    /* mremap moving a mapping of a file whose blocks lie in several places (a mapping each
+     * under the library): whole, then a part of it, shrunk. */
+    int fr = open("fragments", O_RDWR | O_CREAT, 0644);
+    char page[PG];
+    for (int i = 0; i < 64; i++) {
+        memset(page, 'a' + i % 26, PG);
+        if (pwrite(fr, page, PG, (off_t)i * PG) != PG)
+            show("pwrite fragments", -1);
+    }
+    unsigned char *fm = map(64 * PG, PROT_READ | PROT_WRITE, MAP_SHARED, fr, 0, "mmap fragments");
+    unsigned char *ft = mmap(NULL, 64 * PG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *fm2 = mremap(fm, 64 * PG, 64 * PG, MREMAP_MAYMOVE | MREMAP_FIXED, ft);
+    show("mremap move fragments", fm2 == ft ? 0 : -1);
+    text_at(fm2 + 63 * PG, "moved fragments end with", 4);
+    unsigned char *fp = mmap(NULL, 8 * PG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *fm3 = mremap(fm2 + 4 * PG, 16 * PG, 8 * PG, MREMAP_MAYMOVE | MREMAP_FIXED, fp);
+    show("mremap shrink and move part", fm3 == fp ? 0 : -1);
+    text_at(fm3 + 7 * PG, "moved part ends with", 4);
+    memcpy(fm3 + 7 * PG + 1, "MOVED-PART", 10);
+    show("msync moved part", msync(fm3, 8 * PG, MS_SYNC));
+    sum_at(fr, "read fragments", 0, 64 * PG);
+    show("munmap fragments",
+         munmap(fm2, 4 * PG) | munmap(fm2 + 20 * PG, 44 * PG) | munmap(fm3, 8 * PG));
     unsigned char *f = map(2 * PG, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0, "mmap to cover");
     unsigned char *a = mmap(f + PG, PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     show("anonymous over the map", a == f + PG ? 0 : -1);
@@ -292,6 +316,7 @@ int main(int argc, char **argv) {
 
     show("size", size_of(fd));
     sum_at(fd, "whole file", 0, (size_t)size_of(fd));
-    show("close", close(fd) | close(other) | close(sp) | close(ro) | close(e) | close(wo) | close(pv) | close(gf));
+    show("close", close(fd) | close(other) | close(sp) | close(ro) | close(e) | close(wo) |
+                      close(pv) | close(gf) | close(fr));
     return 0;
 }
