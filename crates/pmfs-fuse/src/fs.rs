@@ -24,6 +24,9 @@
 //!   the only way names change; `sqlite3` looks for its journal and WAL files before every
 //!   transaction). Open does not keep the page cache (`keep_cache` off) and the
 //!   kernel drops cached pages when it sees mtime or size change (`FUSE_AUTO_INVAL_DATA`).
+//!   Reads mark the file as cached by the kernel first ([`OpenNode::read_for_kernel`]), so
+//!   that a data client's write, which the kernel does not see, moves the mtime: the next
+//!   read through the kernel then drops the pages it holds.
 //! - **Requests declined for good.** FLUSH, FSYNC, FSYNCDIR and OPENDIR are answered
 //!   `ENOSYS`, which the kernel takes as "succeed without asking from now on": every update
 //!   is durable when it returns and directory listings need no per-open state, so `close`,
@@ -610,7 +613,7 @@ impl Filesystem for PmfsFs {
             Err(e) => return reply.error(e),
         };
         let mut buf = vec![0u8; size as usize];
-        match f.read_at(&mut buf, offset) {
+        match f.read_for_kernel(&mut buf, offset) {
             Ok(n) => reply.data(&buf[..n]),
             Err(e) => reply.error(errno(&e)),
         }

@@ -120,8 +120,14 @@
 //!   mapping exists. A file unlinked while served mappings of it remain after its last `close`
 //!   is freed only at the owner's next mount (the daemon frees it at that close only if no
 //!   process pins it).
-//! - A file mapped through the kernel by *another* process is not told about userspace
-//!   writes (its mapping sees them only after the kernel re-reads the size/mtime).
+//! - Processes without the library read a file through the kernel's page cache; writes
+//!   served in userspace move the file's mtime when the daemon has read the file for the
+//!   kernel, and so are seen by each later `read` through the kernel. A *mapping* through the
+//!   kernel (a process without the library, or a `MAP_PRIVATE` one) is not told: it sees
+//!   userspace writes only once its process reads or `stat`s the file, and what it stores
+//!   reaches the pool when the kernel writes it back. So processes with and without the
+//!   library must not share files they map: `sqlite3` in WAL mode maps its `-shm` index,
+//!   and a database written in WAL mode by both kinds of process at once is corrupted.
 //! - Calls made in the first 10 ms after the daemon was killed or the mount detached still
 //!   reach the pool (valid log commits, recovered by the owner's next mount); a call already
 //!   running when it happens finishes. Descriptors classified after that get the kernel's

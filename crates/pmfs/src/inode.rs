@@ -61,6 +61,13 @@ pub(crate) mod flag {
     /// file without it maps every block below its size, so its allocated blocks are known
     /// without a lookup (see `Fs::blocks_of`).
     pub const HOLES: u16 = 1;
+    /// Regular files: the kernel may hold pages of the file in its page cache, filled by reads
+    /// the owner served through the kernel (a FUSE mount). Set, by CAS, before the owner reads
+    /// for the kernel; cleared at the owner's last close of the file (the kernel drops the
+    /// pages at the next open) and at mount. A data-only client's update, which bypasses the
+    /// kernel, then moves the modification time so that the kernel drops the pages (see
+    /// `Fs::reveal_to_kernel`).
+    pub const KERNEL_CACHED: u16 = 2;
 }
 
 /// The record word that holds gid, version and flags.
@@ -367,6 +374,24 @@ impl InodeTable {
         let mut cur = m.load_u64(at)?;
         while cur & set != set {
             match m.cas_u64(at, cur, cur | set)? {
+                Ok(_) => {
+                    m.flush(at, 8)?;
+                    break;
+                }
+                Err(seen) => cur = seen,
+            }
+        }
+        Ok(())
+    }
+
+    /// Clears flag bits `bits` of `ino` by CAS, flushed: durable after the next fence.
+    pub fn clear_flags(&self, m: &dyn Media, ino: u32, bits: u16) -> Result<()> {
+        self.check(ino)?;
+        let at = self.field(ino, GID_WORD);
+        let clear = u64::from(bits) << FLAGS_SHIFT;
+        let mut cur = m.load_u64(at)?;
+        while cur & clear != 0 {
+            match m.cas_u64(at, cur, cur & !clear)? {
                 Ok(_) => {
                     m.flush(at, 8)?;
                     break;

@@ -28,20 +28,22 @@ pub fn library() -> PathBuf {
     so
 }
 
-/// The `pmfs` binary of the same build, built now if cargo has not built it yet.
+/// The `pmfs` binary of the same build and sources, brought up to date by cargo once per test
+/// binary (cargo builds only the package's own binaries for its tests, and one left from an
+/// older build would run the old daemon).
 pub fn pmfs_bin() -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
     let profile_dir = deps_dir().parent().unwrap().to_owned();
-    let bin = profile_dir.join("pmfs");
-    if !bin.exists() {
+    BUILT.call_once(|| {
         let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "pmfs-fuse", "--bin", "pmfs"])
+        cmd.args(["build", "--quiet", "-p", "pmfs-fuse", "--bin", "pmfs"])
             .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap());
         if profile_dir.file_name().unwrap() == "release" {
             cmd.arg("--release");
         }
         assert!(cmd.status().unwrap().success(), "building pmfs failed");
-    }
-    bin
+    });
+    profile_dir.join("pmfs")
 }
 
 /// A unique directory under the system's temporary directory, removed on drop.

@@ -729,6 +729,17 @@ impl OpenNode {
         self.fs.read_at(&self.node, buf, offset)
     }
 
+    /// [`read_at`](OpenNode::read_at) for a kernel that keeps what it reads in its page
+    /// cache (the FUSE daemon's reads): the file is first marked as cached by the kernel, so
+    /// that data-only clients, whose writes bypass the kernel, make it drop those pages.
+    pub fn read_for_kernel(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        if !self.mode.read {
+            return Err(Error::BadHandle("file not opened for reading"));
+        }
+        self.fs.note_kernel_cached(self.node.h.ino)?;
+        self.fs.read_at(&self.node, buf, offset)
+    }
+
     /// Writes `buf` at `offset`; durable on return.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<usize> {
         if !self.mode.write {

@@ -633,6 +633,12 @@ impl Fs {
         if left > 0 {
             return Ok(());
         }
+        if !self.client && !self.read_only {
+            // No open file is left in the kernel either (an open file stays open while
+            // mapped): the kernel drops the pages at the next open.
+            self.inodes
+                .clear_flags(self.m(), n.h.ino, flag::KERNEL_CACHED)?;
+        }
         let shared = self
             .logs
             .lock()
@@ -1617,6 +1623,9 @@ impl Fs {
                         self.write_in_place(&own, size)?;
                     }
                     drop(hold);
+                    if self.client {
+                        self.reveal_to_kernel(n.h.ino)?;
+                    }
                     let blocks = runs.iter().map(|r| r.len).sum();
                     let own = Own {
                         from,
@@ -1802,6 +1811,32 @@ impl Fs {
         self.stamp_times(ino, now)?;
         s.stamped.fetch_max(now, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// After a data-only client's update of `ino` committed (its bytes in place): if the
+    /// kernel may hold pages of the file ([`flag::KERNEL_CACHED`]), raises mtime and ctime to
+    /// a fine-grained time strictly above the stored mtime. The update bypassed the kernel,
+    /// which keeps its pages while the mtime and size it fetches stay as they were
+    /// (`FUSE_AUTO_INVAL_DATA`): with the coarse clock of writes, for the rest of a clock
+    /// tick, so a process reading through the kernel got the old bytes back. The owner sets
+    /// the flag before it reads for the kernel, and this looks after the commit: either that
+    /// read saw the update, or this sees the flag.
+    fn reveal_to_kernel(&self, ino: u32) -> Result<()> {
+        let m = self.m();
+        if self.inodes.flags(m, ino)? & flag::KERNEL_CACHED == 0 {
+            return Ok(());
+        }
+        let stored = self.inodes.load(m, ino, field::MTIME)?;
+        self.stamp_times(ino, (self.now() as u64).max(stored + 1))
+    }
+
+    /// Notes that the kernel may cache pages of `ino` ([`flag::KERNEL_CACHED`]): called by the
+    /// owner before it reads the file for the kernel.
+    pub fn note_kernel_cached(&self, ino: u32) -> Result<()> {
+        if self.client || self.inodes.flags(self.m(), ino)? & flag::KERNEL_CACHED != 0 {
+            return Ok(());
+        }
+        self.inodes.set_flags(self.m(), ino, flag::KERNEL_CACHED)
     }
 
     /// Stores mtime and ctime durably.

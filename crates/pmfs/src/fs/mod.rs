@@ -48,7 +48,7 @@ use crate::format::{
     self, Geometry, MOUNT_STATE_OFF, Options, ROOT_INO, STATE_CLEAN, STATE_DIRTY, SbSource,
 };
 use crate::hash::FastMap;
-use crate::inode::{Handle, InodeRaw, InodeTable, Kind, LIVE, field};
+use crate::inode::{Handle, InodeRaw, InodeTable, Kind, LIVE, field, flag};
 use crate::journal::{Cleanup, Journal};
 use crate::mapping::{MapFile, Mapper};
 use crate::parts::{self, FreeCount, Pm, Stager};
@@ -420,7 +420,8 @@ impl Fs {
 
         // File logs: repair what a crash left (a tail beyond a hole, pins, a dead digest
         // holder) before anything reads them. No process maps a file, writes one in place or
-        // holds its tail any more: every file leaves mapped mode, every tail is free.
+        // holds its tail any more, and no kernel caches its pages: every file leaves mapped
+        // mode, every tail is free.
         let logged: Vec<u32> = if read_only {
             Vec::new()
         } else {
@@ -433,6 +434,7 @@ impl Fs {
                         m.persist(at, 8)?;
                     }
                 }
+                fs.inodes.clear_flags(m, l.h.ino, flag::KERNEL_CACHED)?;
                 let root = fs.inodes.field(l.h.ino, field::LOG);
                 if m.load_u64(root)? != 0 {
                     pmfs_core::log::recover(m, root)?;

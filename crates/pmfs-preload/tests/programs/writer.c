@@ -1,0 +1,38 @@
+/* "writer FILE": opens FILE read-write, prints "ready", then for each line "OFF TEXT" on
+ * standard input pwrites TEXT at OFF and prints "ok" (or the errno): a writer a test steps
+ * one write at a time. "punch OFF LEN" punches a hole instead. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    if (argc != 2)
+        return 2;
+    int fd = open(argv[1], O_RDWR);
+    if (fd < 0)
+        return 1;
+    printf("ready\n");
+    fflush(stdout);
+    char line[4096];
+    while (fgets(line, sizeof line, stdin)) {
+        long off, len;
+        char text[4096];
+        int r;
+        if (sscanf(line, "punch %ld %ld", &off, &len) == 2)
+            r = fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len);
+        else if (sscanf(line, "%ld %4095s", &off, text) == 2)
+            r = pwrite(fd, text, strlen(text), off) == (ssize_t)strlen(text) ? 0 : -1;
+        else
+            return 2;
+        if (r == 0)
+            printf("ok\n");
+        else
+            printf("failed: %s\n", strerror(errno));
+        fflush(stdout);
+    }
+    return close(fd) != 0;
+}
