@@ -8,10 +8,9 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Mounted, TempDir, compile, counters, library};
+use common::{Mounted, TempDir, compile, counters, stepped};
 
 const CALLS_AFTER: [&str; 7] = [
     "pwrite after",
@@ -29,14 +28,7 @@ fn calls_fail_with_eio_once(tag: &str, take_away: impl FnOnce(&mut Mounted)) {
     let mut m = Mounted::new(tag, "64M", "hashfs");
     std::fs::write(m.path().join("f"), vec![b'a'; 8192]).unwrap();
     let stats = work.path().join("stats");
-    let mut prog = Command::new(&exe)
-        .current_dir(m.path())
-        .env("LD_PRELOAD", library())
-        .env("PMFS_PRELOAD_STATS", &stats)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut prog = stepped(&exe, &stats).current_dir(m.path()).spawn().unwrap();
     let mut out = BufReader::new(prog.stdout.take().unwrap());
     let mut before = String::new();
     while !before.ends_with("ready\n") {

@@ -11,9 +11,8 @@ mod common;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
-use std::process::{Command, Stdio};
 
-use common::{Mounted, TempDir, compile, counters, library};
+use common::{Mounted, TempDir, compile, counters, stepped};
 
 #[test]
 fn reads_through_the_kernel_see_each_write_served_in_userspace() {
@@ -28,14 +27,7 @@ fn reads_through_the_kernel_see_each_write_served_in_userspace() {
     reader.read_exact_at(&mut word, 0).unwrap();
     assert_eq!(&word, b"........");
 
-    let mut child = Command::new(&exe)
-        .arg(&path)
-        .env("LD_PRELOAD", library())
-        .env("PMFS_PRELOAD_STATS", &stats)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = stepped(&exe, &stats).arg(&path).spawn().unwrap();
     let mut input = child.stdin.take().unwrap();
     let mut output = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();

@@ -28,6 +28,17 @@ pub fn library() -> PathBuf {
     so
 }
 
+/// A command running `exe` under the library, its counters going to `stats`, with standard
+/// input and output piped: a program the test steps line by line.
+pub fn stepped(exe: &Path, stats: &Path) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.env("LD_PRELOAD", library())
+        .env("PMFS_PRELOAD_STATS", stats)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    cmd
+}
+
 /// The `pmfs` binary of the same build and sources, brought up to date by cargo once per test
 /// binary (cargo builds only the package's own binaries for its tests, and one left from an
 /// older build would run the old daemon).
