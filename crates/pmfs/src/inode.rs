@@ -368,30 +368,22 @@ impl InodeTable {
     /// Sets flag bits `bits` of `ino` by CAS (any thread of any process may race here, and a
     /// change of group stores the word whole), flushed: durable after the next fence.
     pub fn set_flags(&self, m: &dyn Media, ino: u32, bits: u16) -> Result<()> {
-        self.check(ino)?;
-        let at = self.field(ino, GID_WORD);
-        let set = u64::from(bits) << FLAGS_SHIFT;
-        let mut cur = m.load_u64(at)?;
-        while cur & set != set {
-            match m.cas_u64(at, cur, cur | set)? {
-                Ok(_) => {
-                    m.flush(at, 8)?;
-                    break;
-                }
-                Err(seen) => cur = seen,
-            }
-        }
-        Ok(())
+        self.change_flags(m, ino, bits, true)
     }
 
     /// Clears flag bits `bits` of `ino` by CAS, flushed: durable after the next fence.
     pub fn clear_flags(&self, m: &dyn Media, ino: u32, bits: u16) -> Result<()> {
+        self.change_flags(m, ino, bits, false)
+    }
+
+    fn change_flags(&self, m: &dyn Media, ino: u32, bits: u16, on: bool) -> Result<()> {
         self.check(ino)?;
         let at = self.field(ino, GID_WORD);
-        let clear = u64::from(bits) << FLAGS_SHIFT;
+        let mask = u64::from(bits) << FLAGS_SHIFT;
+        let want = if on { mask } else { 0 };
         let mut cur = m.load_u64(at)?;
-        while cur & clear != 0 {
-            match m.cas_u64(at, cur, cur & !clear)? {
+        while cur & mask != want {
+            match m.cas_u64(at, cur, (cur & !mask) | want)? {
                 Ok(_) => {
                     m.flush(at, 8)?;
                     break;

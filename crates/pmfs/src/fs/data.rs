@@ -1836,6 +1836,8 @@ impl Fs {
         if self.client || self.inodes.flags(self.m(), ino)? & flag::KERNEL_CACHED != 0 {
             return Ok(());
         }
+        // A change of group stores the flags' word whole, under the inode's lock.
+        let _il = self.ilock(ino).read().unwrap_or_else(|e| e.into_inner());
         self.inodes.set_flags(self.m(), ino, flag::KERNEL_CACHED)
     }
 
