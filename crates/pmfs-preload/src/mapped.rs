@@ -45,7 +45,7 @@ use core::cell::UnsafeCell;
 use core::ffi::{CStr, c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
-use pmfs::{Client, Ino, MapPin};
+use pmfs::{Client, Ino, MapPiece, MapPin};
 use pmfs_core::pm::persist;
 
 use crate::liveness;
@@ -314,21 +314,11 @@ pub(crate) fn map(
         | libc::MAP_FIXED
         | (call.flags & SERVED_FLAGS & !libc::MAP_FIXED_NOREPLACE);
     let segs = pool.and_then(|fd| {
-        file.pieces()
-            .iter()
-            .map(|p| {
-                let seg = Seg {
-                    addr: base + (p.file_off - call.off as u64) as usize,
-                    len: p.len as usize,
-                    pool_off: p.pool_off,
-                    file_off: p.file_off,
-                };
-                // SAFETY: the segment lies inside the range the kernel just gave the caller.
-                unsafe { sys_mmap(seg.addr, seg.len, call.prot, piece_flags, fd, seg.pool_off) }
-                    .map(|_| seg)
-            })
-            .collect::<Result<Vec<Seg>, c_int>>()
+        let segs = segs_of(file.pieces(), base, call.off as u64);
+        // SAFETY: the segments lie inside the range the kernel just gave the caller.
+        unsafe { place(&segs, call.prot, piece_flags, fd) }
             .ok()
+            .map(|()| segs)
     });
     let failed = segs.is_none();
     let whole = segs
@@ -613,33 +603,22 @@ fn relocate(
         }
     };
     let kept = if to == from { &[][..] } else { &parts[..] };
-    let old_pieces = kept
+    let moved_segs: Vec<Seg> = kept
         .iter()
         .filter_map(|s| s.inside(from, from + keep))
-        .map(|s| (s.addr - from, s.len, s.pool_off));
-    let new_pieces = ext.iter().flat_map(|e| e.pieces()).map(|p| {
-        (
-            old_span + (p.file_off - ext_off) as usize,
-            p.len as usize,
-            p.pool_off,
-        )
-    });
-    let placed = old_pieces
-        .chain(new_pieces)
-        .try_for_each(|(at, len, pool_off)| {
-            // SAFETY: inside the range reserved above.
-            unsafe {
-                sys_mmap(
-                    to + at,
-                    len,
-                    prot,
-                    libc::MAP_SHARED | libc::MAP_FIXED,
-                    fd,
-                    pool_off,
-                )
-            }
-            .map(drop)
-        });
+        .map(|s| Seg {
+            addr: s.addr - from + to,
+            ..s
+        })
+        .collect();
+    let ext_segs = ext
+        .as_ref()
+        .map(|e| segs_of(e.pieces(), to + old_span, ext_off))
+        .unwrap_or_default();
+    let flags = libc::MAP_SHARED | libc::MAP_FIXED;
+    // SAFETY: the segments lie inside the range reserved above.
+    let placed = unsafe { place(&moved_segs, prot, flags, fd) }
+        .and_then(|()| unsafe { place(&ext_segs, prot, flags, fd) });
     if placed.is_err() {
         let (lo, len) = if to == from {
             (hi, ext_len)
@@ -657,16 +636,6 @@ fn relocate(
         emptied.extend(moved(t.records(), from, old_span, to, keep));
     }
     if let Some(ext) = ext {
-        let segs = ext
-            .pieces()
-            .iter()
-            .map(|p| Seg {
-                addr: to + old_span + (p.file_off - ext_off) as usize,
-                len: p.len as usize,
-                pool_off: p.pool_off,
-                file_off: p.file_off,
-            })
-            .collect();
         t.records().push(Record {
             mount,
             client,
@@ -674,7 +643,7 @@ fn relocate(
             writable,
             prot,
             pin: ext.into_pin(),
-            segs,
+            segs: ext_segs,
         });
     }
     Ok(to)
@@ -973,6 +942,31 @@ fn moved_high(fd: c_int) -> c_int {
 fn identity(fd: c_int) -> Option<(u64, u64)> {
     let s = crate::statx_fd(fd, 0, libc::STATX_INO)?;
     Some((libc::makedev(s.stx_dev_major, s.stx_dev_minor), s.stx_ino))
+}
+
+/// The segments of `pieces` of a file placed so that file offset `file_off` lies at `addr`.
+fn segs_of(pieces: &[MapPiece], addr: usize, file_off: u64) -> Vec<Seg> {
+    pieces
+        .iter()
+        .map(|p| Seg {
+            addr: addr + (p.file_off - file_off) as usize,
+            len: p.len as usize,
+            pool_off: p.pool_off,
+            file_off: p.file_off,
+        })
+        .collect()
+}
+
+/// Maps each of `segs` from the pool file `fd` at its address; stops at the first failure.
+///
+/// # Safety
+/// As [`sys_mmap`] with `MAP_FIXED` (in `flags`): the caller owns what the segments cover.
+unsafe fn place(segs: &[Seg], prot: c_int, flags: c_int, fd: c_int) -> Result<(), c_int> {
+    for s in segs {
+        // SAFETY: the caller's contract.
+        unsafe { sys_mmap(s.addr, s.len, prot, flags, fd, s.pool_off) }?;
+    }
+    Ok(())
 }
 
 /// `mmap` as a system call (never the interposed function, which takes the table's lock):
