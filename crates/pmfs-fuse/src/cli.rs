@@ -238,10 +238,11 @@ fn fsck_cmd(a: FsckArgs) -> Result<()> {
             r.entries,
             r.used_blocks,
             r.free_blocks,
-            if r.is_clean() {
-                "clean".to_owned()
-            } else {
-                format!("{} problems", r.problems.len())
+            match (r.is_clean(), r.orphans.len()) {
+                (true, 0) => "clean".to_owned(),
+                (true, 1) => "clean; 1 orphan, which the next mount frees".to_owned(),
+                (true, n) => format!("clean; {n} orphans, which the next mount frees"),
+                (false, _) => format!("{} problems", r.problems.len()),
             }
         ));
         return if r.is_clean() {

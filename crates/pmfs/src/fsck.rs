@@ -11,6 +11,8 @@
 //!   live inode of the entry's type and generation, no page lies past the directory's size;
 //! - the tree: every directory is named exactly once, by the directory its parent pointer
 //!   names, and is reachable from the root; every file's link count equals its names;
+//!   live inodes without links or names are listed as [orphans](Report::orphans), which are
+//!   not damage (the next read-write mount frees them);
 //! - blocks: every block a mapping or a file's log reports lies in the data region and is
 //!   owned once, each log's chain and entries are readable as mount's recovery reads them and
 //!   its digest cursor lies within it, no file maps blocks past both its end and its
@@ -72,8 +74,6 @@ pub enum ProblemKind {
     LinkCount,
     /// A live inode cannot be reached from the root.
     Unreachable,
-    /// A live inode without links (an open-but-unlinked file of a crashed run).
-    Orphan,
     /// A block a mapping reports lies outside the data region.
     BlockOutsideData,
     /// A block is owned by two files.
@@ -120,6 +120,10 @@ pub struct Report {
     pub directories: u64,
     /// Directory entries.
     pub entries: u64,
+    /// Orphans: live inodes without links or names, files unlinked while open (by the crashed
+    /// run, or by a data-only client when the owner closed the volume). They are not damage:
+    /// the next read-write mount frees them, and their blocks count as used until then.
+    pub orphans: Vec<u64>,
     /// Blocks owned by files (data and mapping nodes).
     pub used_blocks: u64,
     /// Free blocks as the allocator (or HashFS table) counts them.
@@ -262,14 +266,6 @@ impl Checker<'_> {
                     self.inode_at(ino),
                     Some(ino),
                     detail,
-                );
-            }
-            if r.nlink == 0 {
-                self.problem(
-                    ProblemKind::Orphan,
-                    self.inode_at(ino),
-                    Some(ino),
-                    "live inode without links".into(),
                 );
             }
             self.model.live.insert(
@@ -471,6 +467,18 @@ impl Checker<'_> {
             }
             let at = self.inode_at(ino);
             let names = self.model.names.get(&ino).map_or(0, Vec::len) as u64;
+            if info.nlink == 0 {
+                if names == 0 {
+                    self.report.orphans.push(u64::from(ino));
+                    continue;
+                }
+                self.problem(
+                    ProblemKind::LinkCount,
+                    at + field::NLINK,
+                    Some(ino),
+                    format!("link count 0 but {names} names"),
+                );
+            }
             match info.kind {
                 Some(Kind::Dir) => {
                     if names != 1 {
@@ -500,7 +508,7 @@ impl Checker<'_> {
                 ),
                 _ => {}
             }
-            if !self.model.reachable.contains(&ino) && info.nlink != 0 {
+            if !self.model.reachable.contains(&ino) {
                 self.problem(
                     ProblemKind::Unreachable,
                     at,
@@ -690,6 +698,28 @@ pub fn check(media: Arc<dyn Media>) -> Result<Report> {
     examine(&fs, src, clean).map(|(r, _)| r)
 }
 
+/// Sets the link count of each live inode that has names but a zero count to its number of
+/// names.
+fn relink_named(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
+    let m = fs.m();
+    let mut named: Vec<(u32, u64)> = model
+        .live
+        .values()
+        .filter(|i| i.nlink == 0)
+        .filter_map(|i| {
+            let n = model.names.get(&i.h.ino).map_or(0, Vec::len) as u64;
+            (n > 0).then_some((i.h.ino, n))
+        })
+        .collect();
+    named.sort_unstable();
+    for &(ino, n) in &named {
+        fs.inodes.store(m, ino, field::NLINK, n)?;
+        actions.push(format!("set link count of inode {ino} from 0 to {n}"));
+    }
+    m.fence();
+    Ok(())
+}
+
 /// Repairs the volume on `media` (see the module documentation).
 pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
     let mut actions = Vec::new();
@@ -708,9 +738,15 @@ pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
                 ));
             }
         }
+        // Also before mounting, which frees every inode without links: a named inode whose
+        // link count damage zeroed gets its count of names back. Only on a cleanly closed
+        // volume, where no half-done unlink still names the inode it is dropping.
+        if clean {
+            relink_named(&fs, &model, &mut actions)?;
+        }
         before
     };
-    if before.is_clean() {
+    if before.is_clean() && before.orphans.is_empty() {
         return Ok(Repair {
             after: before.clone(),
             before,
@@ -730,6 +766,8 @@ pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
                 r.dropped_entries,
                 r.orphans_freed
             ));
+        } else if r.orphans_freed > 0 {
+            actions.push(format!("freed orphan inodes: {}", r.orphans_freed));
         }
         if r.used_backup_superblock {
             actions.push("restored the primary superblock from the backup".into());

@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use pmfs::fsck::{self, ProblemKind};
+use pmfs::fsck;
 use pmfs::{OpenMode, Owner, Volume};
 use pmfs_core::pm::{Media, PmRegion};
 
@@ -20,13 +20,8 @@ const RW: OpenMode = OpenMode {
 fn orphans(path: &std::path::Path) -> usize {
     let media: Arc<dyn Media> = Arc::new(PmRegion::open(path).unwrap());
     let report = fsck::check(media).unwrap();
-    let other: Vec<_> = report
-        .problems
-        .iter()
-        .filter(|p| p.kind != ProblemKind::Orphan)
-        .collect();
-    assert!(other.is_empty(), "{other:?}");
-    report.problems.len()
+    assert!(report.is_clean(), "{:?}", report.problems);
+    report.orphans.len()
 }
 
 #[test]

@@ -143,13 +143,44 @@ fn orphans_and_unclean_state_are_found_and_repaired() {
         drop(vol);
         let r = fsck::check(crashed.clone()).unwrap();
         assert!(r.has(ProblemKind::NotClean));
-        assert!(r.has(ProblemKind::Orphan));
+        assert_eq!(r.orphans.len(), 1, "/gone, unlinked while open");
         let fixed = fsck::repair(crashed.clone()).unwrap();
         assert!(fixed.after.is_clean(), "{:#?}", fixed.after.problems);
         assert!(!fixed.actions.is_empty());
         let vol = remount(&crashed);
         assert_eq!(vol.read("/keep").unwrap(), b"k");
         assert_eq!(vol.read_dir("/").unwrap().count(), 1);
+    }
+}
+
+#[test]
+fn a_named_file_with_a_zero_link_count_is_damage_and_keeps_its_data() {
+    for kind in KINDS {
+        let (media, info) = populated(kind);
+        let file = ino_of(&media, "/d/e/file");
+        let nlink = PmOff(info.inode_table_offset + file * info.inode_size + 24);
+        let vol = remount(&media);
+        let data = vol.read("/d/e/file").unwrap();
+        vol.close().unwrap();
+        media.store_u64(nlink, 0).unwrap();
+
+        let r = fsck::check(media.clone()).unwrap();
+        assert!(r.orphans.is_empty(), "{:?}", r.orphans);
+        assert_eq!(r.problems.len(), 1, "{:#?}", r.problems);
+        let p = &r.problems[0];
+        assert_eq!(
+            (p.kind, p.at, p.ino),
+            (ProblemKind::LinkCount, nlink.0, Some(file))
+        );
+        let fixed = fsck::repair(media.clone()).unwrap();
+        assert!(fixed.after.is_clean(), "{:#?}", fixed.after.problems);
+        let vol = remount(&media);
+        assert_eq!(
+            vol.metadata("/d/e/file").unwrap().nlink(),
+            2,
+            "it and /d/link"
+        );
+        assert_eq!(vol.read("/d/link").unwrap(), data, "{kind:?}");
     }
 }
 
