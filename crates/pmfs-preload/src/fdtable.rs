@@ -1,7 +1,7 @@
 //! What the library knows about each file descriptor: nothing yet, "not a pmfs file", or
 //! "a pmfs file on mount m".
 //!
-//! One atomic byte per descriptor below [`TABLE_FDS`]; higher descriptors are never
+//! One atomic word per descriptor below [`TABLE_FDS`]; higher descriptors are never
 //! recorded and always take the kernel path. The table is a cache: [`Kind::Unknown`] is
 //! always a correct answer (the descriptor is classified again with one `statx`), so every
 //! event the library cannot follow (descriptors made by functions it does not interpose:
@@ -9,10 +9,22 @@
 //! *closing* a recorded descriptor resets its entry — those are all interposed (`close`,
 //! `close_range`, `closefrom`, `dup2`/`dup3`/`F_DUPFD` onto it, `fclose`, `freopen`).
 //!
+//! **Closes on other threads.** The kernel may give a closed number to another file while the
+//! call that closed it is still returning, and a call on another thread may be classifying
+//! the old file at that moment. So a closing call resets the entry both before and after the
+//! real call, and each reset also counts up a *close count* kept beside the kind: a
+//! classification records its answer only if the entry is still the one it read before its
+//! `statx` ([`publish`]), and what a descriptor is given in userspace is checked the same way
+//! ([`unchanged`]). A classification that raced with a close is still a right answer for the
+//! call that made it (the call and the close overlapped), but it is not recorded. One window
+//! stays: a classification that ran its `statx` just before the real close and recorded its
+//! answer between the two resets lets calls made in that window serve the old file; the reset
+//! after the call ends it.
+//!
 //! The table is copied with the address space at `fork`, matching the child's inherited
 //! descriptors, and starts empty in a new image after `exec`.
 
-use core::sync::atomic::{AtomicU8, Ordering};
+use core::sync::atomic::{AtomicU32, Ordering};
 
 /// Descriptors below this are recorded.
 pub(crate) const TABLE_FDS: usize = 1 << 16;
@@ -21,7 +33,10 @@ const UNKNOWN: u8 = 0;
 const OTHER: u8 = 1;
 const PMFS_BASE: u8 = 2;
 
-static TABLE: [AtomicU8; TABLE_FDS] = [const { AtomicU8::new(UNKNOWN) }; TABLE_FDS];
+/// Per descriptor: its kind in the low byte, its close count (wrapping) above it.
+static TABLE: [AtomicU32; TABLE_FDS] = [const { AtomicU32::new(0) }; TABLE_FDS];
+
+const CLOSE: u32 = 1 << 8;
 
 /// What a descriptor is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,18 +50,18 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    fn encode(self) -> u8 {
-        match self {
+    fn encode(self) -> u32 {
+        u32::from(match self {
             Kind::Unknown => UNKNOWN,
             Kind::Other => OTHER,
             Kind::Pmfs(m) => {
                 PMFS_BASE + u8::try_from(m).expect("mount index below MAX_PMFS fits a byte")
             }
-        }
+        })
     }
 
-    fn decode(b: u8) -> Kind {
-        match b {
+    fn decode(w: u32) -> Kind {
+        match w as u8 {
             UNKNOWN => Kind::Unknown,
             OTHER => Kind::Other,
             m => Kind::Pmfs(usize::from(m - PMFS_BASE)),
@@ -56,7 +71,19 @@ impl Kind {
 
 const _: () = assert!(crate::mounts::MAX_PMFS + PMFS_BASE as usize <= u8::MAX as usize);
 
-fn slot(fd: i32) -> Option<&'static AtomicU8> {
+/// A descriptor's entry as read at one moment: its kind, and whether the descriptor was
+/// closed since ([`unchanged`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Entry(u32);
+
+impl Entry {
+    /// The kind recorded.
+    pub(crate) fn kind(self) -> Kind {
+        Kind::decode(self.0)
+    }
+}
+
+fn slot(fd: i32) -> Option<&'static AtomicU32> {
     usize::try_from(fd).ok().and_then(|i| TABLE.get(i))
 }
 
@@ -65,36 +92,62 @@ pub(crate) fn recorded(fd: i32) -> bool {
     slot(fd).is_some()
 }
 
-/// What is recorded for `fd` (`Unknown` for descriptors outside the table).
-pub(crate) fn get(fd: i32) -> Kind {
-    slot(fd).map_or(Kind::Unknown, |s| Kind::decode(s.load(Ordering::Acquire)))
+/// `fd`'s entry now (`Unknown` for descriptors outside the table).
+pub(crate) fn entry(fd: i32) -> Entry {
+    Entry(slot(fd).map_or(0, |s| s.load(Ordering::SeqCst)))
 }
 
-/// Records `kind` for `fd`.
-pub(crate) fn set(fd: i32, kind: Kind) {
-    if let Some(s) = slot(fd) {
-        s.store(kind.encode(), Ordering::Release);
-    }
+/// What is recorded for `fd` (`Unknown` for descriptors outside the table).
+pub(crate) fn get(fd: i32) -> Kind {
+    entry(fd).kind()
+}
+
+/// Records `kind` for `fd` if its entry is still `seen` (read before classifying it);
+/// returns the new entry if it did.
+pub(crate) fn publish(fd: i32, seen: Entry, kind: Kind) -> Option<Entry> {
+    let s = slot(fd)?;
+    let new = (seen.0 & !0xff) | kind.encode();
+    s.compare_exchange(seen.0, new, Ordering::SeqCst, Ordering::SeqCst)
+        .ok()
+        .map(|_| Entry(new))
+}
+
+/// Whether `fd`'s entry is still `seen`: no close and no new classification since.
+pub(crate) fn unchanged(fd: i32, seen: Entry) -> bool {
+    entry(fd) == seen
+}
+
+/// Counts a close of `s` and records `kind` for what the number names now.
+fn reset(s: &AtomicU32, kind: Kind) {
+    let _ = s.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
+        Some((w & !0xff).wrapping_add(CLOSE) | kind.encode())
+    });
 }
 
 /// `new` now refers to what `old` refers to (a `dup`).
 pub(crate) fn copy(old: i32, new: i32) {
-    set(new, get(old));
+    if let Some(s) = slot(new) {
+        reset(s, get(old));
+    }
 }
 
-/// Forgets `fds` (closed).
+/// Forgets `fds` (closed, or about to be).
 pub(crate) fn forget_range(first: usize, last_inclusive: usize) {
     if first >= TABLE_FDS {
         return;
     }
     for s in &TABLE[first..=last_inclusive.min(TABLE_FDS - 1)] {
-        s.store(UNKNOWN, Ordering::Release);
+        reset(s, Kind::Unknown);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn set(fd: i32, kind: Kind) {
+        assert!(publish(fd, entry(fd), kind).is_some());
+    }
 
     #[test]
     fn kinds_round_trip_and_dups_share_them() {
@@ -114,9 +167,27 @@ mod tests {
     }
 
     #[test]
+    fn a_close_since_an_entry_was_read_keeps_its_classification_out() {
+        let seen = entry(200);
+        forget_range(200, 200);
+        assert_eq!(publish(200, seen, Kind::Pmfs(0)), None);
+        assert_eq!(get(200), Kind::Unknown);
+        let seen = entry(200);
+        let now = publish(200, seen, Kind::Pmfs(1)).unwrap();
+        assert!(unchanged(200, now) && !unchanged(200, seen));
+        assert_eq!(
+            publish(200, seen, Kind::Other),
+            None,
+            "classified meanwhile"
+        );
+        copy(201, 200);
+        assert!(!unchanged(200, now), "a dup onto it counts as a close");
+    }
+
+    #[test]
     fn descriptors_outside_the_table_are_never_recorded() {
         for fd in [-1, TABLE_FDS as i32, i32::MAX] {
-            set(fd, Kind::Pmfs(0));
+            assert_eq!(publish(fd, entry(fd), Kind::Pmfs(0)), None);
             assert_eq!(get(fd), Kind::Unknown);
             assert!(!recorded(fd));
         }

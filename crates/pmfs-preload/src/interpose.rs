@@ -581,23 +581,41 @@ pub unsafe extern "C" fn creat64(path: *const c_char, mode: libc::mode_t) -> c_i
     fd
 }
 
-/// `close`: the entry forgotten first (Linux releases the descriptor even when close reports
-/// an error), then forwarded. A served description's last descriptor thus releases its node,
-/// and the node's pin, before the kernel tells the daemon: the daemon frees a file unlinked
-/// meanwhile at that release only if no process pins it.
+/// Makes `call`, which closes or replaces descriptors `first..=last`, with their entries
+/// forgotten before it and again after it, `errno` kept: the kernel may give a number to
+/// another file before `call` returns, and another thread may have classified the old one
+/// meanwhile (see module `fdtable`).
+fn closing<R>(first: usize, last: usize, call: impl FnOnce() -> R) -> R {
+    closed(first, last);
+    let r = call();
+    let saved = crate::errno();
+    closed(first, last);
+    crate::set_errno(saved);
+    r
+}
+
+/// [`closing`] for one descriptor, which may be invalid (then only `call` is made).
+fn closing_one<R>(fd: c_int, call: impl FnOnce() -> R) -> R {
+    match usize::try_from(fd) {
+        Ok(i) => closing(i, i, call),
+        Err(_) => call(),
+    }
+}
+
+/// `close`: forwarded, with the entry forgotten before (Linux releases the descriptor even
+/// when close reports an error) and after. A served description's last descriptor thus
+/// releases its node, and the node's pin, before the kernel tells the daemon: the daemon frees
+/// a file unlinked meanwhile at that release only if no process pins it.
 ///
 /// # Safety
 /// The C function's contract.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    if let Ok(i) = usize::try_from(fd) {
-        closed(i, i);
-    }
     // SAFETY: forwarded under the same contract.
-    unsafe { real::close(fd) }
+    closing_one(fd, || unsafe { real::close(fd) })
 }
 
-/// `close_range`: forwarded, then the closed entries forgotten (not with
+/// `close_range`: forwarded, with the entries forgotten before and after (not with
 /// `CLOSE_RANGE_CLOEXEC`, which closes nothing now).
 ///
 /// # Safety
@@ -605,38 +623,37 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     // SAFETY: forwarded under the same contract.
-    let r = unsafe { real::close_range(first, last, flags) };
-    if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
-        closed(first as usize, last as usize);
+    let call = || unsafe { real::close_range(first, last, flags) };
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0 {
+        return call();
     }
-    r
+    closing(first as usize, last as usize, call)
 }
 
-/// `closefrom`: forwarded, then the entries from `low` on forgotten.
+/// `closefrom`: forwarded, with the entries from `low` on forgotten before and after.
 ///
 /// # Safety
 /// The C function's contract.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn closefrom(low: c_int) {
     // SAFETY: forwarded under the same contract.
-    unsafe { real::closefrom(low) };
-    closed(usize::try_from(low).unwrap_or(0), usize::MAX);
+    closing(usize::try_from(low).unwrap_or(0), usize::MAX, || unsafe {
+        real::closefrom(low)
+    });
 }
 
-/// `fclose`: forwarded, then the stream's descriptor forgotten.
+/// `fclose`: forwarded, with the stream's descriptor forgotten before and after.
 ///
 /// # Safety
 /// The C function's contract.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn fclose(stream: *mut FILE) -> c_int {
-    let fd = stream_fd(stream);
     // SAFETY: forwarded under the same contract.
-    let r = unsafe { real::fclose(stream) };
-    forget_stream_fd(fd);
-    r
+    closing_one(stream_fd(stream), || unsafe { real::fclose(stream) })
 }
 
-/// `freopen`: forwarded, then the stream's old descriptor forgotten (closed, or reused).
+/// `freopen`: forwarded, with the stream's old descriptor (closed, or reused) forgotten before
+/// and after.
 ///
 /// # Safety
 /// The C function's contract.
@@ -646,11 +663,10 @@ pub unsafe extern "C" fn freopen(
     mode: *const c_char,
     stream: *mut FILE,
 ) -> *mut FILE {
-    let fd = stream_fd(stream);
     // SAFETY: forwarded under the same contract.
-    let r = unsafe { real::freopen(path, mode, stream) };
-    forget_stream_fd(fd);
-    r
+    closing_one(stream_fd(stream), || unsafe {
+        real::freopen(path, mode, stream)
+    })
 }
 
 /// `freopen64`: as [`freopen`].
@@ -663,11 +679,10 @@ pub unsafe extern "C" fn freopen64(
     mode: *const c_char,
     stream: *mut FILE,
 ) -> *mut FILE {
-    let fd = stream_fd(stream);
     // SAFETY: forwarded under the same contract.
-    let r = unsafe { real::freopen64(path, mode, stream) };
-    forget_stream_fd(fd);
-    r
+    closing_one(stream_fd(stream), || unsafe {
+        real::freopen64(path, mode, stream)
+    })
 }
 
 /// The descriptor under an open stream (-1 for a null stream).
@@ -682,14 +697,6 @@ fn stream_fd(stream: *mut FILE) -> c_int {
     fd
 }
 
-fn forget_stream_fd(fd: c_int) {
-    if let Ok(i) = usize::try_from(fd) {
-        let saved = crate::errno();
-        closed(i, i);
-        crate::set_errno(saved);
-    }
-}
-
 /// `dup`: forwarded; the new descriptor refers to what the old one does.
 ///
 /// # Safety
@@ -702,16 +709,14 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     r
 }
 
-/// `dup2`: as [`dup`]; `new` is replaced (closed first if open).
+/// `dup2`: as [`dup`]; `new` is replaced (closed first if open), its entry forgotten before.
 ///
 /// # Safety
 /// The C function's contract.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     // SAFETY: forwarded under the same contract.
-    let r = unsafe { real::dup2(old, new) };
-    duplicated(old, r);
-    r
+    replacing(old, new, || unsafe { real::dup2(old, new) })
 }
 
 /// `dup3`: as [`dup2`].
@@ -721,7 +726,18 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     // SAFETY: forwarded under the same contract.
-    let r = unsafe { real::dup3(old, new, flags) };
+    replacing(old, new, || unsafe { real::dup3(old, new, flags) })
+}
+
+/// Makes `call`, which makes `new` a duplicate of `old`, with `new`'s entry forgotten before
+/// (as [`closing`]) and set to `old`'s after.
+fn replacing(old: c_int, new: c_int, call: impl FnOnce() -> c_int) -> c_int {
+    if let Ok(i) = usize::try_from(new)
+        && old != new
+    {
+        closed(i, i);
+    }
+    let r = call();
     duplicated(old, r);
     r
 }

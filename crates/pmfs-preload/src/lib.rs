@@ -91,10 +91,13 @@
 //!   that of a `fuse.pmfs` mount in `/proc/self/mountinfo` is a pmfs file (module `mounts`).
 //!   Its userspace node is opened on its first servable call only.
 //! - **A descriptor table** (module `fdtable`, plus epoch-protected object pointers in
-//!   `served`): lock-free, `dup` shares, every close path resets; safe across `fork` (the
-//!   child keeps its inherited descriptors on the kernel path and attaches afresh for files
-//!   it opens itself; a `pthread_atfork` handler resets its counters) and `exec` (rebuilt in
-//!   the new image). A `vfork` child (shared memory) never writes the table.
+//!   `served`): lock-free, `dup` shares, every close path resets, before the real call and
+//!   after it (a number another thread's call has closed, and the kernel has given to another
+//!   file, is not served as the old file even before that call returns; see `fdtable` for the
+//!   one narrow exception); safe across `fork` (the child keeps its inherited descriptors on
+//!   the kernel path and attaches afresh for files it opens itself; a `pthread_atfork` handler
+//!   resets its counters) and `exec` (rebuilt in the new image). A `vfork` child (shared
+//!   memory) never writes the table.
 //! - `PMFS_PRELOAD=off` (or `0`) turns all of it off: every call is forwarded, nothing is
 //!   recorded or counted.
 //! - `PMFS_PRELOAD_STATS=1` prints one line to standard error at exit, and at `_exit` if the
@@ -315,24 +318,22 @@ fn kind(fd: c_int) -> Kind {
     }
 }
 
-/// Classifies `fd` and records the answer (errno kept as it was).
+/// Classifies `fd` and records the answer, unless the descriptor was closed or classified
+/// on another thread meanwhile (errno kept as it was).
 fn learn(fd: c_int) -> Kind {
+    let seen = fdtable::entry(fd);
     let (k, ino) = classify_keeping_errno(fd);
-    if owns_table() {
-        record(fd, k, ino);
+    if owns_table()
+        && let Some(now) = fdtable::publish(fd, seen, k)
+    {
+        if let Kind::Pmfs(_) = k {
+            PMFS_FDS.fetch_add(1, Ordering::Relaxed);
+            served::pending(fd, ino, now);
+        } else {
+            served::forget(fd);
+        }
     }
     k
-}
-
-/// Records what `fd` is and, for a pmfs file, opens it for userspace service.
-fn record(fd: c_int, k: Kind, ino: u64) {
-    fdtable::set(fd, k);
-    if let Kind::Pmfs(_) = k {
-        PMFS_FDS.fetch_add(1, Ordering::Relaxed);
-        served::pending(fd, ino);
-    } else {
-        served::forget(fd);
-    }
 }
 
 fn classify_keeping_errno(fd: c_int) -> (Kind, u64) {
@@ -404,11 +405,10 @@ fn note_data_call(fd: c_int) -> bool {
     pmfs
 }
 
-/// A descriptor was just opened (or replaced): forget what was known, classify it afresh.
+/// A descriptor was just opened: classify it afresh.
 fn opened(fd: c_int) {
     if fdtable::recorded(fd) && active() && owns_table() {
-        let (k, ino) = classify_keeping_errno(fd);
-        record(fd, k, ino);
+        learn(fd);
     }
 }
 

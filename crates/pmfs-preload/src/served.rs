@@ -55,7 +55,7 @@ use std::os::unix::ffi::OsStrExt;
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 use pmfs::{Client, Ino, OpenMode, OpenNode};
 
-use crate::fdtable::TABLE_FDS;
+use crate::fdtable::{self, TABLE_FDS};
 use crate::liveness;
 use crate::mapped::MapCall;
 use crate::mounts::{self, MAX_PMFS};
@@ -216,19 +216,24 @@ fn index(fd: c_int) -> Option<usize> {
     usize::try_from(fd).ok().filter(|&i| i < TABLE_FDS)
 }
 
-/// `fd` was found to be a regular file with inode `ino` on a pmfs mount: it is opened in
-/// userspace on its first call that can be served.
-pub(crate) fn pending(fd: c_int, ino: u64) {
+/// `fd` was found to be a regular file with inode `ino` on a pmfs mount, and recorded as
+/// `entry`: it is opened in userspace on its first call that can be served. Nothing stays
+/// pending if the descriptor was closed since it was recorded.
+pub(crate) fn pending(fd: c_int, ino: u64, entry: fdtable::Entry) {
     let Some(i) = index(fd) else { return };
     ANY.store(true, Ordering::Relaxed);
     let guard = epoch::pin();
     forget_with(i, &guard);
-    PENDING[i].store(ino, Ordering::Release);
+    PENDING[i].store(ino, Ordering::SeqCst);
+    if !fdtable::unchanged(fd, entry) {
+        let _ = PENDING[i].compare_exchange(ino, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
 }
 
-/// Opens `fd` (inode `ino` on pmfs mount `m`) in userspace, or leaves it to the kernel when
-/// that is not possible.
-fn install(i: usize, fd: c_int, m: usize, ino: u64) {
+/// Opens `fd` (inode `ino` on pmfs mount `m`, recorded as `entry`) in userspace, or leaves it
+/// to the kernel when that is not possible. An object made for a descriptor closed meanwhile
+/// is dropped again, so it never serves a file that took the number since.
+fn install(i: usize, fd: c_int, m: usize, ino: u64, entry: fdtable::Entry) {
     let obj = open(fd, m, ino);
     let guard = epoch::pin();
     let new = match obj {
@@ -238,8 +243,22 @@ fn install(i: usize, fd: c_int, m: usize, ino: u64) {
         }
         None => Shared::null(),
     };
-    let old = SLOTS[i].swap(new, Ordering::AcqRel, &guard);
+    let old = SLOTS[i].swap(new, Ordering::SeqCst, &guard);
     release(old, &guard);
+    if !new.is_null()
+        && !fdtable::unchanged(fd, entry)
+        && SLOTS[i]
+            .compare_exchange(
+                new,
+                Shared::null(),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+                &guard,
+            )
+            .is_ok()
+    {
+        release(new, &guard);
+    }
 }
 
 fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
@@ -403,14 +422,15 @@ fn use_object<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option<R> {
     let guard = epoch::pin();
     let mut p = SLOTS[i].load(Ordering::Acquire, &guard);
     if p.is_null() {
-        let ino = PENDING[i].swap(0, Ordering::AcqRel);
-        let crate::fdtable::Kind::Pmfs(m) = crate::fdtable::get(fd) else {
+        let entry = fdtable::entry(fd);
+        let ino = PENDING[i].swap(0, Ordering::SeqCst);
+        let fdtable::Kind::Pmfs(m) = entry.kind() else {
             return None;
         };
         if ino == 0 {
             return None;
         }
-        install(i, fd, m, ino);
+        install(i, fd, m, ino, entry);
         p = SLOTS[i].load(Ordering::Acquire, &guard);
     }
     // SAFETY: loaded under `guard`, which lives until `f` returned.

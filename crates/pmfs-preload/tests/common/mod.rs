@@ -347,18 +347,28 @@ pub fn counters(file: &Path) -> Counters {
 
 /// Compiles `tests/programs/{name}.c` into `dir`; returns the executable.
 pub fn compile(name: &str, dir: &Path) -> PathBuf {
+    cc(name, &dir.join(name), &[])
+}
+
+/// Compiles `tests/programs/{name}.c` into the shared object `dir/{name}.so`; returns it.
+pub fn compile_shared(name: &str, dir: &Path) -> PathBuf {
+    cc(name, &dir.join(format!("{name}.so")), &["-shared", "-fPIC"])
+}
+
+fn cc(name: &str, out_file: &Path, extra: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/programs")
         .join(format!("{name}.c"));
-    let exe = dir.join(name);
     let out = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-pthread", "-o"])
-        .arg(&exe)
+        .args(["-O1", "-Wall", "-Werror", "-pthread"])
+        .args(extra)
+        .arg("-o")
+        .arg(out_file)
         .arg(&src)
         .output()
         .unwrap();
     assert!(out.status.success(), "cc: {out:?}");
-    exe
+    out_file.to_owned()
 }
 
 /// Pseudo-random bytes from a seed.
