@@ -21,6 +21,7 @@ use libc::{FILE, iovec, off_t, size_t, ssize_t};
 
 use crate::mapped::{self, MapCall};
 use crate::served::{self, Served};
+use crate::signals;
 use crate::{active, closed, duplicated, note_data_call, opened, real};
 
 /// Data calls whose first argument is the descriptor, served in userspace by `$serve` (on
@@ -775,6 +776,54 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
         served::set_flags(fd, arg as c_int);
     }
     r
+}
+
+/// `sigaction`: handlers of signals other than faults are wrapped, so that one arriving while
+/// its thread is inside the library runs when the library call is done (module `signals`).
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    if signals::wrapped(sig) && active() {
+        // SAFETY: the same contract.
+        unsafe { signals::sigaction(sig, act, old) }
+    } else {
+        // SAFETY: forwarded under the same contract.
+        unsafe { real::sigaction(sig, act, old) }
+    }
+}
+
+/// `signal`: glibc's, with the handler wrapped as [`sigaction`] wraps it (BSD semantics: the
+/// signal blocked while its handler runs, interrupted calls restarted).
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    if !(signals::wrapped(sig) && active()) {
+        // SAFETY: forwarded under the same contract.
+        return unsafe { real::signal(sig, handler) };
+    }
+    // SAFETY: all-zero bytes are a valid action; the set functions get valid sets and a
+    // signal number in range.
+    unsafe {
+        let mut act: libc::sigaction = core::mem::zeroed();
+        act.sa_sigaction = handler;
+        act.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut act.sa_mask);
+        libc::sigaddset(&mut act.sa_mask, sig);
+        let mut old: libc::sigaction = core::mem::zeroed();
+        if signals::sigaction(sig, &act, &mut old) == 0 {
+            old.sa_sigaction
+        } else {
+            libc::SIG_ERR
+        }
+    }
 }
 
 /// `_exit`: the process's userspace nodes are released first (their pins in the pool) and its

@@ -78,13 +78,18 @@
 //! - **Interposition** of every call above plus `open`/`open64`/`openat`/`openat64`/`creat`/
 //!   `creat64`, `close`, `close_range`, `closefrom`, `dup`/`dup2`/`dup3`, `fcntl`/`fcntl64`
 //!   (`F_DUPFD`, `F_DUPFD_CLOEXEC`, `F_SETFL`'s `O_APPEND` followed; the rest forwarded),
-//!   `fclose`, `freopen(64)`, `mmap(64)`, `munmap`, `msync`, `mremap`, `_exit`/`_Exit` and
-//!   `execve`/`execv`/`execvp`/`execvpe`/`fexecve`/`execl`/`execlp`/`execle` (which release
-//!   the process's open nodes and mappings first; the variadic `execl*` through a small x86-64 trampoline that gathers the
-//!   argument list into an array for `execv*`). Everything not served goes to
-//!   the next definition (`dlsym(RTLD_NEXT)`, resolved lazily; raw system calls while that is
-//!   not possible, see module `real`), so calls made before the library initialised (another
-//!   object's constructor) work.
+//!   `fclose`, `freopen(64)`, `mmap(64)`, `munmap`, `msync`, `mremap`, `sigaction`/`signal`
+//!   (see below), `_exit`/`_Exit` and `execve`/`execv`/`execvp`/`execvpe`/`fexecve`/`execl`/
+//!   `execlp`/`execle` (which release the process's open nodes and mappings first; the variadic
+//!   `execl*` through a small x86-64 trampoline that gathers the argument list into an array
+//!   for `execv*`). Everything not served goes to the next definition (`dlsym(RTLD_NEXT)`,
+//!   resolved lazily; raw system calls while that is not possible, see module `real`), so calls
+//!   made before the library initialised (another object's constructor) work.
+//! - **Signal handlers** (module `signals`): the handlers a program installs with `sigaction`
+//!   or `signal` for signals other than faults run when the library call their thread is in
+//!   is done, as the kernel runs handlers between system calls: a handler may call the
+//!   library (append to the log file its thread was appending to) without waiting for locks
+//!   its own thread holds. `sigaction` reports the program's handlers as it installed them.
 //! - **Recognising pmfs files.** After every open (and lazily for descriptors it did not see
 //!   opened: inherited ones, stdin redirected from a file, …) a descriptor is classified with
 //!   one `statx` (`AT_STATX_DONT_SYNC`: no FUSE round trip): a regular file whose device is
@@ -117,9 +122,9 @@
 //!   atomic against a concurrent reader or a crash (the engine's mapped mode), and stores
 //!   through a mapping change no `mtime`. A process that only stores through a mapping and
 //!   makes no call on the mount's files never finds the mount gone: its stores keep reaching
-//!   the pool. `munmap` is not async-signal safe here (a signal handler calling it while its
-//!   thread is in the library's `mmap`, `munmap`, `msync` or `mremap` leaves the table as it
-//!   was). The mapping table is a spin-locked vector: these calls serialise while any served
+//!   the pool. `munmap` is not async-signal safe for a handler installed some other way than
+//!   `sigaction`/`signal` (a handler calling it while its thread is in the library's `mmap`,
+//!   `munmap`, `msync` or `mremap` leaves the table as it was). The mapping table is a spin-locked vector: these calls serialise while any served
 //!   mapping exists. A file unlinked while served mappings of it remain after its last `close`
 //!   is freed only at the owner's next mount (the daemon frees it at that close only if no
 //!   process pins it).
@@ -156,6 +161,14 @@
 //!   `exec` through `execl*` on architectures other than x86-64 (not interposed there). A
 //!   failed exec leaves its pmfs descriptors on the kernel path and its served mappings
 //!   private copies.
+//! - Signal handlers installed with `sigset`, `sysv_signal`, `bsd_signal` or a raw
+//!   `rt_sigaction` are not deferred: one that calls the library while its thread is in the
+//!   library may wait for its own thread forever. A deferred handler gets a context made where
+//!   it runs, not the interrupted one, runs on the thread's stack even with `SA_ONSTACK`, and
+//!   runs once for a realtime signal sent several times meanwhile. Served writes allocate
+//!   memory: a handler that interrupts the program inside `malloc` and then writes to a pmfs
+//!   file may wait for the allocator's lock its thread holds (through the kernel such a write
+//!   would not allocate).
 //! - A `vfork` child that writes to a descriptor it redirected before `exec` would use the
 //!   parent's entry for that number.
 //! - Descriptors at or above 65536 are not recorded (kernel path); more than 16 pmfs mounts in
@@ -182,6 +195,7 @@ pub(crate) mod mapped;
 pub(crate) mod mounts;
 pub(crate) mod real;
 pub(crate) mod served;
+pub(crate) mod signals;
 
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, Ordering};

@@ -50,6 +50,7 @@ use pmfs_core::pm::persist;
 
 use crate::liveness;
 use crate::mounts::{self, MAX_PMFS};
+use crate::signals::Inside;
 
 /// The page size this module serves mappings for: the engine's block size.
 const PAGE: usize = 4096;
@@ -216,8 +217,10 @@ fn release() {
     TABLE.locked.store(false, Ordering::Release);
 }
 
-/// The table, locked until the guard is dropped.
-struct Locked;
+/// The table, locked until the guard is dropped (signal handlers wait meanwhile).
+struct Locked {
+    _inside: Inside,
+}
 
 impl Locked {
     /// The lock, unless this thread holds it already.
@@ -225,8 +228,9 @@ impl Locked {
         if HOLDING.get() {
             return None;
         }
+        let inside = Inside::enter();
         acquire();
-        Some(Locked)
+        Some(Locked { _inside: inside })
     }
 
     fn records(&mut self) -> &mut Vec<Record> {
@@ -256,7 +260,9 @@ pub(crate) fn after_fork_in_parent() {
 /// every mapping and takes a pin of its own for each; the copied pins are the parent's and are
 /// never dropped here. A record whose pin cannot be taken is made private at once.
 pub(crate) fn after_fork_in_child() {
-    let mut t = Locked;
+    let mut t = Locked {
+        _inside: Inside::enter(),
+    };
     abandon(t.records(), |r| match r.pin.inherit() {
         Ok(own) => {
             core::mem::forget(core::mem::replace(&mut r.pin, own));

@@ -8,8 +8,8 @@
 //! instead (`libc::syscall`, which sets `errno` the same way). So calls that arrive before the
 //! library initialised, from other libraries' constructors, are forwarded without recursion
 //! and without allocating. The few stdio-level functions that have no system call behind
-//! them ([`fclose`], [`freopen`], [`freopen64`], [`closefrom`]) are looked up without that
-//! guard: the dynamic linker calls none of them.
+//! them ([`fclose`], [`freopen`], [`freopen64`], [`closefrom`], [`sigaction`], [`signal`]) are
+//! looked up without that guard: the dynamic linker calls none of them.
 //!
 //! # Safety
 //! Every function here has exactly the contract of the C function of the same name: the
@@ -305,6 +305,8 @@ libc_only! {
         core::ptr::null_mut();
     fn freopen64(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE =
         core::ptr::null_mut();
+    fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int = -1;
+    fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t = libc::SIG_ERR;
 }
 
 /// `dup2` as system calls (there is no `dup2` system call on every architecture): `dup3`,

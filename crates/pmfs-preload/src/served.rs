@@ -59,6 +59,7 @@ use crate::fdtable::{self, TABLE_FDS};
 use crate::liveness;
 use crate::mapped::MapCall;
 use crate::mounts::{self, MAX_PMFS};
+use crate::signals::Inside;
 
 /// An open file description served in userspace.
 ///
@@ -222,6 +223,7 @@ fn index(fd: c_int) -> Option<usize> {
 pub(crate) fn pending(fd: c_int, ino: u64, entry: fdtable::Entry) {
     let Some(i) = index(fd) else { return };
     ANY.store(true, Ordering::Relaxed);
+    let _inside = Inside::enter();
     let guard = epoch::pin();
     forget_with(i, &guard);
     PENDING[i].store(ino, Ordering::SeqCst);
@@ -328,6 +330,7 @@ pub(crate) fn forget(fd: c_int) {
     if !ANY.load(Ordering::Relaxed) {
         return;
     }
+    let _inside = Inside::enter();
     let guard = epoch::pin();
     forget_with(i, &guard);
 }
@@ -337,6 +340,7 @@ pub(crate) fn forget_range(first: usize, last: usize) {
     if !ANY.load(Ordering::Relaxed) || first >= TABLE_FDS {
         return;
     }
+    let _inside = Inside::enter();
     let guard = epoch::pin();
     for i in first..=last.min(TABLE_FDS - 1) {
         forget_with(i, &guard);
@@ -360,6 +364,7 @@ pub(crate) fn share(old: c_int, new: c_int) {
         }
         return;
     };
+    let _inside = Inside::enter();
     let guard = epoch::pin();
     let p = SLOTS[o].load(Ordering::Acquire, &guard);
     let pending = PENDING[o].load(Ordering::Acquire);
@@ -419,6 +424,7 @@ fn use_object<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option<R> {
     if !ANY.load(Ordering::Relaxed) {
         return None;
     }
+    let _inside = Inside::enter();
     let guard = epoch::pin();
     let mut p = SLOTS[i].load(Ordering::Acquire, &guard);
     if p.is_null() {
