@@ -58,6 +58,6 @@ fn a_handler_writing_to_the_file_its_thread_writes_neither_hangs_nor_tears_lines
     assert_eq!(kernel, local);
     assert_eq!(library, local);
     let c = counters(&stats);
-    assert!(c.served >= 20_000, "{c:?}");
+    assert!(c.served >= 1_000, "{c:?}");
     m.unmount_and_fsck();
 }
