@@ -884,6 +884,14 @@ fn pool_id(m: usize) -> (u64, u64) {
     )
 }
 
+/// The pool file of mount `m`, opened read-write at a high number (see [`open_pool`]), for
+/// the process's client of it to own.
+pub(crate) fn pool_file(m: usize) -> Option<std::fs::File> {
+    let fd = open_pool(m, true)?;
+    // SAFETY: `fd` was opened just above and is owned by nobody else.
+    Some(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
 /// Opens the pool file of mount `m`, `O_CLOEXEC`, at a descriptor number high in the range
 /// programs use, and notes its identity the first time.
 fn open_pool(m: usize, write: bool) -> Option<c_int> {

@@ -180,8 +180,8 @@ fn client(m: usize) -> Option<&'static Client> {
                 // The daemon is found first: the pool is attached while it owns it.
                 let attached = mounts::pool_of(m).and_then(|pool| {
                     let owner = liveness::owner_of(pool)?;
-                    let c =
-                        pmfs::Volume::attach(std::ffi::OsStr::from_bytes(pool.to_bytes())).ok()?;
+                    let path = std::ffi::OsStr::from_bytes(pool.to_bytes());
+                    let c = pmfs::Volume::attach_file(crate::mapped::pool_file(m)?, path).ok()?;
                     Some((owner, c))
                 });
                 crate::set_errno(saved);

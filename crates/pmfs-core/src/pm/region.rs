@@ -66,6 +66,10 @@ pub struct PmRegion {
     /// Owns the mapping; declared after `raw`, which points into it.
     map: Map,
     file: File,
+    /// The pool file's identity, taken when it was mapped: the descriptor in `file` is only
+    /// needed to grow the pool, and a program that shares the descriptor table (a preload
+    /// client) may close its number and give it to another file.
+    id: DevIno,
     path: PathBuf,
     map_sync: bool,
     huge_pages: bool,
@@ -421,6 +425,21 @@ impl PmRegion {
                 io::ErrorKind::IsADirectory => Error::InvalidArgument(NOT_A_FILE),
                 _ => Error::Io(e),
             })?;
+        Self::open_file_with(file, path, backend)
+    }
+
+    /// Maps the pool file the caller opened (read-write) as `file`, with [`Backend::Mmap`];
+    /// `path` names it in errors and is where [`grow`](Self::grow) finds it. The region owns
+    /// the descriptor from now on, so a caller that cares which number it has (a library
+    /// loaded into another program) chooses it.
+    ///
+    /// Fails as [`open`](Self::open) does, and with [`Error::InvalidArgument`] if `file` is
+    /// not a regular file.
+    pub fn open_file(file: File, path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_file_with(file, path.as_ref(), Backend::Mmap)
+    }
+
+    fn open_file_with(file: File, path: &Path, backend: Backend) -> Result<Self> {
         let meta = file.metadata()?;
         if !meta.file_type().is_file() {
             return Err(Error::InvalidArgument(NOT_A_FILE));
@@ -430,6 +449,7 @@ impl PmRegion {
 
     fn map(file: File, path: PathBuf, size: u64, backend: Backend) -> Result<Self> {
         let len = check_size(size)?;
+        let id = DevIno::of(&file.metadata()?);
         let (map, map_sync, huge_pages) = map_file(&file, &path, len, backend)?;
         // SAFETY: the mapping is at least `size` bytes, page aligned, readable and writable,
         // and lives in `map`, which the region owns and drops only together with `raw`.
@@ -438,6 +458,7 @@ impl PmRegion {
             raw,
             map,
             file,
+            id,
             path,
             map_sync,
             huge_pages,
@@ -711,7 +732,7 @@ impl super::Media for PmRegion {
     }
 
     fn file_id(&self) -> Option<DevIno> {
-        self.file.metadata().ok().map(|m| DevIno::of(&m))
+        Some(self.id)
     }
 
     fn persist(&self, off: PmOff, len: u64) -> Result<()> {

@@ -66,7 +66,20 @@ impl Volume {
     /// - The owner's mapping caches must not outlive a client's remapping: HashFS translation
     ///   caches are per file handle and checked against the table on every hit.
     pub fn attach(path: impl AsRef<Path>) -> Result<Client> {
-        let region = PmRegion::open(path)?;
+        Self::attach_region(PmRegion::open(path)?)
+    }
+
+    /// [`attach`](Self::attach) to the pool file the caller opened read-write as `file` (at
+    /// `path`). The client owns that descriptor and closes it when dropped, and the caller
+    /// chooses its number: a library loaded into another program keeps it out of the small
+    /// numbers the program uses. The client reads the file through it only while attaching,
+    /// so a program that closes the number or gives it to another file changes nothing for
+    /// a client that lives as long as the process.
+    pub fn attach_file(file: std::fs::File, path: impl AsRef<Path>) -> Result<Client> {
+        Self::attach_region(PmRegion::open_file(file, path)?)
+    }
+
+    fn attach_region(region: PmRegion) -> Result<Client> {
         Ok(Client {
             fs: Arc::new(Fs::attach(Arc::new(region))?),
         })

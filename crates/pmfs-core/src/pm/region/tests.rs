@@ -305,6 +305,32 @@ fn two_mappings_of_one_pool_share_bytes() {
 }
 
 #[test]
+fn a_region_opened_from_a_descriptor_names_its_pool_after_the_number_is_reused() {
+    let pool = TempPool::new();
+    let a = PmRegion::create(&pool.0, 3 * MIB).unwrap();
+    let id = DevIno::of(&std::fs::metadata(&pool.0).unwrap());
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&pool.0)
+        .unwrap();
+    let b = PmRegion::open_file(file, &pool.0).unwrap();
+    a.write_persist(PmOff(MIB), b"opened").unwrap();
+    assert_eq!(read_vec(&b, MIB, 6), b"opened");
+    // What a program sharing the descriptor table may do: put another file at the number.
+    let other = File::open("/dev/null").unwrap();
+    // SAFETY: both are open descriptors; `b` only reads its own number's file identity,
+    // which must no longer come from the number.
+    assert!(unsafe { libc::dup2(other.as_raw_fd(), b.file.as_raw_fd()) } >= 0);
+    assert_eq!(b.file_id(), Some(id));
+    assert_eq!(a.file_id(), Some(id));
+    assert!(matches!(
+        PmRegion::open_file(File::open("/dev/shm").unwrap(), "/dev/shm"),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
 fn every_dispatch_path_writes_through_the_region() {
     let pool = TempPool::new();
     let r = PmRegion::create(&pool.0, MIB).unwrap();
