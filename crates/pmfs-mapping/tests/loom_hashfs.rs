@@ -25,12 +25,13 @@
 //! empty slot: a claim walks past them and lands on the slot whose emptiness the reclaim's
 //! handshake re-checks, so every order of the claim's CAS, its seal and the reclaim's three
 //! steps (purging, re-check, empty) is a possible interleaving. The threads touch nothing but
-//! slot words, and every fence of the handshake comes from `pmfs_core::sync` (loom's under
-//! `cfg(loom)`), so loom explores all their interleavings and weak-memory outcomes under the
-//! [`Media`] contract (loads acquire, stores release, CAS acquire-release). Flushes and
-//! persistence fences are no-ops: durability is the crash tests' business. One entry and one
-//! or two claimers cover every step of the handshake on the claim's side and on the reclaim's;
-//! two entries make the seal refill two slots (see below for what that found).
+//! slot words and the header's free-count word, and every fence of the handshake comes from
+//! `pmfs_core::sync` (loom's under `cfg(loom)`), so loom explores all their interleavings and
+//! weak-memory outcomes under the [`Media`] contract (loads acquire, stores release, CAS
+//! acquire-release). Flushes and persistence fences are no-ops: durability is the crash tests'
+//! business. One entry and one or two claimers cover every step of the handshake on the claim's
+//! side and on the reclaim's; two entries make the seal refill two slots (see below for what
+//! that found).
 //!
 //! The table is formatted and filled on a heap region outside the model; each execution starts
 //! from a copy of the words the operations use (the header and the slot table) in loom atomics,
@@ -104,6 +105,8 @@ const DATA: Extent = Extent {
 /// The slot table: meta blocks 2.. (the module docs' format).
 const TABLE: PmOff = PmOff((META.start.0 + 2) * BLOCK_SIZE);
 const HEADER_WORDS: u64 = 16;
+/// The header block's free-count word, which claims and frees zero.
+const FREE_COUNT_WORD: u64 = 256;
 /// The home of the claims' blocks (of the first one's with two homes), of the first entry, and
 /// of the key the log claims race on.
 const HOME: u64 = 3;
@@ -246,6 +249,7 @@ fn snapshot(entries: &[(u64, u64)], via: Via) -> Vec<(u64, u64)> {
     }
     let header = (0..HEADER_WORDS).map(|k| META.start.offset() + 8 * k);
     header
+        .chain([META.start.offset() + FREE_COUNT_WORD])
         .chain((0..SLOTS).map(slot_off))
         .map(|off| (off.0, t.media().load_u64(off).unwrap()))
         .collect()

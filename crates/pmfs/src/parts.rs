@@ -20,7 +20,8 @@ use crate::mapping::Mapper;
 /// The media type the parts are built over.
 pub(crate) type Pm = Arc<dyn Media>;
 
-/// Counts free data blocks (the allocator's count, or a scan of the HashFS table).
+/// Counts free data blocks (the allocator's count, or HashFS's count of its free slots, a scan
+/// of the table kept until a slot changes between free and taken).
 pub(crate) type FreeCount = Box<dyn Fn() -> Result<u64> + Send + Sync>;
 
 /// The mapping structure, the allocator (absent for HashFS, which allocates by claiming

@@ -63,9 +63,7 @@ impl<M: Media> HashFs<M> {
                 match self.claim(h, Key::new(file.ino, l + j as u64).staged())? {
                     Some(i) => claimed.push(i),
                     None => {
-                        for &i in &claimed {
-                            self.media.store_u64(self.slot_off(i), TOMBSTONE)?;
-                        }
+                        self.unclaim(&claimed)?;
                         self.flush_slots(&claimed)?;
                         self.media.fence();
                         self.reclaim(&claimed)?;
@@ -104,6 +102,7 @@ impl<M: Media> HashFs<M> {
                 raced = true;
             }
         }
+        self.freed(&freed)?;
         self.flush_slots(&freed)?;
         self.media.fence();
         self.reclaim(&freed)?;
@@ -151,6 +150,7 @@ impl<M: Media> HashFs<M> {
                 swept.push(i);
             }
         }
+        self.freed(&swept)?;
         self.flush_slots(&swept)?;
         self.media.fence();
         self.reclaim(&swept)?;
@@ -324,6 +324,7 @@ impl<M: Media> HashFs<M> {
             }
             file.cache.invalidate(lblk, lblk + 1);
         }
+        self.freed(&gone)?;
         self.flush_slots(&gone)?;
         self.media.fence();
         self.reclaim(&gone)?;
@@ -378,6 +379,7 @@ impl<M: Media> HashFs<M> {
                 gone.push(i);
             }
         }
+        self.freed(&gone)?;
         self.flush_slots(&gone)?;
         self.media.fence();
         self.reclaim(&gone)?;

@@ -115,7 +115,7 @@ impl<M: Media> LogBlocks<M> {
         if clash {
             // Our own tentative claim: nobody else writes it. A crash before this store
             // leaves a tentative slot, which recovery drops.
-            t.media.store_u64(off, TOMBSTONE)?;
+            t.unclaim(&[i])?;
             t.reclaim(&[i])?;
             return Ok(None);
         }
@@ -160,6 +160,7 @@ impl<M: Media> BlockAllocator for LogBlocks<M> {
                 freed.push(i);
             }
         }
+        t.freed(&freed)?;
         t.flush_slots(&freed)?;
         t.media.fence();
         t.reclaim(&freed)?;
@@ -208,6 +209,7 @@ impl<M: Media> BlockAllocator for LogBlocks<M> {
                 freed.push(i);
             }
         }
+        t.freed(&freed)?;
         t.flush_slots(&freed)?;
         t.media.fence();
         t.reclaim(&freed)?;

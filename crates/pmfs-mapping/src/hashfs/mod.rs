@@ -24,6 +24,11 @@
 //! | 9..14       | reserved, zero                                |
 //! | 15          | crc32c of words 0..15 (low 32 bits)           |
 //!
+//! Byte 256 of block 0 (a cache line of its own, outside the checksum) is the *free-count
+//! word*, a hint that is never flushed: zero once the set of free slots may have changed
+//! since a process last counted them, else the token of the process that counted
+//! ([`HashFs::free_blocks`]).
+//!
 //! A slot word packs `lblk` (32 bits), `ino` (28 bits), a staged bit (copy-on-write, below)
 //! and a 3-bit tag: empty (the zero word), tombstone, tentative, committed.
 //! The table therefore keys files with inode numbers up to `2^28 - 1` and logical blocks below
@@ -189,6 +194,7 @@ pub mod slot;
 pub mod translation_cache;
 
 use std::hash::{BuildHasher, RandomState};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, CACHE_LINE, Le64, PmOff, Pod, crc32c};
@@ -230,6 +236,8 @@ type Header = [Le64; HEADER_WORDS];
 /// Builds the slot word a walk looks for (or a recovery writes) from a key.
 type WordOf = fn(Key) -> u64;
 const _: () = assert!(size_of::<Header>() == 128);
+/// Where the free-count word lies in the header block (see the module docs).
+const FREE_COUNT_WORD: u64 = 256;
 const _: () = assert!(INTENT_RECORDS * CACHE_LINE == BLOCK_SIZE);
 
 /// The HashFS table over a [`Media`].
@@ -244,6 +252,12 @@ pub struct HashFs<M> {
     /// Blocks are hashed in aligned clusters of `2^shift` ([`simd`]'s module docs).
     shift: u32,
     kernel: HashKernel,
+    /// The free-count word (see the module docs).
+    free_word: PmOff,
+    /// The last count of free slots, with the token this process left in the free-count word
+    /// when it counted. A DRAM lock of this process only (std's, also under loom, whose
+    /// models build tables outside the model and never count).
+    free_count: Mutex<Option<(u64, u64)>>,
 }
 
 /// The end of logical range `[lblk, lblk + len)`, refused when it passes the 2^32 limit of a
@@ -444,6 +458,8 @@ impl<M: Media> HashFs<M> {
             salt,
             shift,
             kernel: HashKernel::detect(),
+            free_word: meta.start.offset() + FREE_COUNT_WORD,
+            free_count: Mutex::new(None),
         }
     }
 
@@ -551,6 +567,7 @@ impl<M: Media> HashFs<M> {
             while s.is_free() {
                 match self.media.cas_u64(off, w, word)? {
                     Ok(_) => {
+                        self.note_free_change(true)?;
                         if i != home {
                             self.seal_walk(home, i)?;
                         }
@@ -835,9 +852,7 @@ impl<M: Media> HashFs<M> {
             l += count as u64;
         }
         if full {
-            for &i in &claimed {
-                self.media.store_u64(self.slot_off(i), TOMBSTONE)?;
-            }
+            self.unclaim(&claimed)?;
             self.flush_slots(&claimed)?;
             self.media.fence();
             intent.finish()?;
@@ -893,6 +908,7 @@ impl<M: Media> HashFs<M> {
                 freed.push(i);
             }
         }
+        self.freed(&freed)?;
         self.flush_slots(&freed)?;
         self.media.fence();
         if let Some(rec) = intent {
@@ -926,6 +942,7 @@ impl<M: Media> HashFs<M> {
                 freed.push(i);
             }
         }
+        self.freed(&freed)?;
         self.flush_slots(&freed)?;
         self.media.fence();
         self.reclaim_all()?;
@@ -947,10 +964,69 @@ impl<M: Media> HashFs<M> {
         Ok(o)
     }
 
-    /// Number of data blocks an insert may still claim: the free slots ([`Slot::is_free`])
-    /// counted by a full scan that reads the table in bulk, 4096 words at a time. A word that
-    /// is no slot at all counts as taken here; [`occupancy`](Self::occupancy) reports it.
+    /// Number of data blocks an insert may still claim: the free slots ([`Slot::is_free`]).
+    ///
+    /// Counting them is a scan of the whole table (8 bytes a block), so the count is kept and
+    /// given again for as long as the free-count word still holds the token this call left
+    /// there before it counted. Every change of a slot between free and taken, in any process,
+    /// zeroes the word after the change ([`note_free_change`](Self::note_free_change)), and a
+    /// count puts its token there before it scans: either the scan sees a change, or the
+    /// change's note sees the token and zeroes it, and the next call counts again. A process
+    /// that counts replaces another's token, which makes the other count again too.
     pub fn free_blocks(&self) -> Result<u64> {
+        let mut kept = self.free_count.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((n, token)) = *kept
+            && self.media.load_u64(self.free_word)? == token
+        {
+            return Ok(n);
+        }
+        let token = RandomState::new().hash_one(self.free_word).max(1);
+        self.media.store_u64(self.free_word, token)?;
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let n = self.count_free()?;
+        *kept = Some((n, token));
+        Ok(n)
+    }
+
+    /// Zeroes the free-count word, unless it is zero already: called after slots changed
+    /// between free and taken, before the change's operation returns. `after_rmw`: the
+    /// changes were compare-and-swaps, after which x86 needs no fence to order the word's
+    /// load (as [`fence_after_rmw`]); after plain stores, a `SeqCst` fence. The fences are
+    /// std's, not the loom facade's: the loom models never count, and they build their tables
+    /// outside the model, where loom's fences cannot run.
+    fn note_free_change(&self, after_rmw: bool) -> Result<()> {
+        if after_rmw && cfg!(all(target_arch = "x86_64", not(miri))) {
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        } else {
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
+        if self.media.load_u64(self.free_word)? != 0 {
+            self.media.store_u64(self.free_word, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Makes the slots this thread claimed tombstones again (not flushed).
+    fn unclaim(&self, claimed: &[u64]) -> Result<()> {
+        for &i in claimed {
+            self.media.store_u64(self.slot_off(i), TOMBSTONE)?;
+        }
+        self.note_free_change(false)
+    }
+
+    /// [`note_free_change`](Self::note_free_change) after the compare-and-swaps that freed
+    /// `slots`, if any did.
+    fn freed(&self, slots: &[u64]) -> Result<()> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        self.note_free_change(true)
+    }
+
+    /// The free slots, counted by a scan that reads the table in bulk, 4096 words at a time.
+    /// A word that is no slot at all counts as taken here; [`occupancy`](Self::occupancy)
+    /// reports it.
+    fn count_free(&self) -> Result<u64> {
         const CHUNK: u64 = 4096;
         let mut bytes = vec![0u8; 8 * CHUNK as usize];
         let mut free = 0;
@@ -978,10 +1054,10 @@ impl<M: Media> HashFs<M> {
     /// life of writes and removals can leave a table with no empty slot at all, where every
     /// miss walks the whole table.
     ///
-    /// Two passes over the table and no memory. Needs exclusive use of the table: `&mut self` excludes
-    /// other users in this process; the caller must also keep other processes out (mount or
-    /// fsck time, see [`HashFs::purge_exclusive`]). Crash-safe at every point: an emptied slot
-    /// lies on no live entry's walk, so no lookup stops early at it.
+    /// Two passes over the table and no memory. Needs exclusive use of the table: `&mut self`
+    /// excludes other users in this process; the caller must also keep other processes out
+    /// (mount or fsck time, see [`HashFs::purge_exclusive`]). Crash-safe at every point: an
+    /// emptied slot lies on no live entry's walk, so no lookup stops early at it.
     pub fn purge_tombstones(&mut self) -> Result<u64> {
         self.purge_exclusive()
     }
@@ -1336,6 +1412,7 @@ impl<M: Media> FileMapping for HashFs<M> {
                 self.media.flush(self.slot_off(i), 8)?;
             }
         }
+        self.note_free_change(false)?;
         self.repair_chains()?;
         self.media.fence();
         self.intents.reset(&self.media)
@@ -1619,8 +1696,42 @@ mod tests {
             (last - 1, Key::new(9, 2).staged()),
         ] {
             t.media.store_u64(t.slot_off(i), w).unwrap();
+            t.note_free_change(false).unwrap();
             check(&t);
         }
+    }
+
+    /// A count is kept until a slot changes between free and taken, through this handle or
+    /// another one on the same table (another process), and each handle's count stays exact
+    /// while the other counts too.
+    #[test]
+    fn kept_free_counts_follow_changes_made_through_any_handle() {
+        let a = table(256);
+        let b = HashFs::open(a.media().clone(), META, a.data()).unwrap();
+        assert_eq!(a.free_blocks().unwrap(), 256);
+        assert_ne!(a.media.load_u64(a.free_word).unwrap(), 0);
+        // Nothing changed: the kept count, and the token stays.
+        let token = a.media.load_u64(a.free_word).unwrap();
+        assert_eq!(a.free_blocks().unwrap(), 256);
+        assert_eq!(a.media.load_u64(a.free_word).unwrap(), token);
+        let mut out = Vec::new();
+        let f = file(&b, 1);
+        b.insert(&f, 0, 20, &mut out).unwrap();
+        assert_eq!(a.media.load_u64(a.free_word).unwrap(), 0);
+        assert_eq!(a.free_blocks().unwrap(), 236);
+        assert_eq!(b.free_blocks().unwrap(), 236);
+        assert_eq!(b.remove(&f, 0, 5).unwrap(), 5);
+        assert_eq!(a.free_blocks().unwrap(), 241);
+        let g = file(&a, 2);
+        let mut runs = Vec::new();
+        a.stage(&g, 0, 3, &mut runs).unwrap();
+        assert_eq!(b.free_blocks().unwrap(), 238);
+        a.unstage(&runs).unwrap();
+        assert_eq!(b.free_blocks().unwrap(), 241);
+        assert_eq!(a.free_blocks().unwrap(), 241);
+        b.remove_file(&f).unwrap();
+        assert_eq!(a.free_blocks().unwrap(), 256);
+        assert_eq!(b.free_blocks().unwrap(), a.occupancy().unwrap().free());
     }
 
     #[test]
