@@ -969,10 +969,10 @@ impl<M: Media> HashFs<M> {
     /// Counting them is a scan of the whole table (8 bytes a block), so the count is kept and
     /// given again for as long as the free-count word still holds the token this call left
     /// there before it counted. Every change of a slot between free and taken, in any process,
-    /// zeroes the word after the change ([`note_free_change`](Self::note_free_change)), and a
-    /// count puts its token there before it scans: either the scan sees a change, or the
-    /// change's note sees the token and zeroes it, and the next call counts again. A process
-    /// that counts replaces another's token, which makes the other count again too.
+    /// zeroes the word after the change (`note_free_change`), and a count puts its token there
+    /// before it scans: either the scan sees a change, or the change's note sees the token and
+    /// zeroes it, and the next call counts again. A process that counts replaces another's
+    /// token, which makes the other count again too.
     pub fn free_blocks(&self) -> Result<u64> {
         let mut kept = self.free_count.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((n, token)) = *kept
