@@ -9,7 +9,7 @@
 //! a constructor before `main`, and the numbers new descriptors get (the lowest free one: the
 //! library keeps its own out of the way) — and prints a transcript. On a pmfs mount the
 //! transcript and the files are the same with and without the library, and the same as on a
-//! local directory (except one call the daemon refuses, see below).
+//! local directory.
 //!
 //! A second program (`programs/copies.c`) grows and shrinks a file with calls the library
 //! serves, then copies it with calls it forwards (copy_file_range, sendfile, splice): the
@@ -19,19 +19,9 @@ mod common;
 
 use common::runs_agree;
 
-/// `fallocate(FALLOC_FL_KEEP_SIZE)` past EOF: the pmfs daemon answers EOPNOTSUPP, a local file
-/// system allocates. The only line allowed to differ from the local run.
-fn without_keep_size(transcript: &str) -> String {
-    transcript
-        .lines()
-        .filter(|l| !l.starts_with("fallocate keep size"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 #[test]
 fn descriptor_calls_give_the_same_results_with_and_without_the_library() {
-    let ((_, files), c, m) = runs_agree("descriptors", without_keep_size);
+    let ((_, files), c, m) = runs_agree("descriptors", str::to_owned);
     assert_eq!(files.len(), 4);
     // The program and its exec'd image report; fork children open no pmfs file and leave
     // with _exit.
