@@ -1,10 +1,11 @@
-//! A proptest state machine of the data path: writes, reads, truncates, `fallocate` (mode 0
-//! and `KEEP_SIZE`, also past end of file), hole punching and SEEK_DATA/SEEK_HOLE on three
-//! files, against a byte-vector model of each file plus a per-block model of which blocks
-//! are allocated, on all four mapping kinds. Handles are reopened, the volume is remounted
-//! and reopened from a crash copy in the middle. After every operation every file's size and
-//! contents equal the model, holes read as zeros, and seeks agree with the block model; fsck
-//! is clean at the end. Honours `PROPTEST_CASES` (default 24 sequences per mapping).
+//! A proptest state machine of the data path: writes, reads, truncates, `fallocate` (mode 0 and
+//! `KEEP_SIZE`, also past end of file), hole punching, zeroing ranges (`ZERO_RANGE`, with and
+//! without `KEEP_SIZE`) and SEEK_DATA/SEEK_HOLE on three files, against a byte-vector model of
+//! each file plus a per-block model of which blocks are allocated, on all four mapping kinds.
+//! Handles are reopened, the volume is remounted and reopened from a crash copy in the middle.
+//! After every operation every file's size and contents equal the model, holes read as zeros,
+//! and seeks agree with the block model; fsck is clean at the end. Honours `PROPTEST_CASES`
+//! (default 24 sequences per mapping).
 
 mod data_common;
 
@@ -49,6 +50,12 @@ enum Op {
         off: u64,
         len: u64,
     },
+    ZeroRange {
+        f: usize,
+        off: u64,
+        len: u64,
+        keep: bool,
+    },
     Seek {
         f: usize,
         off: u64,
@@ -83,6 +90,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (f.clone(), offset(), length(), any::<bool>())
             .prop_map(|(f, off, len, keep)| Op::Allocate { f, off, len, keep }),
         2 => (f.clone(), offset(), length()).prop_map(|(f, off, len)| Op::Punch { f, off, len }),
+        2 => (f.clone(), offset(), length(), any::<bool>())
+            .prop_map(|(f, off, len, keep)| Op::ZeroRange { f, off, len, keep }),
         2 => (f.clone(), offset()).prop_map(|(f, off)| Op::Seek { f, off }),
         1 => f.prop_map(|f| Op::Reopen { f }),
         1 => Just(Op::Remount),
@@ -169,6 +178,12 @@ impl FileModel {
         }
         self.bytes.allocate(off, len, keep);
         self.set(off / BS, (off + len).div_ceil(BS), Blk::Mapped);
+    }
+
+    /// `FALLOC_FL_ZERO_RANGE`: allocated as by `fallocate`, and the range reads as zeros.
+    fn zero_range(&mut self, off: u64, len: u64, keep: bool) {
+        self.allocate(off, len, keep);
+        self.bytes.punch(off, len);
     }
 
     fn punch(&mut self, off: u64, len: u64) {
@@ -288,6 +303,10 @@ impl World {
             Op::Punch { f, off, len } => {
                 self.node(f).punch_hole(off, len).unwrap();
                 self.model[f].punch(off, len);
+            }
+            Op::ZeroRange { f, off, len, keep } => {
+                self.node(f).zero_range(off, len, keep).unwrap();
+                self.model[f].zero_range(off, len, keep);
             }
             Op::Seek { f, off } => {
                 let m = &self.model[f];

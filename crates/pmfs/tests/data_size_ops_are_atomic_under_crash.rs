@@ -1,11 +1,12 @@
 //! Size and allocation changes are atomic and durable under a crash at any fence, on every
 //! mapping kind and on several allocators: truncating down to an unaligned size and up,
-//! `fallocate` (mode 0, `KEEP_SIZE` inside and past end of file) and punching a hole with
-//! partial edges. Each post-crash image recovers with fsck clean and shows the file either
-//! entirely before or entirely after the operation (only after once it returned); holes read
-//! as zeros and SEEK_DATA/SEEK_HOLE agree with the contents in every image. Crash points
-//! with at most 8 images are enumerated, others sampled (4; with `PMFS_CRASH_SAMPLES` that
-//! many, and points of up to 256 images enumerated).
+//! `fallocate` (mode 0, `KEEP_SIZE` inside and past end of file), punching a hole with partial
+//! edges and zeroing a range (`ZERO_RANGE`, inside the file and growing it). Each post-crash
+//! image recovers with fsck clean and shows the file either entirely before or entirely after
+//! the operation (only after once it returned); holes read as zeros and SEEK_DATA/SEEK_HOLE
+//! agree with the contents in every image. Crash points with at most 8 images are enumerated,
+//! others sampled (4; with `PMFS_CRASH_SAMPLES` that many, and points of up to 256 images
+//! enumerated).
 
 mod data_common;
 
@@ -164,6 +165,32 @@ fn punch_hole_with_partial_edges_is_atomic() {
             710 + i as u64,
             &|_, f| f.punch_hole(6 * BS + 1000, 10 * BS),
             |m| m.punch(6 * BS + 1000, 10 * BS),
+        );
+    }
+}
+
+#[test]
+fn zero_range_is_atomic() {
+    for (i, cfg) in configs().into_iter().enumerate() {
+        // Edges inside blocks 1 and 5, over the hole at block 3; the size stays.
+        check(
+            cfg,
+            800 + i as u64,
+            &|_, f| f.zero_range(BS + 50, 4 * BS, true),
+            |m| {
+                m.allocate(BS + 50, 4 * BS, true);
+                m.punch(BS + 50, 4 * BS);
+            },
+        );
+        // From inside the last block to past end of file: the file grows, all of it zeros.
+        check(
+            cfg,
+            810 + i as u64,
+            &|_, f| f.zero_range(6 * BS + 1000, 2 * BS, false),
+            |m| {
+                m.allocate(6 * BS + 1000, 2 * BS, false);
+                m.punch(6 * BS + 1000, 2 * BS);
+            },
         );
     }
 }

@@ -1,9 +1,9 @@
 //! A file in mapped mode (`Client::map`) keeps its blocks where they are: the pool pieces the
-//! mapper got stay the file's bytes through writes, unaligned and extending ones, hole punches
-//! and shrinking `set_len`s of any process, and bytes stored into those pieces are what reads
-//! return. Once the last pin is gone (or after a remount) writes copy on write again. The pool
-//! file is read and written with `pread`/`pwrite`, which see the same page cache pages that an
-//! `mmap` of it maps.
+//! mapper got stay the file's bytes through writes, unaligned and extending ones, hole punches,
+//! zeroed ranges and shrinking `set_len`s of any process, and bytes stored into those pieces
+//! are what reads return. Once the last pin is gone (or after a remount) writes copy on write
+//! again. The pool file is read and written with `pread`/`pwrite`, which see the same page
+//! cache pages that an `mmap` of it maps.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -164,7 +164,7 @@ fn writes_of_any_process_land_in_the_mapped_blocks() {
 }
 
 #[test]
-fn punching_and_shrinking_a_mapped_file_keep_its_blocks() {
+fn punching_zeroing_and_shrinking_a_mapped_file_keep_its_blocks() {
     let pool = Pool::new("shrink");
     let (owner, ino, client) = setup(&pool);
     let f = client.open_ino(ino, RW).unwrap();
@@ -179,6 +179,14 @@ fn punching_and_shrinking_a_mapped_file_keep_its_blocks() {
     f.punch_hole(1000, 2 * BS).unwrap();
     let mut want = vec![7u8; 4 * BS as usize];
     want[1000..1000 + 2 * BS as usize].fill(0);
+    assert_eq!(read_all(&f), want);
+    assert_eq!(through_pieces(&pf, &m, 0, want.len()), want);
+
+    // Zeroing a range is in place too.
+    f.write_at(&[9u8; 300], 3 * BS - 100).unwrap();
+    f.zero_range(3 * BS - 50, 100, true).unwrap();
+    want[(3 * BS - 100) as usize..(3 * BS + 200) as usize].fill(9);
+    want[(3 * BS - 50) as usize..(3 * BS + 50) as usize].fill(0);
     assert_eq!(read_all(&f), want);
     assert_eq!(through_pieces(&pf, &m, 0, want.len()), want);
 

@@ -858,6 +858,16 @@ impl OpenNode {
         self.fs.allocate(&self.node, offset, len, keep_size)
     }
 
+    /// Makes `[offset, offset + len)` read as zeros, on allocated blocks, and unless
+    /// `keep_size` the file at least `offset + len` long (`fallocate` with
+    /// `FALLOC_FL_ZERO_RANGE`, and `FALLOC_FL_KEEP_SIZE`). One atomic update.
+    pub fn zero_range(&self, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        if !self.mode.write {
+            return Err(Error::BadHandle("file not opened for writing"));
+        }
+        self.fs.zero_range(&self.node, offset, len, keep_size)
+    }
+
     /// Deallocates `[offset, offset + len)` (clamped to the file): the range reads as zeros
     /// afterwards, the size does not change (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`).
     pub fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {

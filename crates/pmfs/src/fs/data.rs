@@ -35,7 +35,8 @@
 //!   with KEEP_SIZE); `punch_hole` copies the partial edge blocks with the range zeroed, then
 //!   commits a `Punch` of the whole blocks. When it needs both updates, a journal cleanup
 //!   armed before the first (naming an edge block and its copy) makes mount finish the second
-//!   if a crash comes between them, so the punch is atomic too.
+//!   if a crash comes between them, so the punch is atomic too; `zero_range` is a `Write` of
+//!   zeros over the range (fresh blocks, the partial edges copied with their kept bytes).
 //!
 //! Writes are *digested* in batches: a process applies its writes once it has committed
 //! [`DIGEST_AFTER_ENTRIES`] of them (or [`DIGEST_AFTER_BLOCKS`] blocks), at the last close of
@@ -381,6 +382,15 @@ impl Update {
         lazy: false,
         holes: true,
     };
+}
+
+/// What [`Fs::fill`] puts over its range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fill {
+    /// Zeroed blocks over the holes (`fallocate`).
+    Holes,
+    /// Zeros over all of it (`FALLOC_FL_ZERO_RANGE`).
+    Zeros,
 }
 
 /// The file's tail held on HashFS ([`Fs::lock_tail`]): this process's lock of it and the
@@ -2217,6 +2227,20 @@ impl Fs {
     /// Maps zeroed blocks over every hole of `[offset, offset + len)` and, unless `keep_size`,
     /// makes the file at least `offset + len` long: one atomic update.
     pub fn allocate(&self, n: &Node, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        self.fill(n, offset, len, keep_size, Fill::Holes)
+    }
+
+    /// Makes `[offset, offset + len)` read as zeros on allocated blocks and, unless
+    /// `keep_size`, the file at least `offset + len` long (`FALLOC_FL_ZERO_RANGE`): one atomic
+    /// update, a copy-on-write of zeros over the range (the partial edge blocks keep their
+    /// bytes outside it), in place in mapped mode, where holes get fresh zeroed blocks.
+    pub fn zero_range(&self, n: &Node, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        self.fill(n, offset, len, keep_size, Fill::Zeros)?;
+        self.touch_times(n.h.ino)
+    }
+
+    /// [`allocate`](Fs::allocate) or [`zero_range`](Fs::zero_range), as `what` says.
+    fn fill(&self, n: &Node, offset: u64, len: u64, keep_size: bool, what: Fill) -> Result<()> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
@@ -2234,25 +2258,36 @@ impl Fs {
         let first = offset / BS;
         let last = end.div_ceil(BS);
         self.cow_update(n, Update::NOW, &mut |fs, ov, f, size| {
-            let mut runs = Vec::new();
-            fs.runs_in(ov, f, first, last - first, &mut runs)?;
             let mut segs = Vec::new();
-            let mut cursor = first;
-            for r in runs.iter().chain([&Run {
-                lblk: last,
-                pblk: BlockNo(0),
-                len: 0,
-            }]) {
-                if r.lblk > cursor {
-                    segs.push(Seg {
-                        lblk: cursor,
-                        len: r.lblk - cursor,
-                        from: cursor * BS,
-                        to: r.lblk * BS,
-                        data: None,
-                    });
+            match what {
+                Fill::Zeros => segs.push(Seg {
+                    lblk: first,
+                    len: last - first,
+                    from: offset,
+                    to: end,
+                    data: None,
+                }),
+                Fill::Holes => {
+                    let mut runs = Vec::new();
+                    fs.runs_in(ov, f, first, last - first, &mut runs)?;
+                    let mut cursor = first;
+                    for r in runs.iter().chain([&Run {
+                        lblk: last,
+                        pblk: BlockNo(0),
+                        len: 0,
+                    }]) {
+                        if r.lblk > cursor {
+                            segs.push(Seg {
+                                lblk: cursor,
+                                len: r.lblk - cursor,
+                                from: cursor * BS,
+                                to: r.lblk * BS,
+                                data: None,
+                            });
+                        }
+                        cursor = cursor.max(r.lblk + r.len);
+                    }
                 }
-                cursor = cursor.max(r.lblk + r.len);
             }
             let grow = !keep_size && end > size;
             if grow && first > size.div_ceil(BS) {
