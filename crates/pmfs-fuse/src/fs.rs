@@ -919,7 +919,9 @@ impl Filesystem for PmfsFs {
             Err(e) => return reply.error(e),
         };
         let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        if ![0, libc::FALLOC_FL_KEEP_SIZE, punch].contains(&mode) {
+        let zero = libc::FALLOC_FL_ZERO_RANGE;
+        let zero_keep = zero | libc::FALLOC_FL_KEEP_SIZE;
+        if ![0, libc::FALLOC_FL_KEEP_SIZE, punch, zero, zero_keep].contains(&mode) {
             return reply.error(Errno::EOPNOTSUPP);
         }
         // The kernel's attempt to clear the set-ID bits before a fallocate reaches the daemon
@@ -932,6 +934,8 @@ impl Filesystem for PmfsFs {
         let r = match mode {
             0 => f.allocate(offset, length, false),
             libc::FALLOC_FL_KEEP_SIZE => f.allocate(offset, length, true),
+            m if m == zero => f.zero_range(offset, length, false),
+            m if m == zero_keep => f.zero_range(offset, length, true),
             _ => f.punch_hole(offset, length),
         };
         match r {

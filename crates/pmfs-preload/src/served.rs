@@ -26,10 +26,10 @@
 //!   see the same bytes.
 //! - **Left to the kernel**: descriptions mapped any other way (`MAP_PRIVATE`, executable
 //!   pages, a mapping reaching past the end of file, …: the kernel's page cache of such a
-//!   mapping would not see userspace writes), `preadv2`/`pwritev2`,
-//!   `SEEK_DATA`/`SEEK_HOLE`, fallocate modes other than 0, `KEEP_SIZE` and punch hole, and
-//!   every call whose arguments the kernel must reject (wrong access mode, negative
-//!   offsets): the kernel gives the exact errno.
+//!   mapping would not see userspace writes), `preadv2`/`pwritev2`, `SEEK_DATA`/`SEEK_HOLE`,
+//!   fallocate modes other than 0, `KEEP_SIZE`, punch hole and zero range, and every call whose
+//!   arguments the kernel must reject (wrong access mode, negative offsets): the kernel gives
+//!   the exact errno.
 //! - **Updates that find no space** (writes, appends, `ftruncate`, `fallocate`) go to the
 //!   kernel, unchanged (the engine's failed update changed nothing): the daemon may still
 //!   hold blocks of deleted files, which it frees in batches (`pmfs::Fs::release_deferred`)
@@ -782,7 +782,8 @@ impl Served {
         served.ok().filter(|&done| done).map(|_| 0)
     }
 
-    /// `fallocate` modes 0, `KEEP_SIZE` and `PUNCH_HOLE | KEEP_SIZE`.
+    /// `fallocate` modes 0, `KEEP_SIZE`, `PUNCH_HOLE | KEEP_SIZE` and `ZERO_RANGE` (with
+    /// `KEEP_SIZE` or without).
     pub(crate) fn allocate(&self, mode: c_int, off: i64, len: i64) -> Option<c_int> {
         if !self.write || off < 0 || len <= 0 {
             return None;
@@ -793,6 +794,10 @@ impl Served {
             libc::FALLOC_FL_KEEP_SIZE => self.node().allocate(off, len, true),
             m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => {
                 self.node().punch_hole(off, len)
+            }
+            libc::FALLOC_FL_ZERO_RANGE => self.node().zero_range(off, len, false),
+            m if m == libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE => {
+                self.node().zero_range(off, len, true)
             }
             _ => return None,
         };
