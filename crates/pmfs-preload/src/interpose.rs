@@ -134,14 +134,20 @@ forwarded_calls! {
 /// (`copy_file_range`, `sendfile`, `splice`): notes the call, and if `fd_in` is a pmfs file,
 /// has the kernel fetch its attributes. Those calls stop at the size the kernel last saw,
 /// without asking the daemon as a `read` past it does, and served writes and truncations
-/// change the size behind the kernel's back. A forwarded `fstat` asks the daemon (the mount
-/// caches no file attributes) and leaves the answer in the kernel's inode. `errno` is kept.
+/// change the size behind the kernel's back. A `statx` with `AT_STATX_FORCE_SYNC` asks the
+/// daemon even when the mount caches attributes (`-o attr_timeout=`) and leaves the answer in
+/// the kernel's inode (a kernel without `statx`: `fstat`, which asks once the cached
+/// attributes expired, at once on a default mount). `errno` is kept.
 fn before_kernel_copy(fd_in: c_int, fd_out: c_int) {
     if note_data_call(fd_in) {
         let saved = crate::errno();
-        let mut st = core::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: `st` is a writable `stat` buffer; the result is not used.
-        unsafe { real::fstat(fd_in, st.as_mut_ptr()) };
+        if crate::statx_fd(fd_in, libc::AT_STATX_FORCE_SYNC, libc::STATX_SIZE).is_none()
+            && crate::errno() == libc::ENOSYS
+        {
+            let mut st = core::mem::MaybeUninit::<libc::stat>::uninit();
+            // SAFETY: `st` is a writable `stat` buffer; the result is not used.
+            unsafe { real::fstat(fd_in, st.as_mut_ptr()) };
+        }
         crate::set_errno(saved);
     } else {
         note_data_call(fd_out);

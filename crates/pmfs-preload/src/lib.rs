@@ -181,10 +181,12 @@
 //!   `AT_EMPTY_PATH` (kernel path), `chown`, `lchown` and `fchownat` (kernel path: only
 //!   `fchown` of a descriptor is served), `posix_fallocate`, and raw `syscall(SYS_close, …)`. A
 //!   recorded descriptor closed by a raw system call and reused would keep a stale entry.
-//!   `copy_file_range`, `sendfile` and `splice` are forwarded, after a forwarded `fstat` of a
-//!   pmfs input (the kernel copies only up to the size it last saw).
+//!   `copy_file_range`, `sendfile` and `splice` are forwarded, after a `statx` with
+//!   `AT_STATX_FORCE_SYNC` of a pmfs input (the kernel copies only up to the size it last saw,
+//!   and the forced refresh reaches the daemon on a mount that caches attributes too).
 //! - A process that does not use the library and keeps a file open while a library client
-//!   grows it sees the new size at its next `stat` or `read`; its `copy_file_range`,
+//!   grows it sees the new size at its next `stat` or `read` (on a mount with a nonzero
+//!   `attr_timeout`, once that expired); its `copy_file_range`,
 //!   `sendfile` and `splice` from the file stop at the size its kernel saw last before them.
 //! - Children made without glibc's `fork` (`_Fork`, raw `clone`) run no `pthread_atfork`
 //!   handler: they never write the table, and must not use served descriptors.

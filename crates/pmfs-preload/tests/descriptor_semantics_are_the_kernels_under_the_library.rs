@@ -13,11 +13,12 @@
 //!
 //! A second program (`programs/copies.c`) grows and shrinks a file with calls the library
 //! serves, then copies it with calls it forwards (copy_file_range, sendfile, splice): the
-//! kernel must copy up to the size the file has, not the one it last saw.
+//! kernel must copy up to the size the file has, not the one it last saw, also on a mount that
+//! caches attributes (`-o attr_timeout=`).
 
 mod common;
 
-use common::runs_agree;
+use common::{runs_agree, runs_agree_on};
 
 #[test]
 fn descriptor_calls_give_the_same_results_with_and_without_the_library() {
@@ -39,9 +40,12 @@ fn descriptor_calls_give_the_same_results_with_and_without_the_library() {
 
 #[test]
 fn forwarded_copies_see_the_size_the_library_gave_the_file() {
-    let ((transcript, _), c, m) = runs_agree("copies", str::to_owned);
-    assert!(!transcript.contains("errno"), "{transcript}");
-    // The writes, truncations and fstat calls were served; the copies were forwarded.
-    assert!(c.served >= 7, "{c:?}");
-    m.unmount_and_fsck();
+    // Also on a mount that caches attributes, where only a forced refresh reaches the daemon.
+    for options in [&[][..], &["attr_timeout=60"]] {
+        let ((transcript, _), c, m) = runs_agree_on("copies", options, str::to_owned);
+        assert!(!transcript.contains("errno"), "{options:?}: {transcript}");
+        // The writes, truncations and fstat calls were served; the copies were forwarded.
+        assert!(c.served >= 7, "{options:?}: {c:?}");
+        m.unmount_and_fsck();
+    }
 }

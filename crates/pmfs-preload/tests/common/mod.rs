@@ -99,6 +99,8 @@ fn mounted(dir: &Path) -> bool {
 pub struct Mounted {
     pool: PathBuf,
     mnt: PathBuf,
+    /// `-o` options of the mount.
+    options: String,
     daemon: Option<Child>,
     // Dropped last: the pool and the mount point live in it.
     dir: TempDir,
@@ -107,6 +109,11 @@ pub struct Mounted {
 impl Mounted {
     /// Makes a pool of `size` with `mapping` and mounts it.
     pub fn new(tag: &str, size: &str, mapping: &str) -> Mounted {
+        Mounted::with_options(tag, size, mapping, &[])
+    }
+
+    /// [`Mounted::new`], mounted with `-o options`.
+    pub fn with_options(tag: &str, size: &str, mapping: &str, options: &[&str]) -> Mounted {
         let dir = TempDir::new(tag);
         let pool = dir.path().join("pool");
         let mnt = dir.path().join("mnt");
@@ -121,6 +128,7 @@ impl Mounted {
         let mut m = Mounted {
             pool,
             mnt,
+            options: options.join(","),
             daemon: None,
             dir,
         };
@@ -129,14 +137,15 @@ impl Mounted {
     }
 
     fn mount(&mut self) {
-        let daemon = Command::new(pmfs_bin())
-            .arg("mount")
+        let mut cmd = Command::new(pmfs_bin());
+        cmd.arg("mount")
             .arg(&self.pool)
             .arg(&self.mnt)
-            .arg("--foreground")
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
+            .arg("--foreground");
+        if !self.options.is_empty() {
+            cmd.args(["-o", &self.options]);
+        }
+        let daemon = cmd.stdin(Stdio::null()).spawn().unwrap();
         self.daemon = Some(daemon);
         let deadline = Instant::now() + Duration::from_secs(30);
         while !mounted(&self.mnt) {
@@ -394,9 +403,18 @@ pub type Run = (String, Vec<(String, Vec<u8>)>);
 /// a local file system answers differently). Returns the library's run, its counters, and the
 /// mount.
 pub fn runs_agree(name: &str, comparable: impl Fn(&str) -> String) -> (Run, Counters, Mounted) {
+    runs_agree_on(name, &[], comparable)
+}
+
+/// [`runs_agree`] on a mount with `-o options`.
+pub fn runs_agree_on(
+    name: &str,
+    options: &[&str],
+    comparable: impl Fn(&str) -> String,
+) -> (Run, Counters, Mounted) {
     let work = TempDir::new(name);
     let exe = compile(name, work.path());
-    let m = Mounted::new(name, "256M", "hashfs");
+    let m = Mounted::with_options(name, "256M", "hashfs", options);
     let stats = work.path().join("stats");
     let run = |dir: PathBuf, with: With<'_>| {
         fs::create_dir(&dir).unwrap();
