@@ -45,10 +45,26 @@ pub mod atomic {
     /// language's memory model rather than the CPU's, a `SeqCst` fence.
     #[inline]
     pub fn fence_after_rmw() {
-        #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
-        std::sync::atomic::compiler_fence(Ordering::SeqCst);
-        #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
+        #[cfg(not(loom))]
+        super::native::fence_after_rmw();
+        #[cfg(loom)]
         fence(Ordering::SeqCst);
+    }
+}
+
+/// Fences that are `std`'s in every build, loom's included: for code that a loom build
+/// compiles but that runs outside loom's models, such as setting up the state a model
+/// starts from, where loom's own primitives cannot run.
+pub mod native {
+    use std::sync::atomic::Ordering;
+
+    /// [`atomic::fence_after_rmw`](super::atomic::fence_after_rmw) on `std`'s fences.
+    #[inline]
+    pub fn fence_after_rmw() {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 }
 

@@ -102,10 +102,7 @@ impl<M: Media> HashFs<M> {
                 raced = true;
             }
         }
-        self.freed(&freed)?;
-        self.flush_slots(&freed)?;
-        self.media.fence();
-        self.reclaim(&freed)?;
+        self.settle_freed(&freed)?;
         if raced {
             return Err(Error::InvalidArgument(
                 "staged slot changed by someone else during unstage",
@@ -150,10 +147,7 @@ impl<M: Media> HashFs<M> {
                 swept.push(i);
             }
         }
-        self.freed(&swept)?;
-        self.flush_slots(&swept)?;
-        self.media.fence();
-        self.reclaim(&swept)?;
+        self.settle_freed(&swept)?;
         Ok(swept.len() as u64)
     }
 
@@ -324,10 +318,7 @@ impl<M: Media> HashFs<M> {
             }
             file.cache.invalidate(lblk, lblk + 1);
         }
-        self.freed(&gone)?;
-        self.flush_slots(&gone)?;
-        self.media.fence();
-        self.reclaim(&gone)?;
+        self.settle_freed(&gone)?;
         // Step 2.
         let mut flipped = Vec::with_capacity(wins.len());
         let mut bad = false;
@@ -379,10 +370,7 @@ impl<M: Media> HashFs<M> {
                 gone.push(i);
             }
         }
-        self.freed(&gone)?;
-        self.flush_slots(&gone)?;
-        self.media.fence();
-        self.reclaim(&gone)?;
+        self.settle_freed(&gone)?;
         Ok(())
     }
 }

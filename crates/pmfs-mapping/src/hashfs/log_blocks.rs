@@ -160,10 +160,7 @@ impl<M: Media> BlockAllocator for LogBlocks<M> {
                 freed.push(i);
             }
         }
-        t.freed(&freed)?;
-        t.flush_slots(&freed)?;
-        t.media.fence();
-        t.reclaim(&freed)?;
+        t.settle_freed(&freed)?;
         if freed.len() != slots.len() {
             return Err(Error::InvalidArgument("log block freed twice"));
         }
@@ -209,10 +206,7 @@ impl<M: Media> BlockAllocator for LogBlocks<M> {
                 freed.push(i);
             }
         }
-        t.freed(&freed)?;
-        t.flush_slots(&freed)?;
-        t.media.fence();
-        t.reclaim(&freed)?;
+        t.settle_freed(&freed)?;
         Ok(())
     }
 }

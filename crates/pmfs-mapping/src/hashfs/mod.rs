@@ -202,6 +202,7 @@ use pmfs_core::pm::{Media, MediaExt};
 // The fences of the seal/reclaim handshake come from the facade, so that a loom model
 // (`tests/loom_hashfs.rs`) explores them; a handle's cursor is a per-handle hint and stays std.
 use pmfs_core::sync::atomic::fence_after_rmw;
+use pmfs_core::sync::native;
 use pmfs_core::traits::{Extent, FileId, FileMapping, MappingKind, Run};
 use pmfs_core::{Error, Result};
 
@@ -995,8 +996,8 @@ impl<M: Media> HashFs<M> {
     /// std's, not the loom facade's: the loom models never count, and they build their tables
     /// outside the model, where loom's fences cannot run.
     fn note_free_change(&self, after_rmw: bool) -> Result<()> {
-        if after_rmw && cfg!(all(target_arch = "x86_64", not(miri))) {
-            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        if after_rmw {
+            native::fence_after_rmw();
         } else {
             std::sync::atomic::fence(Ordering::SeqCst);
         }
@@ -1021,6 +1022,16 @@ impl<M: Media> HashFs<M> {
             return Ok(());
         }
         self.note_free_change(true)
+    }
+
+    /// Settles the tombstones that this thread's compare-and-swaps just made of `slots`:
+    /// notes the free-count change, makes them durable, then [reclaims](Self::reclaim) the
+    /// runs they end.
+    fn settle_freed(&self, slots: &[u64]) -> Result<()> {
+        self.freed(slots)?;
+        self.flush_slots(slots)?;
+        self.media.fence();
+        self.reclaim(slots)
     }
 
     /// The free slots, counted by a scan that reads the table in bulk, 4096 words at a time.
