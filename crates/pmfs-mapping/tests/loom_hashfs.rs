@@ -2,7 +2,8 @@
 //! "Concurrency" sections of the `hashfs` module docs): inserts whose walks passed entries
 //! while they were live claim slots past their homes while removals tombstone those entries
 //! and reclaim them, one slot at a time (`remove`, `unstage`: `HashFs::reclaim`) or in a batch
-//! (`remove_files`: `HashFs::reclaim_all`).
+//! (`HashFs::tombstone_files`, then `HashFs::reclaim_all`: what `remove_files` does on a table
+//! with few empty slots; on others it reclaims each slot as `remove` does).
 //!
 //! Checked in every interleaving, once the threads are done: every claimed slot is reachable
 //! from its home (no empty slot lies between them), so an inserted block is found by a lookup;
@@ -224,7 +225,7 @@ enum Via {
     Insert,
     /// Staged; freed by `unstage` (a one-slot reclaim).
     Stage,
-    /// Inserted; freed by `remove_files` (the batch reclaim, `reclaim_all`).
+    /// Inserted; freed by `tombstone_files` and the batch reclaim, `reclaim_all`.
     Batch,
 }
 
@@ -277,7 +278,9 @@ fn free<M: Media>(t: &HashFs<M>, entries: &[(u64, u64)], via: Via) {
         }
         Via::Batch => {
             let inos: HashSet<u64> = entries.iter().map(|e| e.0).collect();
-            assert_eq!(t.remove_files(&inos).unwrap(), entries.len() as u64);
+            let (freed, _) = t.tombstone_files(&inos).unwrap();
+            assert_eq!(freed.len(), entries.len());
+            t.reclaim_all().unwrap();
         }
     }
 }
@@ -375,7 +378,7 @@ fn a_stage_beside_an_unstage() {
     claims_beside_a_removal(PASSED, &[HOME], Via::Stage);
 }
 
-/// The same race with the batch removal: `remove_files` tombstones the entry and
+/// The same race with the batch removal: `tombstone_files` tombstones the entry and
 /// `reclaim_all` empties it only if its scan finds no walk through it.
 #[test]
 fn an_insert_beside_a_batch_removal() {

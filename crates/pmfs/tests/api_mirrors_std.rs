@@ -289,8 +289,9 @@ fn volume_and_files_can_be_shared_across_threads() {
 /// Deleted files are released in batches when the volume runs out of space, so files
 /// written and deleted over and over fill the HashFS table to the last slot. The batch
 /// release then empties every tombstone no walk needs: without that, no slot would be empty
-/// again before the next mount, and every lookup that misses would walk the whole table. So
-/// the next mount's purge finds nothing left to empty, and the files that stayed read back.
+/// again before the next mount, and every lookup that misses would walk the whole table. The
+/// unmount empties those that the batches on a table with room left, so the next mount's
+/// purge finds nothing left to empty, and the files that stayed read back.
 #[test]
 fn churn_that_fills_a_hashfs_table_leaves_the_mount_purge_nothing_to_empty() {
     let (vol, media) = fresh(MappingKind::HashFs);

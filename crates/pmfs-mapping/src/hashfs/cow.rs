@@ -139,14 +139,14 @@ impl<M: Media> HashFs<M> {
     /// CAS); run it again after a crash.
     pub fn sweep_staged(&self) -> Result<u64> {
         let mut swept = Vec::new();
-        for i in 0..self.slots {
-            let (w, s) = self.load(i)?;
+        self.for_each_slot(false, |i, w, s| {
             if let Slot::Staged(_) = s
                 && self.media.cas_u64(self.slot_off(i), w, TOMBSTONE)?.is_ok()
             {
                 swept.push(i);
             }
-        }
+            Ok(())
+        })?;
         self.settle_freed(&swept)?;
         Ok(swept.len() as u64)
     }

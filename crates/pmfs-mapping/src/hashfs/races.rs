@@ -121,8 +121,10 @@ fn wait(rx: &Receiver<()>, what: &str) {
 /// An insert of `x` walks past `h` (live) and, just before it claims `h + 1`, a removal of
 /// file 2's block runs in another thread; with `pause`, that removal stops just before its
 /// reclaim's CAS from the word `pause` on slot `h`, until the insert has returned. With
-/// `batch` the removal is a batch one ([`HashFs::remove_files`], whose reclaim scans from
-/// the slot for crossing walks instead of looking at the next slot only). Checks
+/// `batch` the removal is that of a batch on a crowded table ([`HashFs::remove_files`] on
+/// a table with few empty slots: the slots tombstoned in one pass, then
+/// [`HashFs::reclaim_all`], which scans from the slot for crossing walks instead of looking
+/// at the next slot only). Checks
 /// that the inserted block is found, and returns the word slot `h` is left with.
 fn insert_past_a_reclaim(pause: Option<u64>, batch: bool) -> u64 {
     let region = Arc::new(HeapRegion::new((DATA.start.0 + SLOTS) * BLOCK_SIZE).unwrap());
@@ -162,7 +164,9 @@ fn insert_past_a_reclaim(pause: Option<u64>, batch: bool) -> u64 {
         let r = s.spawn(move || {
             wait(&start_rx, "the insert's walk");
             let removed = if batch {
-                remover.remove_files(&[2].into()).unwrap()
+                let (freed, _) = remover.tombstone_files(&[2].into()).unwrap();
+                remover.reclaim_all().unwrap();
+                freed.len() as u64
             } else {
                 remover.remove(&file(remover, 2), p, 1).unwrap()
             };

@@ -994,6 +994,12 @@ impl Fs {
             return Ok(());
         }
         self.release_deferred()?;
+        // Batch removals on a table with room reclaim each freed slot online, which keeps the
+        // tombstones that end no run: the unmount empties those no walk needs, so that the
+        // next mount's purge finds none.
+        if let Stager::Hash(t) = &self.stage {
+            t.reclaim_all()?;
+        }
         self.sync_metadata()?;
         if let Some(a) = &self.alloc {
             a.flush_caches();
