@@ -168,6 +168,22 @@ pub trait MediaExt: Media {
         Ok(v)
     }
 
+    /// Reads `words.len()` little-endian 8-byte words at `off` in one bulk copy, straight into
+    /// `words`. Each word is a plain load, not an atomic one: for scans that read many words
+    /// and load again, atomically, any they act on.
+    fn read_words(&self, off: PmOff, words: &mut [u64]) -> Result<()> {
+        // SAFETY: `u64` has no padding and is valid for every bit pattern, so writing
+        // arbitrary bytes over the words leaves valid values; the slice covers exactly them.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), size_of_val(words))
+        };
+        self.read(off, bytes)?;
+        for w in words.iter_mut() {
+            *w = u64::from_le(*w);
+        }
+        Ok(())
+    }
+
     /// Writes a [`Pod`] value at `off` with cached stores (not yet durable).
     fn write_pod<T: Pod>(&self, off: PmOff, v: &T) -> Result<()> {
         self.write(off, v.as_bytes())

@@ -524,16 +524,13 @@ impl<M: Media> HashFs<M> {
         down: bool,
         mut visit: impl FnMut(u64, &[u64]) -> Result<()>,
     ) -> Result<()> {
-        let mut bytes = vec![0u8; 8 * SCAN_CHUNK as usize];
         let mut words = vec![0u64; SCAN_CHUNK as usize];
         let chunks = self.slots.div_ceil(SCAN_CHUNK);
         for c in 0..chunks {
             let first = SCAN_CHUNK * if down { chunks - 1 - c } else { c };
             let n = SCAN_CHUNK.min(self.slots - first) as usize;
-            self.media.read(self.slot_off(first), &mut bytes[..8 * n])?;
-            for (w, b) in words.iter_mut().zip(bytes[..8 * n].as_chunks::<8>().0) {
-                *w = u64::from_le_bytes(*b);
-            }
+            self.media
+                .read_words(self.slot_off(first), &mut words[..n])?;
             visit(first, &words[..n])?;
         }
         Ok(())
