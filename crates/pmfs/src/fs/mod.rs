@@ -836,7 +836,7 @@ impl Fs {
         if pending.files.len() as u64 >= release_batch_len(slots)
             || pending.blocks >= slots / DEFERRED_SHARE
         {
-            self.release_batch(&mut pending)?;
+            self.release_batch(&mut pending, false)?;
         }
         Ok(())
     }
@@ -856,18 +856,25 @@ impl Fs {
     /// Frees the files whose release was deferred ([`defer_release`](Fs::defer_release)).
     pub fn release_deferred(&self) -> Result<()> {
         let mut pending = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
-        self.release_batch(&mut pending)
+        self.release_batch(&mut pending, false).map(drop)
     }
 
-    fn release_batch(&self, pending: &mut Deferred) -> Result<()> {
+    /// Frees the deferred files, if any. With `count`, the free blocks are counted in the
+    /// same pass over the HashFS table, and returned.
+    fn release_batch(&self, pending: &mut Deferred, count: bool) -> Result<Option<u64>> {
         let Stager::Hash(t) = &self.stage else {
-            return Ok(());
+            return Ok(None);
         };
         if pending.files.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let inos: HashSet<u64> = pending.files.iter().map(|h| u64::from(h.ino)).collect();
-        t.remove_files(&inos)?;
+        let free = if count {
+            Some(t.remove_files_and_count(&inos)?)
+        } else {
+            t.remove_files(&inos)?;
+            None
+        };
         let m = self.m();
         for h in &pending.files {
             self.inodes
@@ -879,7 +886,7 @@ impl Fs {
         }
         pending.blocks = 0;
         self.releasing_any.store(false, Ordering::Release);
-        Ok(())
+        Ok(free)
     }
 
     /// Whether incarnation `h` is freed already, though its release is deferred
@@ -957,9 +964,13 @@ impl Fs {
         done
     }
 
-    /// Free data blocks.
+    /// Free data blocks, once the deferred files are freed.
     pub fn free_blocks(&self) -> Result<u64> {
-        self.release_deferred()?;
+        let mut pending = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(free) = self.release_batch(&mut pending, true)? {
+            return Ok(free);
+        }
+        drop(pending);
         (self.free_count)()
     }
 
