@@ -1117,7 +1117,9 @@ impl<M: Media> HashFs<M> {
     /// zeroes the word after the change (`note_free_change`), and a count puts its token there
     /// before it scans: either the scan sees a change, or the change's note sees the token and
     /// zeroes it, and the next call counts again. A process that counts replaces another's
-    /// token, which makes the other count again too.
+    /// token, which makes the other count again too. A batch removal that counts
+    /// ([`remove_files_and_count`](Self::remove_files_and_count)) places its token before its
+    /// pass and leaves its own changes unnoted: its count saw each of them.
     pub fn free_blocks(&self) -> Result<u64> {
         let mut kept = self.free_count.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((n, token)) = *kept

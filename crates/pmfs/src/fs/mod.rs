@@ -1006,8 +1006,8 @@ impl Fs {
         }
         self.release_deferred()?;
         // Batch removals on a table with room reclaim each freed slot online, which keeps the
-        // tombstones that end no run: the unmount empties those no walk needs, so that the
-        // next mount's purge finds none.
+        // tombstones whose run ends in a live entry: the unmount empties those no walk needs,
+        // so that the next mount's purge finds none.
         if let Stager::Hash(t) = &self.stage {
             t.reclaim_all()?;
         }
