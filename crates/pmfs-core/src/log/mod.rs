@@ -105,7 +105,7 @@
 //! acts on an entry that a crash could take back, and a crash leaves a prefix of the commit
 //! order: replay stops at the first empty boundary slot. What lies beyond a hole after a crash
 //! (slots of lines written back early, a reservation whose `RESERVE` word was lost) was never
-//! returned to anyone; [`recover`] zeroes it before the log is used again.
+//! returned to anyone; [`recover()`] zeroes it before the log is used again.
 //!
 //! # Garbage collection and reclamation (MadFS §4.5)
 //!
@@ -148,7 +148,7 @@
 //! another process keeps the log open, retired blocks wait; if the reclaiming process exits
 //! first, they stay unreachable and unfreed until the allocator is rebuilt at the next mount
 //! ([`owned_blocks`] does not report them). A process killed while open leaves its pin behind,
-//! which only delays reclamation: [`recover`], run once at mount before any handle opens,
+//! which only delays reclamation: [`recover()`], run once at mount before any handle opens,
 //! resets the count. This is coarser than MadFS's per-thread registry of the log block being
 //! read (in shared memory, with robust mutexes for liveness): reclamation waits for every
 //! other opener rather than for readers of the old blocks only.
@@ -512,7 +512,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         Ok(log)
     }
 
-    /// Opens the log whose head word is at `root`. After a crash, [`recover`] must have run
+    /// Opens the log whose head word is at `root`. After a crash, [`recover()`] must have run
     /// once on it first (at mount, before any handle opens).
     ///
     /// Walks the chain to the tail, persisting what earlier handles may have left unflushed.

@@ -1,5 +1,5 @@
-//! A region in ordinary heap memory: volatile, for tests and tools that want [`Media`] without
-//! a file.
+//! A region in ordinary heap memory: volatile, for tests and tools that want
+//! [`Media`](super::Media) without a file.
 
 use super::raw::{RawRegion, media_via_raw};
 use crate::error::{Error, Result};

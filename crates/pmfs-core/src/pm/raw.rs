@@ -1,5 +1,5 @@
-//! [`Media`] over a raw, process-mapped byte range: the shared implementation of every backend
-//! whose bytes the CPU addresses directly (a mapped pool file, a heap buffer).
+//! [`Media`](super::Media) over a raw, process-mapped byte range: the shared implementation of
+//! every backend whose bytes the CPU addresses directly (a mapped pool file, a heap buffer).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -150,7 +150,8 @@ impl RawRegion {
     }
 }
 
-/// Implements [`Media`] for a type with a `raw()` accessor returning its [`RawRegion`].
+/// Implements [`Media`](crate::pm::Media) for a type with a `raw()` accessor returning its
+/// [`RawRegion`].
 macro_rules! media_via_raw {
     ($ty:ty) => {
         impl $crate::pm::Media for $ty {

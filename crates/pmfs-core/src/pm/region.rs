@@ -1,4 +1,4 @@
-//! [`PmRegion`]: a pool file mapped into the process, the [`Media`] pmfs runs on.
+//! [`PmRegion`]: a pool file mapped into the process, the [`Media`](super::Media) pmfs runs on.
 //!
 //! # Mapping
 //! The file is mapped shared and read-write at an address aligned to 2 MiB (a reserved,
@@ -22,7 +22,7 @@
 //!
 //! # Backends
 //! [`Backend::Mmap`] maps with `mmap(2)` directly and uses the run-time dispatched primitives
-//! of [`persist`](super::persist). [`Backend::Libpmem`] (cargo feature `libpmem`) maps with
+//! of [`persist`]. [`Backend::Libpmem`] (cargo feature `libpmem`) maps with
 //! libpmem's `pmem_map_file` and routes flush, fence, non-temporal copy/fill and persist
 //! through libpmem, for comparison; its `is_pmem` is libpmem's verdict.
 //!

@@ -1,6 +1,7 @@
 //! Copy-on-write versions: staging fresh slots for a new version of a key, promoting them to
-//! the current version ([`FileMapping::insert_at`]), giving them back, and sweeping the ones
-//! whose write never committed. The design is in the [module docs](super).
+//! the current version ([`FileMapping::insert_at`](pmfs_core::traits::FileMapping::insert_at)),
+//! giving them back, and sweeping the ones whose write never committed. The design is in the
+//! [module docs](super).
 
 use pmfs_core::pm::Media;
 use pmfs_core::traits::Run;
