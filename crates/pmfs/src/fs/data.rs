@@ -255,7 +255,7 @@ const DIGEST_RESERVE: u64 = 8;
 /// from the table the data fills, a file grown until nothing is left could not be truncated.
 const LOG_RESERVE: u64 = 8;
 
-/// What a block count of a file with holes ([`Fs::blocks_of`]) was counted at. It stays true
+/// What a count of a mapping's blocks ([`Fs::mapped_blocks`]) was counted at. It stays true
 /// while the file is the same incarnation, its counted range the same and its digest cursor
 /// word the same: every change of a file's mapping is a digest, which moves the cursor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -265,8 +265,12 @@ pub(crate) struct Counted {
     end: u64,
 }
 
-/// Block counts a process keeps at most ([`Fs::blocks_of`]); past it they are all dropped.
+/// Block counts a process keeps at most ([`Fs::mapped_blocks`]); past it they are all dropped.
 const BLOCKS_SEEN_MAX: usize = 4096;
+
+/// Times a block count with undigested entries starts again when a digest ran during it
+/// ([`Fs::overlaid_blocks`]); the last count stands.
+const COUNT_TRIES: u32 = 4;
 
 /// A process digests its writes in batches: once it has committed this many since its last
 /// digest, or [`DIGEST_AFTER_BLOCKS`] blocks of them. Until then the overlay serves them, and
@@ -772,16 +776,30 @@ impl Fs {
     /// The data blocks regular file `h` of `size` bytes maps (its `st_blocks`, in blocks).
     /// A file that never had a hole ([`flag::HOLES`]) maps every block below its size, and
     /// past it those allocated with `KEEP_SIZE`, up to its mapped end: no lookup. The blocks
-    /// of any other file are counted in its mapping, which takes in a write when it is
-    /// digested. The count costs a lookup of the mapped range (on the hashed structures at
-    /// most one pass over the table: 2 ms for a 100 MiB HashFS file with one block at 50 MB),
-    /// so it is kept until the file's digest cursor moves ([`Counted`]).
+    /// of any other file are counted in its mapping, and the ranges that undigested entries
+    /// changed as the overlay has them, as reads see them ([`overlaid_blocks`]).
+    ///
+    /// [`overlaid_blocks`]: Fs::overlaid_blocks
     pub fn blocks_of(&self, h: Handle, size: u64) -> Result<u64> {
-        let (m, ino) = (self.m(), h.ino);
+        let ino = h.ino;
         let end = self.block_span(ino, size)?.min(MAX_FILE_SIZE / BS);
-        if self.inodes.flags(m, ino)? & flag::HOLES == 0 {
+        if self.inodes.flags(self.m(), ino)? & flag::HOLES == 0 {
             return Ok(end);
         }
+        let _il = self.tree_read_lock(ino);
+        let f = self.map.open_file(self.file_id(ino))?;
+        match self.with_live_log(ino, |s| self.overlaid_blocks(h, s, &f, end))? {
+            Some(n) => Ok(n),
+            None => self.mapped_blocks(h, &f, end),
+        }
+    }
+
+    /// The blocks of `[0, end)` that `h`'s mapping maps. The count costs a lookup of the
+    /// range (on the hashed structures at most one pass over the table: 2 ms for a 100 MiB
+    /// HashFS file with one block at 50 MB), so it is kept until the file's digest cursor
+    /// moves ([`Counted`]). The caller holds the [tree lock](Fs::tree_read_lock).
+    fn mapped_blocks(&self, h: Handle, f: &MapFile, end: u64) -> Result<u64> {
+        let (m, ino) = (self.m(), h.ino);
         let counted = Counted {
             generation: h.generation,
             cursor: self.inodes.load(m, ino, field::DIGEST)?,
@@ -796,17 +814,7 @@ impl Fs {
         {
             return Ok(n);
         }
-        let blocks = {
-            let _il = self.tree_read_lock(ino);
-            let f = self.map.open_file(self.file_id(ino))?;
-            let mut runs = RUNS.take();
-            runs.clear();
-            let r = self.map.lookup(&f, 0, end, &mut runs);
-            let blocks = runs.iter().map(|r| r.len).sum();
-            RUNS.set(runs);
-            r?;
-            blocks
-        };
+        let blocks = self.blocks_in(f, 0, end)?;
         // Kept only if no digest ran meanwhile, nor was running (a holder in the cursor).
         if counted.cursor >> CURSOR_LSN_BITS == 0
             && self.inodes.load(m, ino, field::DIGEST)? == counted.cursor
@@ -818,6 +826,56 @@ impl Fs {
             c.insert(ino, (counted, blocks));
         }
         Ok(blocks)
+    }
+
+    /// The blocks of `[lblk, lblk + len)` that the mapping maps.
+    fn blocks_in(&self, f: &MapFile, lblk: u64, len: u64) -> Result<u64> {
+        let mut runs = RUNS.take();
+        runs.clear();
+        let r = self.map.lookup(f, lblk, len, &mut runs);
+        let blocks = runs.iter().map(|r| r.len).sum();
+        RUNS.set(runs);
+        r.map(|()| blocks)
+    }
+
+    /// [`mapped_blocks`](Fs::mapped_blocks) with the undigested entries of `s`: the ranges
+    /// they changed are counted as the overlay has them instead of as the mapping does. A
+    /// write counts from its commit, not from its digest, which may come much later (while
+    /// the file stays open): a file whose new blocks did not count would look like holes to
+    /// `tar --sparse` and `cp`. A digest that runs meanwhile changes the mapping under the
+    /// count, which then starts again, a few times at most.
+    fn overlaid_blocks(&self, h: Handle, s: &Shared, f: &MapFile, end: u64) -> Result<u64> {
+        let (m, ino) = (self.m(), h.ino);
+        let mut pieces = Vec::new();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let t0 = s.log.tail()?.lsn();
+            let cursor = self.inodes.load(m, ino, field::DIGEST)?;
+            let mapped = self.mapped_blocks(h, f, end)?;
+            {
+                let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
+                self.catch_up(ino, s, &mut ov, t0)?;
+                pieces.clear();
+                ov.lookup(0, end, &mut pieces);
+            }
+            let mut blocks = mapped;
+            for p in &pieces {
+                let now = match p.src {
+                    Src::Base => continue,
+                    Src::Mapped(_) => p.len,
+                    Src::Hole => 0,
+                };
+                blocks = (blocks + now).saturating_sub(self.blocks_in(f, p.lblk, p.len)?);
+            }
+            let settled = cursor >> CURSOR_LSN_BITS == 0
+                && self.inodes.load(m, ino, field::DIGEST)? == cursor
+                && s.log.tail()?.lsn() == t0;
+            if settled || tries == COUNT_TRIES {
+                return Ok(blocks);
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// The logical blocks regular file `ino` of `size` bytes may map: those below its size
@@ -859,17 +917,30 @@ impl Fs {
     /// the file open the size word may lag; a log that nobody has open (no pins) is digested
     /// (every process digests at its last close, and mount digests what a crash left).
     pub fn live_size(&self, ino: u32, digested: u64) -> Result<u64> {
+        Ok(self
+            .with_live_log(ino, |s| self.folded_size(ino, s))?
+            .unwrap_or(digested))
+    }
+
+    /// Calls `f` with the log of regular file `ino` if some process has it open (it may
+    /// have undigested entries), else returns `None`: a log that nobody has open is
+    /// digested, as is every log of a read-only volume. A log this process does not have
+    /// open is read through a handle of its own, closed after `f`.
+    fn with_live_log<T>(
+        &self,
+        ino: u32,
+        f: impl FnOnce(&Shared) -> Result<T>,
+    ) -> Result<Option<T>> {
         if self.read_only {
-            return Ok(digested);
+            return Ok(None);
         }
         let head = HeadWord(self.inodes.load(self.m(), ino, field::LOG)?);
         if head.head().is_none() || head.pins() == 0 {
-            return Ok(digested);
+            return Ok(None);
         }
         if let Some(s) = self.registered_log(ino) {
-            return self.folded_size(ino, &s);
+            return f(&s).map(Some);
         }
-        // Another process has the log open: read it through a handle of our own.
         let log = self.open_log(ino)?;
         let s = match log.digested(self.inodes.field(ino, field::DIGEST)) {
             Ok(d) => Shared::new(log, d, d),
@@ -878,9 +949,9 @@ impl Fs {
                 return Err(e.into());
             }
         };
-        let size = self.folded_size(ino, &s);
+        let r = f(&s);
         s.log.close()?;
-        size
+        r.map(Some)
     }
 
     /// The log of inode `ino` if this process has it open.

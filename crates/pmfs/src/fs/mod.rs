@@ -129,7 +129,8 @@ pub(crate) struct Fs {
     releasing_any: AtomicBool,
     /// Holders of words of this pool found alive, and when ([`Fs::holder_alive`]).
     alive_seen: Mutex<FastMap<u32, std::time::Instant>>,
-    /// Block counts of files with holes ([`Fs::blocks_of`]), with what they were counted at.
+    /// Counts of the mapped blocks of files with holes ([`Fs::mapped_blocks`]), with what
+    /// they were counted at.
     pub(crate) blocks_seen: Mutex<FastMap<u32, (data::Counted, u64)>>,
     free_count: FreeCount,
     pub inodes: InodeTable,
