@@ -65,8 +65,7 @@ impl<M: Media> HashFs<M> {
                     Some(i) => claimed.push(i),
                     None => {
                         self.unclaim(&claimed)?;
-                        self.flush_slots(&claimed)?;
-                        self.media.fence();
+                        self.persist_slots(&claimed)?;
                         self.reclaim(&claimed)?;
                         return Err(Error::NoSpace);
                     }
@@ -204,8 +203,7 @@ impl<M: Media> HashFs<M> {
             let mut intent = self.intents.acquire(&self.media)?;
             intent.begin(PROMOTING, [file.ino, run.lblk, end, first, 0, 0])?;
             todo.iter().try_for_each(|&i| flip(i))?;
-            self.flush_slots(&todo)?;
-            self.media.fence();
+            self.persist_slots(&todo)?;
             intent.finish()?;
         }
         if raced {
@@ -339,8 +337,7 @@ impl<M: Media> HashFs<M> {
             }
             file.cache.put(lblk, i);
         }
-        self.flush_slots(&flipped)?;
-        self.media.fence();
+        self.persist_slots(&flipped)?;
         if bad {
             return Err(Error::InvalidArgument(
                 "a written block is not staged for its key",

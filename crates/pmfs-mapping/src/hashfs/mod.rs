@@ -931,21 +931,18 @@ impl<M: Media> HashFs<M> {
         }
         if full {
             self.unclaim(&claimed)?;
-            self.flush_slots(&claimed)?;
-            self.media.fence();
+            self.persist_slots(&claimed)?;
             intent.finish()?;
             self.reclaim(&claimed)?;
             return Err(Error::NoSpace);
         }
-        self.flush_slots(&claimed)?;
-        self.media.fence();
+        self.persist_slots(&claimed)?;
         intent.set_kind(INSERT_COMMITTED)?;
         for (j, &i) in claimed.iter().enumerate() {
             let key = Key::new(file.ino, lblk + j as u64);
             self.media.store_u64(self.slot_off(i), key.committed())?;
         }
-        self.flush_slots(&claimed)?;
-        self.media.fence();
+        self.persist_slots(&claimed)?;
         intent.finish()?;
         Ok(claimed)
     }
@@ -961,6 +958,14 @@ impl<M: Media> HashFs<M> {
             self.media
                 .flush(self.slot_off(line * SLOTS_PER_LINE), CACHE_LINE)?;
         }
+        Ok(())
+    }
+
+    /// [Writes back](Self::flush_slots) the lines of `slots`, then fences: the slots'
+    /// changes are durable on return.
+    fn persist_slots(&self, slots: &[u64]) -> Result<()> {
+        self.flush_slots(slots)?;
+        self.media.fence();
         Ok(())
     }
 
@@ -987,8 +992,7 @@ impl<M: Media> HashFs<M> {
             }
         }
         self.freed(&freed)?;
-        self.flush_slots(&freed)?;
-        self.media.fence();
+        self.persist_slots(&freed)?;
         if let Some(rec) = intent {
             rec.finish()?;
         }
@@ -1028,8 +1032,7 @@ impl<M: Media> HashFs<M> {
         let pass = self.tombstone_pass(inos)?;
         // No note of the change: the count saw each slot after this pass's own CAS on it,
         // and the token stays to show that nobody else changed one since it was placed.
-        self.flush_slots(&pass.freed)?;
-        self.media.fence();
+        self.persist_slots(&pass.freed)?;
         self.reclaim_batch(&pass.freed, pass.empty)?;
         *kept = Some((pass.free, token));
         Ok(pass.free)
@@ -1045,8 +1048,7 @@ impl<M: Media> HashFs<M> {
     ) -> Result<(Vec<u64>, u64)> {
         let pass = self.tombstone_pass(inos)?;
         self.freed(&pass.freed)?;
-        self.flush_slots(&pass.freed)?;
-        self.media.fence();
+        self.persist_slots(&pass.freed)?;
         Ok((pass.freed, pass.empty))
     }
 
@@ -1182,8 +1184,7 @@ impl<M: Media> HashFs<M> {
     /// runs they end.
     fn settle_freed(&self, slots: &[u64]) -> Result<()> {
         self.freed(slots)?;
-        self.flush_slots(slots)?;
-        self.media.fence();
+        self.persist_slots(slots)?;
         self.reclaim(slots)
     }
 
