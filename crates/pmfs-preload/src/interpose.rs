@@ -21,8 +21,7 @@ use libc::{FILE, iovec, off_t, size_t, ssize_t};
 
 use crate::mapped::{self, MapCall};
 use crate::served::{self, Served};
-use crate::signals;
-use crate::{active, closed, duplicated, note_data_call, opened, real};
+use crate::{active, closed, duplicated, limits, note_data_call, opened, real, signals};
 
 /// Data calls whose first argument is the descriptor, served in userspace by `$serve` (on
 /// the description's [`Served`] object) when it returns `Some`, else forwarded.
@@ -115,12 +114,12 @@ served_calls! {
         |s| if whence == libc::SEEK_END { s.seek_end(fd, off) } else { None };
     fn fsync(fd) -> c_int => |s| s.sync();
     fn fdatasync(fd) -> c_int => |s| s.sync();
-    fn ftruncate(fd, len: off_t) -> c_int => |s| s.truncate(len);
-    fn ftruncate64(fd, len: off_t) -> c_int => |s| s.truncate(len);
+    fn ftruncate(fd, len: off_t) -> c_int => |s| s.truncate(fd, len);
+    fn ftruncate64(fd, len: off_t) -> c_int => |s| s.truncate(fd, len);
     fn fallocate(fd, mode: c_int, off: off_t, len: off_t) -> c_int =>
-        |s| s.allocate(mode, off, len);
+        |s| s.allocate(fd, mode, off, len);
     fn fallocate64(fd, mode: c_int, off: off_t, len: off_t) -> c_int =>
-        |s| s.allocate(mode, off, len);
+        |s| s.allocate(fd, mode, off, len);
     fn fchown(fd, owner: libc::uid_t, group: libc::gid_t) -> c_int =>
         |s| s.chown(fd, owner, group);
 }
@@ -134,21 +133,10 @@ forwarded_calls! {
 /// (`copy_file_range`, `sendfile`, `splice`): notes the call, and if `fd_in` is a pmfs file,
 /// has the kernel fetch its attributes. Those calls stop at the size the kernel last saw,
 /// without asking the daemon as a `read` past it does, and served writes and truncations
-/// change the size behind the kernel's back. A `statx` with `AT_STATX_FORCE_SYNC` asks the
-/// daemon even when the mount caches attributes (`-o attr_timeout=`) and leaves the answer in
-/// the kernel's inode (a kernel without `statx`: `fstat`, which asks once the cached
-/// attributes expired, at once on a default mount). `errno` is kept.
+/// change the size behind the kernel's back ([`crate::refresh_kernel_size`]).
 fn before_kernel_copy(fd_in: c_int, fd_out: c_int) {
     if note_data_call(fd_in) {
-        let saved = crate::errno();
-        if crate::statx_fd(fd_in, libc::AT_STATX_FORCE_SYNC, libc::STATX_SIZE).is_none()
-            && crate::errno() == libc::ENOSYS
-        {
-            let mut st = core::mem::MaybeUninit::<libc::stat>::uninit();
-            // SAFETY: `st` is a writable `stat` buffer; the result is not used.
-            unsafe { real::fstat(fd_in, st.as_mut_ptr()) };
-        }
-        crate::set_errno(saved);
+        crate::refresh_kernel_size(fd_in);
     } else {
         note_data_call(fd_out);
     }
@@ -830,6 +818,35 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
             libc::SIG_ERR
         }
     }
+}
+
+/// Limit calls on this process (`setrlimit`, `setrlimit64`; `prlimit`, `prlimit64` with pid
+/// 0 or its own): forwarded, then the file size limit that served writes keep is read again
+/// (module `limits`).
+macro_rules! limit_calls {
+    ($(fn $name:ident($($arg:ident: $ty:ty),*) on $pid:expr, $resource:ident;)*) => {$(
+        #[doc = concat!("`", stringify!($name), "`: forwarded; a new file size limit is \
+            followed.")]
+        ///
+        /// # Safety
+        /// The C function's contract.
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+            // SAFETY: the caller's arguments, forwarded under the same contract.
+            let r = unsafe { real::$name($($arg),*) };
+            limits::after_set($pid, $resource, r);
+            r
+        }
+    )*};
+}
+
+limit_calls! {
+    fn setrlimit(resource: c_int, rlim: *const libc::rlimit) on 0, resource;
+    fn setrlimit64(resource: c_int, rlim: *const libc::rlimit) on 0, resource;
+    fn prlimit(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit,
+        old: *mut libc::rlimit) on pid, resource;
+    fn prlimit64(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit,
+        old: *mut libc::rlimit) on pid, resource;
 }
 
 /// `_exit`: the process's userspace nodes are released first (their pins in the pool) and its

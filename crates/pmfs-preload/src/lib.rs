@@ -70,7 +70,9 @@
 //!   reaches past the end of file (its pages within the file still come from the pool). So
 //!   are `preadv2`/`pwritev2`, other `lseek` and `fallocate` modes, and calls the kernel must
 //!   reject (wrong access mode, negative offsets, ranges ending past the largest offset,
-//!   zero lengths), for the exact errno. So are updates that find no space in the pool (the
+//!   zero lengths), for the exact errno. So are writes, truncations and allocations that reach
+//!   past the process's file size limit (`RLIMIT_FSIZE`), and appends while it has one (module
+//!   `limits`): the kernel cuts them short or sends `SIGXFSZ` and answers `EFBIG`. So are updates that find no space in the pool (the
 //!   daemon may hold blocks of deleted files it has yet to free: it frees them, or answers
 //!   `ENOSPC` itself). So are
 //!   the updates (reads stay served) of a file that has set-ID bits which a write by this
@@ -195,6 +197,7 @@
 
 pub(crate) mod fdtable;
 pub mod interpose;
+pub(crate) mod limits;
 pub(crate) mod liveness;
 pub(crate) mod mapped;
 pub(crate) mod mounts;
@@ -267,6 +270,7 @@ fn init() -> bool {
             STATS.store(true, Ordering::Release);
         }
         OWNER_PID.store(getpid(), Ordering::Relaxed);
+        limits::refresh();
         // SAFETY: registers plain functions without arguments to run around fork.
         unsafe {
             libc::pthread_atfork(
@@ -360,6 +364,24 @@ fn classify_keeping_errno(fd: c_int) -> (Kind, u64) {
     let k = classify(fd);
     set_errno(saved);
     k
+}
+
+/// Has the kernel fetch the attributes of the pmfs file open at `fd` from the daemon, before
+/// a call forwarded to it that depends on the file's size: served writes and truncations
+/// change the size behind the kernel's back. A `statx` with `AT_STATX_FORCE_SYNC` asks the
+/// daemon even when the mount caches attributes (`-o attr_timeout=`) and leaves the answer in
+/// the kernel's inode (a kernel without `statx`: `fstat`, which asks once the cached
+/// attributes expired, at once on a default mount). `errno` is kept.
+pub(crate) fn refresh_kernel_size(fd: c_int) {
+    let saved = errno();
+    if statx_fd(fd, libc::AT_STATX_FORCE_SYNC, libc::STATX_SIZE).is_none()
+        && errno() == libc::ENOSYS
+    {
+        let mut st = core::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: `st` is a writable `stat` buffer; the result is not used.
+        unsafe { real::fstat(fd, st.as_mut_ptr()) };
+    }
+    set_errno(saved);
 }
 
 /// `statx` of the file open at `fd` (with `flags` besides `AT_EMPTY_PATH`, asking for

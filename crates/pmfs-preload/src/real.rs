@@ -277,6 +277,14 @@ syscall_backed! {
         syscall(SYS_openat, AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, mode);
     fn creat64(path: *const c_char, mode: libc::mode_t) -> c_int =
         syscall(SYS_openat, AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, mode);
+    fn setrlimit(resource: c_int, rlim: *const libc::rlimit) -> c_int =
+        syscall(libc::SYS_prlimit64, 0, resource, rlim, core::ptr::null::<libc::rlimit>());
+    fn setrlimit64(resource: c_int, rlim: *const libc::rlimit) -> c_int =
+        syscall(libc::SYS_prlimit64, 0, resource, rlim, core::ptr::null::<libc::rlimit>());
+    fn prlimit(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit,
+        old: *mut libc::rlimit) -> c_int = syscall(libc::SYS_prlimit64, pid, resource, new, old);
+    fn prlimit64(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit,
+        old: *mut libc::rlimit) -> c_int = syscall(libc::SYS_prlimit64, pid, resource, new, old);
 }
 
 syscall_backed_variadic! {

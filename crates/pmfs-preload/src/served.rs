@@ -27,9 +27,9 @@
 //! - **Left to the kernel**: descriptions mapped any other way (`MAP_PRIVATE`, executable
 //!   pages, a mapping reaching past the end of file, …: the kernel's page cache of such a
 //!   mapping would not see userspace writes), `preadv2`/`pwritev2`, `SEEK_DATA`/`SEEK_HOLE`,
-//!   fallocate modes other than 0, `KEEP_SIZE`, punch hole and zero range, and every call whose
-//!   arguments the kernel must reject (wrong access mode, negative offsets): the kernel gives
-//!   the exact errno.
+//!   fallocate modes other than 0, `KEEP_SIZE`, punch hole and zero range, every call whose
+//!   arguments the kernel must reject (wrong access mode, negative offsets), and every update
+//!   reaching past the file size limit (module `limits`): the kernel gives the exact errno.
 //! - **Updates that find no space** (writes, appends, `ftruncate`, `fallocate`) go to the
 //!   kernel, unchanged (the engine's failed update changed nothing): the daemon may still
 //!   hold blocks of deleted files, which it frees in batches (`pmfs::Fs::release_deferred`)
@@ -56,6 +56,7 @@ use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 use pmfs::{Client, Ino, OpenMode, OpenNode};
 
 use crate::fdtable::{self, TABLE_FDS};
+use crate::limits;
 use crate::liveness;
 use crate::mapped::MapCall;
 use crate::mounts::{self, MAX_PMFS};
@@ -617,6 +618,9 @@ impl Served {
             if off.is_some_and(|o| position(o, src.len()).is_none()) {
                 return None;
             }
+            if !limits::unlimited() {
+                return limits::past(fd);
+            }
             return Some(match self.node().append(src) {
                 Ok(at) => {
                     if off.is_none() {
@@ -634,6 +638,12 @@ impl Served {
             Some(o) => position(o, src.len())?,
             None => claim(fd, src.len())?,
         };
+        if !limits::allows(at + src.len() as u64) {
+            if off.is_none() {
+                unclaim(fd, src.len());
+            }
+            return limits::past(fd);
+        }
         let r = self.node().write_at(src, at);
         if off.is_none() {
             unclaim(fd, src.len() - *r.as_ref().unwrap_or(&0));
@@ -750,11 +760,14 @@ impl Served {
     }
 
     /// `ftruncate`.
-    pub(crate) fn truncate(&self, len: i64) -> Option<c_int> {
+    pub(crate) fn truncate(&self, fd: c_int, len: i64) -> Option<c_int> {
         if !self.write {
             return None;
         }
         let len = u64::try_from(len).ok()?;
+        if !limits::allows(len) {
+            return limits::past(fd);
+        }
         Some(match self.node().set_len(len) {
             Ok(()) => 0,
             Err(pmfs::Error::NoSpace) => return None,
@@ -784,11 +797,14 @@ impl Served {
 
     /// `fallocate` modes 0, `KEEP_SIZE`, `PUNCH_HOLE | KEEP_SIZE` and `ZERO_RANGE` (with
     /// `KEEP_SIZE` or without).
-    pub(crate) fn allocate(&self, mode: c_int, off: i64, len: i64) -> Option<c_int> {
+    pub(crate) fn allocate(&self, fd: c_int, mode: c_int, off: i64, len: i64) -> Option<c_int> {
         if !self.write || off < 0 || len <= 0 {
             return None;
         }
         let (off, len) = (off as u64, len as u64);
+        if !limits::allows(off.saturating_add(len)) {
+            return limits::past(fd);
+        }
         let r = match mode {
             0 => self.node().allocate(off, len, false),
             libc::FALLOC_FL_KEEP_SIZE => self.node().allocate(off, len, true),

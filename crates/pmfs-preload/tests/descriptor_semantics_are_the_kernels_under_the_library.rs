@@ -15,6 +15,10 @@
 //! serves, then copies it with calls it forwards (copy_file_range, sendfile, splice): the
 //! kernel must copy up to the size the file has, not the one it last saw, also on a mount that
 //! caches attributes (`-o attr_timeout=`).
+//!
+//! A third (`programs/limits.c`) sets a file size limit (`RLIMIT_FSIZE`) and writes, appends,
+//! truncates and allocates across it, then has an exec'd image inherit it: short writes,
+//! `EFBIG` and `SIGXFSZ` as the kernel gives them.
 
 mod common;
 
@@ -48,4 +52,24 @@ fn forwarded_copies_see_the_size_the_library_gave_the_file() {
         assert!(c.served >= 7, "{options:?}: {c:?}");
         m.unmount_and_fsck();
     }
+}
+
+#[test]
+fn the_file_size_limit_holds_under_the_library() {
+    let ((transcript, files), c, m) = runs_agree("limits", str::to_owned);
+    assert_eq!(files.len(), 2, "{transcript}");
+    for (call, result) in [
+        ("write 8000 more", "2000"),
+        ("write at the limit", "-1 errno File too large"),
+        ("append 100", "10"),
+        ("append 1", "-1 errno File too large"),
+        ("child write 12000", "10000"),
+        ("SIGXFSZ so far", "5"),
+    ] {
+        let line = format!("{call:<28} = {result}\n");
+        assert!(transcript.contains(&line), "{line:?} missing:\n{transcript}");
+    }
+    // The writes within the limit were served.
+    assert!(c.served >= 6, "{c:?}");
+    m.unmount_and_fsck();
 }
