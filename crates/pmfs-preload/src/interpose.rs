@@ -126,8 +126,39 @@ served_calls! {
 
 forwarded_calls! {
     fn preadv2(fd, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
-    fn pwritev2(fd, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
+    fn preadv64v2(fd, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
 }
+
+/// Positioned vector writes with flags, forwarded; on a pmfs file after the kernel fetched
+/// its size ([`crate::refresh_kernel_size`]). An append (`RWF_APPEND`, or an `O_APPEND`
+/// description) goes where the kernel thinks the file ends, and served writes move the end
+/// behind its back: without the refresh the bytes would overwrite the file at the size the
+/// kernel last saw.
+macro_rules! flagged_writes {
+    ($($name:ident),*) => {$(
+        #[doc = concat!("`", stringify!($name), "`: forwarded, after the kernel learned the \
+            size of a pmfs file.")]
+        ///
+        /// # Safety
+        /// The C function's contract.
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name(
+            fd: c_int,
+            iov: *const iovec,
+            cnt: c_int,
+            off: off_t,
+            flags: c_int,
+        ) -> ssize_t {
+            if note_data_call(fd) {
+                crate::refresh_kernel_size(fd);
+            }
+            // SAFETY: the caller's arguments, forwarded under the same contract.
+            unsafe { real::$name(fd, iov, cnt, off, flags) }
+        }
+    )*};
+}
+
+flagged_writes!(pwritev2, pwritev64v2);
 
 /// Before a forwarded call that copies from `fd_in` to `fd_out` inside the kernel
 /// (`copy_file_range`, `sendfile`, `splice`): notes the call, and if `fd_in` is a pmfs file,

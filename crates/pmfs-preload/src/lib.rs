@@ -66,20 +66,21 @@
 //! - **Left to the kernel on pmfs files**: descriptions mapped any other way (`MAP_PRIVATE`,
 //!   `PROT_EXEC`, `MAP_SYNC` and other flags, a range of more than 16384 pool pieces) are
 //!   released from userspace at the `mmap`: the kernel's page cache backs the mapping; the
-//!   kernel is made to refresh the size first. So is a description whose shared mapping
-//!   reaches past the end of file (its pages within the file still come from the pool). So
-//!   are `preadv2`/`pwritev2`, other `lseek` and `fallocate` modes, and calls the kernel must
-//!   reject (wrong access mode, negative offsets, ranges ending past the largest offset,
-//!   zero lengths), for the exact errno. So are writes, truncations and allocations that reach
-//!   past the process's file size limit (`RLIMIT_FSIZE`), and appends while it has one (module
-//!   `limits`): the kernel cuts them short or sends `SIGXFSZ` and answers `EFBIG`. So are updates that find no space in the pool (the
-//!   daemon may hold blocks of deleted files it has yet to free: it frees them, or answers
-//!   `ENOSPC` itself). So are
+//!   kernel is made to refresh the size first. So is a description whose shared mapping reaches
+//!   past the end of file (its pages within the file still come from the pool). So are
+//!   `preadv2`/`pwritev2` (`pwritev2` once the kernel has fetched the file's size, as appends
+//!   through it go where the kernel thinks the file ends), other `lseek` and `fallocate` modes,
+//!   and calls the kernel must reject (wrong access mode, negative offsets, ranges ending past
+//!   the largest offset, zero lengths), for the exact errno. So are writes, truncations and
+//!   allocations that reach past the process's file size limit (`RLIMIT_FSIZE`), and appends
+//!   while it has one (module `limits`): the kernel cuts them short or sends `SIGXFSZ` and
+//!   answers `EFBIG`. So are updates that find no space in the pool (the daemon may hold blocks
+//!   of deleted files it has yet to free: it frees them, or answers `ENOSPC` itself). So are
 //!   the updates (reads stay served) of a file that has set-ID bits which a write by this
 //!   process clears (a process not running as root; set-user-ID, or set-group-ID with
-//!   group-execute) when its node is opened: only the daemon changes modes, and it clears
-//!   them on those updates as the kernel would. Bits set by a `chmod` after that stay until
-//!   the next update through the kernel.
+//!   group-execute) when its node is opened: only the daemon changes modes, and it clears them
+//!   on those updates as the kernel would. Bits set by a `chmod` after that stay until the next
+//!   update through the kernel.
 //! - **Interposition** of every call above plus `open`/`open64`/`openat`/`openat64`/`creat`/
 //!   `creat64`, `close`, `close_range`, `closefrom`, `dup`/`dup2`/`dup3`, `fcntl`/`fcntl64`
 //!   (`F_DUPFD`, `F_DUPFD_CLOEXEC`, `F_SETFL`'s `O_APPEND` followed; the rest forwarded),
@@ -87,9 +88,12 @@
 //!   (see below), `_exit`/`_Exit` and `execve`/`execv`/`execvp`/`execvpe`/`fexecve`/`execl`/
 //!   `execlp`/`execle` (which release the process's open nodes and mappings first; the variadic
 //!   `execl*` through a small x86-64 trampoline that gathers the argument list into an array
-//!   for `execv*`). Everything not served goes to the next definition (`dlsym(RTLD_NEXT)`,
-//!   resolved lazily; raw system calls while that is not possible, see module `real`), so calls
-//!   made before the library initialised (another object's constructor) work.
+//!   for `execv*`), `preadv2`/`pwritev2` and their `64v2` forms (which programs built with
+//!   64-bit file offsets call), and `setrlimit`/`setrlimit64`/`prlimit`/`prlimit64` (followed
+//!   for the file size limit). Everything not served goes to the next definition
+//!   (`dlsym(RTLD_NEXT)`, resolved lazily; raw system calls while that is not possible, see
+//!   module `real`), so calls made before the library initialised (another object's
+//!   constructor) work.
 //! - **Signal handlers** (module `signals`): the handlers a program installs with `sigaction`
 //!   or `signal` for signals other than faults run when the library call their thread is in
 //!   is done, as the kernel runs handlers between system calls: a handler may call the

@@ -205,6 +205,10 @@ syscall_backed! {
         -> ssize_t = syscall(SYS_preadv2, fd, iov, cnt, off, 0, flags);
     fn pwritev2(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int)
         -> ssize_t = syscall(SYS_pwritev2, fd, iov, cnt, off, 0, flags);
+    fn preadv64v2(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int)
+        -> ssize_t = syscall(SYS_preadv2, fd, iov, cnt, off, 0, flags);
+    fn pwritev64v2(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int)
+        -> ssize_t = syscall(SYS_pwritev2, fd, iov, cnt, off, 0, flags);
     fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t =
         syscall(SYS_read, fd, buf, n.min(buflen));
     fn __pread_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t)

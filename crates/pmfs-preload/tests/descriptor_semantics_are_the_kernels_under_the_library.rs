@@ -12,9 +12,10 @@
 //! local directory.
 //!
 //! A second program (`programs/copies.c`) grows and shrinks a file with calls the library
-//! serves, then copies it with calls it forwards (copy_file_range, sendfile, splice): the
-//! kernel must copy up to the size the file has, not the one it last saw, also on a mount that
-//! caches attributes (`-o attr_timeout=`).
+//! serves, then copies it with calls it forwards (copy_file_range, sendfile, splice) and
+//! appends to it with one (pwritev2 with `RWF_APPEND`, and on an `O_APPEND` description): the
+//! kernel must copy up to the size the file has, not the one it last saw, and append there,
+//! also on a mount that caches attributes (`-o attr_timeout=`).
 //!
 //! A third (`programs/limits.c`) sets a file size limit (`RLIMIT_FSIZE`) and writes, appends,
 //! truncates and allocates across it, then has an exec'd image inherit it: short writes,
@@ -67,7 +68,10 @@ fn the_file_size_limit_holds_under_the_library() {
         ("SIGXFSZ so far", "5"),
     ] {
         let line = format!("{call:<28} = {result}\n");
-        assert!(transcript.contains(&line), "{line:?} missing:\n{transcript}");
+        assert!(
+            transcript.contains(&line),
+            "{line:?} missing:\n{transcript}"
+        );
     }
     // The writes within the limit were served.
     assert!(c.served >= 6, "{c:?}");

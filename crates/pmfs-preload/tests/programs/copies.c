@@ -1,12 +1,15 @@
-/* Calls the library forwards to the kernel that read a file: copy_file_range, sendfile and
- * splice. A file is grown with write and ftruncate (served in userspace under the library,
- * so the kernel never saw its new size) and then copied with each of them; the transcript
- * (bytes copied, checksums of the copies) must not depend on whether the library is loaded. */
+/* Calls the library forwards to the kernel that depend on a file's size: copy_file_range,
+ * sendfile and splice, which read it, and pwritev2 appending to it. A file is grown with
+ * write and ftruncate (served in userspace under the library, so the kernel never saw its new
+ * size) and then copied with each of them, then appended to; the transcript (bytes copied,
+ * checksums of the copies and of the file) must not depend on whether the library is
+ * loaded. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/sendfile.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "transcript.h"
@@ -83,6 +86,18 @@ int main(void) {
     copies(src, "extended");
     show("ftruncate 10000", ftruncate(src, 10000));
     copies(src, "shrunk");
+    /* Appends the kernel places: at the end it knows of. */
+    show("write 5000", write(src, buf, 5000));
+    struct iovec iov = {buf + 7, 3000};
+    show("pwritev2 RWF_APPEND", pwritev2(src, &iov, 1, 0, RWF_APPEND));
+    show("size after it", size_of(src));
+    sum_at(src, "bytes after it", 0, 20000);
+    int app = open("src", O_WRONLY | O_APPEND);
+    show("write 4000", write(src, buf, 4000));
+    show("pwritev2 on O_APPEND", pwritev2(app, &iov, 1, -1, 0));
+    close(app);
+    show("size after that", size_of(src));
+    sum_at(src, "bytes after that", 0, 30000);
     free(buf);
     return close(src) != 0;
 }
