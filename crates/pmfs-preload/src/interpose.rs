@@ -786,6 +786,22 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
     r
 }
 
+/// `ioctl` (variadic in C; the argument is taken as a pointer, wide enough for every
+/// request's argument and passed on unchanged): forwarded; `FIONREAD` on a pmfs file after
+/// the kernel fetched its size ([`crate::refresh_kernel_size`]), since it answers the size
+/// less the offset, and served writes and truncations change the size behind its back.
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: libc::c_ulong, arg: *mut c_void) -> c_int {
+    if request == libc::FIONREAD && note_data_call(fd) {
+        crate::refresh_kernel_size(fd);
+    }
+    // SAFETY: forwarded under the same contract.
+    unsafe { real::ioctl(fd, request, arg) }
+}
+
 /// `fcntl64` (what `fcntl` compiles to with `_FILE_OFFSET_BITS=64` on glibc 2.28+): as
 /// [`fcntl`].
 ///

@@ -89,11 +89,11 @@
 //!   `execlp`/`execle` (which release the process's open nodes and mappings first; the variadic
 //!   `execl*` through a small x86-64 trampoline that gathers the argument list into an array
 //!   for `execv*`), `preadv2`/`pwritev2` and their `64v2` forms (which programs built with
-//!   64-bit file offsets call), and `setrlimit`/`setrlimit64`/`prlimit`/`prlimit64` (followed
-//!   for the file size limit). Everything not served goes to the next definition
-//!   (`dlsym(RTLD_NEXT)`, resolved lazily; raw system calls while that is not possible, see
-//!   module `real`), so calls made before the library initialised (another object's
-//!   constructor) work.
+//!   64-bit file offsets call), `ioctl` (`FIONREAD` on a pmfs file once the kernel has fetched
+//!   its size), and `setrlimit`/`setrlimit64`/`prlimit`/`prlimit64` (followed for the file size
+//!   limit). Everything not served goes to the next definition (`dlsym(RTLD_NEXT)`, resolved
+//!   lazily; raw system calls while that is not possible, see module `real`), so calls made
+//!   before the library initialised (another object's constructor) work.
 //! - **Signal handlers** (module `signals`): the handlers a program installs with `sigaction`
 //!   or `signal` for signals other than faults run when the library call their thread is in
 //!   is done, as the kernel runs handlers between system calls: a handler may call the

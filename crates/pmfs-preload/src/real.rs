@@ -302,6 +302,8 @@ syscall_backed_variadic! {
         syscall(SYS_openat, dirfd, path, flags, mode);
     fn fcntl(fd: c_int, cmd: c_int; arg: c_long) -> c_int = syscall(SYS_fcntl, fd, cmd, arg);
     fn fcntl64(fd: c_int, cmd: c_int; arg: c_long) -> c_int = syscall(SYS_fcntl, fd, cmd, arg);
+    fn ioctl(fd: c_int, request: libc::c_ulong; arg: *mut c_void) -> c_int =
+        syscall(libc::SYS_ioctl, fd, request, arg);
     fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int;
         new_addr: *mut c_void) -> *mut c_void =
         syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);

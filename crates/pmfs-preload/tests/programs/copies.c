@@ -1,13 +1,14 @@
 /* Calls the library forwards to the kernel that depend on a file's size: copy_file_range,
- * sendfile and splice, which read it, and pwritev2 appending to it. A file is grown with
- * write and ftruncate (served in userspace under the library, so the kernel never saw its new
- * size) and then copied with each of them, then appended to; the transcript (bytes copied,
- * checksums of the copies and of the file) must not depend on whether the library is
- * loaded. */
+ * sendfile and splice, which read it, pwritev2 appending to it, and ioctl(FIONREAD). A file is
+ * grown with write and ftruncate (served in userspace under the library, so the kernel never
+ * saw its new size) and then copied with each of them, then appended to; the transcript
+ * (bytes copied, checksums of the copies and of the file) must not depend on whether the
+ * library is loaded. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
 #include <sys/sendfile.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -98,6 +99,12 @@ int main(void) {
     close(app);
     show("size after that", size_of(src));
     sum_at(src, "bytes after that", 0, 30000);
+    /* FIONREAD answers the size less the offset. */
+    int left = -1;
+    show("ftruncate 50000", ftruncate(src, 50000));
+    show("lseek 100", lseek(src, 100, SEEK_SET));
+    show("ioctl FIONREAD", ioctl(src, FIONREAD, &left));
+    show("bytes left", left);
     free(buf);
     return close(src) != 0;
 }
