@@ -164,9 +164,13 @@ flagged_writes!(pwritev2, pwritev64v2);
 /// (`copy_file_range`, `sendfile`, `splice`): notes the call, and if `fd_in` is a pmfs file,
 /// has the kernel fetch its attributes. Those calls stop at the size the kernel last saw,
 /// without asking the daemon as a `read` past it does, and served writes and truncations
-/// change the size behind the kernel's back ([`crate::refresh_kernel_size`]).
+/// change the size behind the kernel's back ([`crate::refresh_kernel_size`]). They copy the
+/// pages the kernel caches, which stores through mappings served from the pool bypass: a
+/// served file that some process maps has its mtime raised first, which makes the kernel
+/// drop them when it fetches the attributes ([`Served::reveal_mapped`]).
 fn before_kernel_copy(fd_in: c_int, fd_out: c_int) {
     if note_data_call(fd_in) {
+        served::peek(fd_in, Served::reveal_mapped);
         crate::refresh_kernel_size(fd_in);
     } else {
         note_data_call(fd_out);
@@ -786,10 +790,10 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
     r
 }
 
-/// `ioctl` (variadic in C; the argument is taken as a pointer, wide enough for every
-/// request's argument and passed on unchanged): forwarded; `FIONREAD` on a pmfs file after
-/// the kernel fetched its size ([`crate::refresh_kernel_size`]), since it answers the size
-/// less the offset, and served writes and truncations change the size behind its back.
+/// `ioctl` (variadic in C; the argument is taken as a pointer, wide enough for every request's
+/// argument and passed on unchanged): forwarded; `FIONREAD` on a pmfs file after the kernel
+/// fetched its size (`refresh_kernel_size`), since it answers the size less the offset, and
+/// served writes and truncations change the size behind its back.
 ///
 /// # Safety
 /// The C function's contract.

@@ -62,7 +62,13 @@
 //!   moving or growing it (within the file) is served from the pool, a `fork` child takes pins
 //!   of its own, and exit and exec make the pages private before releasing the pins. Once the
 //!   mount is found gone the mapping is made private (`MAP_PRIVATE` of the same bytes), so
-//!   later stores stay in the process. These calls count as served.
+//!   later stores stay in the process. These calls count as served. Stores bypass the pages
+//!   the kernel may cache of the file (copies inside the kernel read those, as do processes
+//!   without the library): `msync` of a writable mapping, the release of the last page, and a
+//!   `sendfile`/`splice`/`copy_file_range` from a served file that some process maps raise
+//!   the file's mtime when the kernel may hold pages of it, which makes it drop them
+//!   (`pmfs::MapPin::reveal`, `pmfs::Client::reveal_mapped`), as a store into a mapping
+//!   raises the mtime on a kernel file system.
 //! - **Left to the kernel on pmfs files**: descriptions mapped any other way (`MAP_PRIVATE`,
 //!   `PROT_EXEC`, `MAP_SYNC` and other flags, a range of more than 16384 pool pieces) are
 //!   released from userspace at the `mmap`: the kernel's page cache backs the mapping; the

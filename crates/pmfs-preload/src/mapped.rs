@@ -400,7 +400,9 @@ pub(crate) unsafe fn munmap(addr: *mut c_void, len: usize) -> c_int {
 }
 
 /// `msync`: forwarded (the kernel checks the arguments and syncs what it maps itself); then,
-/// unless it refused them, the CPU caches are flushed over the segments in the range. Counted
+/// unless it refused them, the CPU caches are flushed over the segments in the range, and the
+/// mtime of a file mapped writable there is raised if the kernel may cache its pages
+/// ([`MapPin::reveal`]: stores bypassed them; `munmap` does it when it drops the pin). Counted
 /// as a served call when it covers a segment.
 ///
 /// # Safety
@@ -417,12 +419,19 @@ pub(crate) unsafe fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int
     let lo = addr as usize;
     let hi = lo.saturating_add(pages(len));
     let mut flushed = false;
-    for s in t.records().iter().flat_map(|r| &r.segs) {
-        if let Some(part) = s.inside(lo, hi) {
-            // SAFETY: the part is a mapping of the pool, which stays mapped while the table is
-            // locked (`munmap` forwards under the lock).
-            unsafe { persist::flush(part.addr as *const u8, part.len) };
-            flushed = true;
+    for r in t.records() {
+        let mut stored = false;
+        for s in &r.segs {
+            if let Some(part) = s.inside(lo, hi) {
+                // SAFETY: the part is a mapping of the pool, which stays mapped while the
+                // table is locked (`munmap` forwards under the lock).
+                unsafe { persist::flush(part.addr as *const u8, part.len) };
+                stored |= r.prot & libc::PROT_WRITE != 0;
+                flushed = true;
+            }
+        }
+        if stored {
+            let _ = r.pin.reveal();
         }
     }
     drop(t);

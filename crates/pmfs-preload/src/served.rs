@@ -824,6 +824,12 @@ impl Served {
         })
     }
 
+    /// Before the kernel copies from the file: stores through mappings of it, in any process,
+    /// bypassed the pages the kernel may cache ([`pmfs::Client::reveal_mapped`]).
+    pub(crate) fn reveal_mapped(&self) -> Option<()> {
+        client(self.mount)?.reveal_mapped(self.node().ino()).ok()
+    }
+
     /// What `fstat` reports for the file, from its inode in the pool (through this process's
     /// attachment), as the daemon would answer the kernel: the kernel, which caches no
     /// attributes of a pmfs mount, would ask the daemon for them on every call.

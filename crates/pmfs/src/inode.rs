@@ -75,6 +75,11 @@ pub(crate) const GID_WORD: u64 = 16;
 /// Where the flags half-word sits in [`GID_WORD`].
 const FLAGS_SHIFT: u32 = 48;
 
+/// The flags half-word of a [`GID_WORD`] value.
+pub(crate) fn flags_in(gid_word: u64) -> u16 {
+    (gid_word >> FLAGS_SHIFT) as u16
+}
+
 /// POSIX file-type bits of `mode`.
 pub(crate) const S_IFMT: u32 = 0o170000;
 pub(crate) const S_IFREG: u32 = 0o100000;
@@ -362,7 +367,7 @@ impl InodeTable {
 
     /// The flags half-word of `ino`.
     pub fn flags(&self, m: &dyn Media, ino: u32) -> Result<u16> {
-        Ok((self.load(m, ino, GID_WORD)? >> FLAGS_SHIFT) as u16)
+        Ok(flags_in(self.load(m, ino, GID_WORD)?))
     }
 
     /// Sets flag bits `bits` of `ino` by CAS (any thread of any process may race here, and a

@@ -2,7 +2,8 @@
  * against read/write through the same and other descriptions, sparse files, offsets, partial
  * munmap, msync, mremap shrinking, moving and growing, MAP_FIXED over a mapping, a fork child
  * storing through an inherited mapping, mappings past the end of file, MAP_FIXED_NOREPLACE,
- * MAP_PRIVATE, and the errors of bad calls;
+ * MAP_PRIVATE, the errors of bad calls, and copies inside the kernel of a file stored to
+ * through a mapping;
  * prints a transcript that must not depend on whether the library is loaded.
  * "hold FILE": maps FILE whole (shared, read-write), prints "ready" and then answers lines on
  * standard input: "show OFF LEN" prints those bytes of the mapping, "store OFF TEXT" stores
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,6 +44,19 @@ static unsigned char *map(size_t len, int prot, int flags, int fd, off_t off, co
     unsigned char *m = mmap(NULL, len, prot, flags, fd, off);
     show(what, m == MAP_FAILED ? -1 : 0);
     return m;
+}
+
+/* Copies `n` bytes of `src` into a new file `name` with sendfile, which the kernel does from
+ * its pages of `src`; prints the count and the checksum of the copy. */
+static void kernel_copy(int src, const char *name, size_t n) {
+    char what[64];
+    int to = open(name, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    off_t in = 0;
+    snprintf(what, sizeof what, "sendfile to %s", name);
+    show(what, sendfile(to, src, &in, n));
+    snprintf(what, sizeof what, "%s bytes", name);
+    sum_at(to, what, 0, n + 1);
+    close(to);
 }
 
 /* The backing file and offset of the mapping holding `p`, as /proc/self/maps says. */
@@ -313,6 +328,24 @@ int main(int argc, char **argv) {
     int wo = open("m", O_WRONLY);
     map(PG, PROT_WRITE, MAP_SHARED, wo, 0, "map of write-only fd");
     map(PG, PROT_READ, MAP_SHARED, 12345, 0, "map of a bad fd");
+
+    /* Copies inside the kernel of a file whose pages it read before stores through a
+     * mapping: while mapped, after msync, and after munmap they copy what the mapping holds. */
+    int k = open("k", O_RDWR | O_CREAT | O_TRUNC, 0644);
+    unsigned char kpages[2 * PG];
+    memset(kpages, 'k', sizeof kpages);
+    show("write k", write(k, kpages, sizeof kpages));
+    kernel_copy(k, "k-before", sizeof kpages);
+    unsigned char *km = map(sizeof kpages, PROT_READ | PROT_WRITE, MAP_SHARED, k, 0, "mmap k");
+    memcpy(km + 100, "STORED-1", 8);
+    kernel_copy(k, "k-mapped", sizeof kpages);
+    memcpy(km + PG + 5, "STORED-2", 8);
+    show("msync k", msync(km, sizeof kpages, MS_SYNC));
+    kernel_copy(k, "k-synced", sizeof kpages);
+    memcpy(km + 3000, "STORED-3", 8);
+    show("munmap k", munmap(km, sizeof kpages));
+    kernel_copy(k, "k-unmapped", sizeof kpages);
+    close(k);
 
     show("size", size_of(fd));
     sum_at(fd, "whole file", 0, (size_t)size_of(fd));

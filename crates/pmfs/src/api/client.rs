@@ -193,6 +193,20 @@ impl Client {
         Ok(FileMap { pin, pieces })
     }
 
+    /// Before a copy inside the kernel from regular file `ino` (`copy_file_range`,
+    /// `sendfile`, `splice`): if some process maps the file ([`map`](Self::map)), its stores
+    /// bypassed the pages the kernel may cache, so its mtime is raised (as a store into a
+    /// mapping raises it on a kernel file system), which makes the kernel drop them at its
+    /// next look at the attributes. Nothing happens to a file nobody maps, or whose pages
+    /// the kernel never read. A pin raises it too when dropped
+    /// ([`MapPin::reveal`](crate::MapPin::reveal)).
+    ///
+    /// # Errors
+    /// Media errors.
+    pub fn reveal_mapped(&self, ino: Ino) -> Result<()> {
+        self.fs.reveal_mapped(ino.handle().ino)
+    }
+
     /// The attributes of inode `ino` as the owner would report them (its size as the log says
     /// now): [`Error::NotFound`] unless it is live.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {

@@ -148,12 +148,12 @@ use pmfs_core::pm::{Media, procs};
 use pmfs_core::traits::{AllocHint, AllocKind, BlockAllocator, Extent, Run, merge_runs};
 use pmfs_mapping::hashfs::{HashFs, HashFsFile};
 
-use super::Fs;
 use super::path::{Follow, Target};
+use super::{Fs, wall_ns};
 use crate::error::{Error, Result};
 use crate::fs::MAX_FILE_SIZE;
 use crate::hash::FastMap;
-use crate::inode::{Handle, Kind, field, flag};
+use crate::inode::{GID_WORD, Handle, Kind, field, flag, flags_in};
 use crate::mapping::{MapFile, handle};
 use crate::overlay::{Overlay, Src, touches, touches_range};
 use crate::parts::{Pm, Stager};
@@ -521,6 +521,7 @@ pub struct MapPin {
     media: Pm,
     maps: PmOff,
     log: PmOff,
+    times: KernelTimes,
 }
 
 impl std::fmt::Debug for MapPin {
@@ -545,17 +546,81 @@ impl MapPin {
             media: self.media.clone(),
             maps: self.maps,
             log: self.log,
+            times: self.times,
         })
+    }
+
+    /// Has the kernel drop the pages it may cache of the file, which stores through the mapping
+    /// bypassed: raises its mtime (as a store into a mapping of a kernel file system does) if
+    /// the kernel may hold pages of it (the inode's `KERNEL_CACHED` flag). For `msync`;
+    /// dropping the pin does it too.
+    ///
+    /// # Errors
+    /// Media errors.
+    pub fn reveal(&self) -> Result<()> {
+        self.times.reveal(&*self.media, wall_ns())
     }
 }
 
 impl Drop for MapPin {
     fn drop(&mut self) {
+        let _ = self.reveal();
         // Leftovers only keep the file in mapped mode (and an unlinked one allocated) until
         // the owner's next mount.
         let _ = count_step(&self.media, self.maps, false, false);
         let _ = pmfs_core::log::unpin(&*self.media, self.log);
     }
+}
+
+/// The words of an inode that tell a kernel reader its data changed: the flags, whose
+/// [`flag::KERNEL_CACHED`] says the kernel may hold pages of the file (the owner sets it
+/// before it reads the file for the kernel), and the mtime and ctime. The kernel keeps its
+/// pages while the mtime and size it fetches stay as they were (`FUSE_AUTO_INVAL_DATA`), so
+/// an update that bypassed it raises the mtime strictly above the stored one.
+#[derive(Clone, Copy, Debug)]
+struct KernelTimes {
+    flags: PmOff,
+    mtime: PmOff,
+    ctime: PmOff,
+}
+
+impl KernelTimes {
+    fn of(fs: &Fs, ino: u32) -> KernelTimes {
+        KernelTimes {
+            flags: fs.inodes.field(ino, GID_WORD),
+            mtime: fs.inodes.field(ino, field::MTIME),
+            ctime: fs.inodes.field(ino, field::CTIME),
+        }
+    }
+
+    /// If the kernel may cache pages of the file, raises mtime and ctime to `now`, or above
+    /// the stored mtime if that is not earlier: either the owner's read for the kernel saw
+    /// the update, or this sees its flag.
+    fn reveal(&self, m: &dyn Media, now: i64) -> Result<()> {
+        if flags_in(m.load_u64(self.flags)?) & flag::KERNEL_CACHED == 0 {
+            return Ok(());
+        }
+        let stored = m.load_u64(self.mtime)?;
+        raise_words(m, &[self.mtime, self.ctime], (now as u64).max(stored + 1))
+    }
+}
+
+/// Raises the time words at `words` to `now` by CAS, never backwards (writers of a file race
+/// here); durable after the next fence.
+fn raise_words(m: &dyn Media, words: &[PmOff], now: u64) -> Result<()> {
+    for &at in words {
+        let mut cur = m.load_u64(at)?;
+        while cur < now {
+            match m.cas_u64(at, cur, now)? {
+                Ok(_) => {
+                    m.flush(at, 8)?;
+                    break;
+                }
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+    Ok(())
 }
 
 /// How long a holder found alive counts as alive without looking again: a dead holder
@@ -1439,6 +1504,7 @@ impl Fs {
             media: self.media().clone(),
             maps,
             log: root,
+            times: KernelTimes::of(self, ino),
         };
         count_step(self.media(), maps, true, false)?;
         // The barrier: every update committed after it saw the count, and so leaves mapped
@@ -1866,21 +1932,8 @@ impl Fs {
     /// Raises the time words `fields` of `ino` to `now` by CAS, never backwards; durable after
     /// the next fence.
     fn raise_times(&self, ino: u32, fields: &[u64], now: u64) -> Result<()> {
-        let m = self.m();
-        for &fl in fields {
-            let at = self.inodes.field(ino, fl);
-            let mut cur = m.load_u64(at)?;
-            while cur < now {
-                match m.cas_u64(at, cur, now)? {
-                    Ok(_) => {
-                        m.flush(at, 8)?;
-                        break;
-                    }
-                    Err(seen) => cur = seen,
-                }
-            }
-        }
-        Ok(())
+        let words: Vec<PmOff> = fields.iter().map(|&f| self.inodes.field(ino, f)).collect();
+        raise_words(self.m(), &words, now)
     }
 
     /// [`stamp_times`](Fs::stamp_times) for a write through `s`, with the coarse clock.
@@ -1903,12 +1956,17 @@ impl Fs {
     /// the flag before it reads for the kernel, and this looks after the commit: either that
     /// read saw the update, or this sees the flag.
     fn reveal_to_kernel(&self, ino: u32) -> Result<()> {
-        let m = self.m();
-        if self.inodes.flags(m, ino)? & flag::KERNEL_CACHED == 0 {
+        KernelTimes::of(self, ino).reveal(self.m(), self.now())
+    }
+
+    /// Before the kernel reads regular file `ino` for a process (a copy inside the kernel):
+    /// if some process maps it ([`map_file`](Fs::map_file)), stores through the mapping may
+    /// have bypassed the kernel's pages: [revealed](Fs::reveal_to_kernel) as an update.
+    pub fn reveal_mapped(&self, ino: u32) -> Result<()> {
+        if self.maps(ino)? == 0 {
             return Ok(());
         }
-        let stored = self.inodes.load(m, ino, field::MTIME)?;
-        self.stamp_times(ino, (self.now() as u64).max(stored + 1))
+        self.reveal_to_kernel(ino)
     }
 
     /// Notes that the kernel may cache pages of `ino` ([`flag::KERNEL_CACHED`]): called by the
