@@ -62,13 +62,15 @@
 //!   moving or growing it (within the file) is served from the pool, a `fork` child takes pins
 //!   of its own, and exit and exec make the pages private before releasing the pins. Once the
 //!   mount is found gone the mapping is made private (`MAP_PRIVATE` of the same bytes), so
-//!   later stores stay in the process. These calls count as served. Stores bypass the pages
-//!   the kernel may cache of the file (copies inside the kernel read those, as do processes
-//!   without the library): `msync` of a writable mapping, the release of the last page, and a
-//!   `sendfile`/`splice`/`copy_file_range` from a served file that some process maps raise
-//!   the file's mtime when the kernel may hold pages of it, which makes it drop them
-//!   (`pmfs::MapPin::reveal`, `pmfs::Client::reveal_mapped`), as a store into a mapping
-//!   raises the mtime on a kernel file system.
+//!   later stores stay in the process. These calls count as served. Stores change no time
+//!   and bypass the pages the kernel may cache of the file (copies inside the kernel read
+//!   those, as do processes without the library): `msync` and the release of the last page
+//!   of a mapping of a writable description raise the file's mtime and ctime
+//!   (`pmfs::MapPin::stored`; a kernel file system raises them at a store's page fault), and
+//!   a `sendfile`/`splice`/`copy_file_range` from a served file that some process maps
+//!   raises them when the kernel may hold pages of it (`pmfs::Client::reveal_mapped`): the
+//!   kernel drops its pages when it sees the new mtime. Until then, another process's `stat`
+//!   shows the mtime from before the stores.
 //! - **Left to the kernel on pmfs files**: descriptions mapped any other way (`MAP_PRIVATE`,
 //!   `PROT_EXEC`, `MAP_SYNC` and other flags, a range of more than 16384 pool pieces) are
 //!   released from userspace at the `mmap`: the kernel's page cache backs the mapping; the

@@ -150,6 +150,11 @@ impl Seg {
     }
 }
 
+/// The pin of a mapping, marked [writable](MapPin::writable) if its description may write.
+fn pin_of(pin: MapPin, writable: bool) -> MapPin {
+    if writable { pin.writable() } else { pin }
+}
+
 /// One `mmap` served from the pool: the segments of it still mapped and the pin that keeps the
 /// file in mapped mode while they are.
 #[derive(Debug)]
@@ -359,7 +364,7 @@ pub(crate) fn map(
             ino,
             writable,
             prot: call.prot,
-            pin: file.into_pin(),
+            pin: pin_of(file.into_pin(), writable),
             segs,
         }),
         _ => drop(file),
@@ -401,9 +406,9 @@ pub(crate) unsafe fn munmap(addr: *mut c_void, len: usize) -> c_int {
 
 /// `msync`: forwarded (the kernel checks the arguments and syncs what it maps itself); then,
 /// unless it refused them, the CPU caches are flushed over the segments in the range, and the
-/// mtime of a file mapped writable there is raised if the kernel may cache its pages
-/// ([`MapPin::reveal`]: stores bypassed them; `munmap` does it when it drops the pin). Counted
-/// as a served call when it covers a segment.
+/// mtime of a file mapped there from a writable description is raised ([`MapPin::stored`]:
+/// stores may have changed it; dropping the pin does it too). Counted as a served call when it
+/// covers a segment.
 ///
 /// # Safety
 /// The C function's contract.
@@ -420,18 +425,18 @@ pub(crate) unsafe fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int
     let hi = lo.saturating_add(pages(len));
     let mut flushed = false;
     for r in t.records() {
-        let mut stored = false;
+        let mut covered = false;
         for s in &r.segs {
             if let Some(part) = s.inside(lo, hi) {
                 // SAFETY: the part is a mapping of the pool, which stays mapped while the
                 // table is locked (`munmap` forwards under the lock).
                 unsafe { persist::flush(part.addr as *const u8, part.len) };
-                stored |= r.prot & libc::PROT_WRITE != 0;
+                covered = true;
                 flushed = true;
             }
         }
-        if stored {
-            let _ = r.pin.reveal();
+        if covered {
+            let _ = r.pin.stored();
         }
     }
     drop(t);
@@ -657,7 +662,7 @@ fn relocate(
             ino,
             writable,
             prot,
-            pin: ext.into_pin(),
+            pin: pin_of(ext.into_pin(), writable),
             segs: ext_segs,
         });
     }

@@ -344,3 +344,45 @@ fn mapping_races_writers_without_losing_or_relocating_bytes() {
     let client = Arc::into_inner(client).unwrap();
     finish(owner, client, &pool);
 }
+
+/// Stores into a mapping change no time by themselves: the pin of a writable mapping raises
+/// the file's mtime and ctime at `stored` (an `msync`) and when it is dropped (the last
+/// `munmap`), so programs that look for changes by mtime see them; a read-only pin changes
+/// nothing.
+#[test]
+fn pins_of_writable_mappings_raise_the_mtime() {
+    let pool = Pool::new("mtime");
+    let (owner, ino, client) = setup(&pool);
+    let f = client.open_ino(ino, RW).unwrap();
+    f.write_at(&[1u8; 2 * BS as usize], 0).unwrap();
+    let pf = File::options()
+        .read(true)
+        .write(true)
+        .open(&pool.path)
+        .unwrap();
+    let mtime = || owner.getattr(ino).unwrap().mtime;
+    let times = || {
+        let a = owner.getattr(ino).unwrap();
+        (a.mtime, a.ctime)
+    };
+
+    let reader = client.map(ino, 0, 2 * BS).unwrap().into_pin();
+    let before = times();
+    drop(reader);
+    assert_eq!(times(), before, "a read-only pin");
+
+    let m = client.map(ino, 0, 2 * BS).unwrap();
+    store_through_pieces(&pf, &m, 100, b"stored");
+    let pin = m.into_pin().writable();
+    let t0 = mtime();
+    pin.stored().unwrap();
+    let t1 = mtime();
+    assert!(t1 > t0, "stored: {t0} -> {t1}");
+    drop(pin);
+    let (t2, c2) = times();
+    assert!(t2 > t1, "dropped: {t1} -> {t2}");
+    assert_eq!(c2, t2);
+
+    drop(f);
+    finish(owner, client, &pool);
+}

@@ -198,8 +198,8 @@ impl Client {
     /// bypassed the pages the kernel may cache, so its mtime is raised (as a store into a
     /// mapping raises it on a kernel file system), which makes the kernel drop them at its
     /// next look at the attributes. Nothing happens to a file nobody maps, or whose pages
-    /// the kernel never read. A pin raises it too when dropped
-    /// ([`MapPin::reveal`](crate::MapPin::reveal)).
+    /// the kernel never read. A pin of a writable mapping raises it too
+    /// ([`MapPin::stored`](crate::MapPin::stored)).
     ///
     /// # Errors
     /// Media errors.

@@ -522,6 +522,7 @@ pub struct MapPin {
     maps: PmOff,
     log: PmOff,
     times: KernelTimes,
+    writable: bool,
 }
 
 impl std::fmt::Debug for MapPin {
@@ -529,6 +530,7 @@ impl std::fmt::Debug for MapPin {
         f.debug_struct("MapPin")
             .field("maps", &self.maps)
             .field("log", &self.log)
+            .field("writable", &self.writable)
             .finish()
     }
 }
@@ -547,24 +549,38 @@ impl MapPin {
             maps: self.maps,
             log: self.log,
             times: self.times,
+            writable: self.writable,
         })
     }
 
-    /// Has the kernel drop the pages it may cache of the file, which stores through the mapping
-    /// bypassed: raises its mtime (as a store into a mapping of a kernel file system does) if
-    /// the kernel may hold pages of it (the inode's `KERNEL_CACHED` flag). For `msync`;
-    /// dropping the pin does it too.
+    /// This pin, for a mapping that may store into the file (a mapping of a description open
+    /// for writing): see [`stored`](Self::stored).
+    #[must_use]
+    pub fn writable(mut self) -> MapPin {
+        self.writable = true;
+        self
+    }
+
+    /// After stores through a [writable](Self::writable) mapping may have changed the file
+    /// (`msync`; dropping the pin does it too): raises its mtime and ctime, as a store into a
+    /// mapping raises them on a kernel file system (at its page fault), so that programs that
+    /// look for changes by mtime (`make`, `rsync`) see it, and the kernel drops the pages it
+    /// may cache of the file, which the stores bypassed. Nothing for a pin of a read-only
+    /// mapping.
     ///
     /// # Errors
     /// Media errors.
-    pub fn reveal(&self) -> Result<()> {
-        self.times.reveal(&*self.media, wall_ns())
+    pub fn stored(&self) -> Result<()> {
+        if !self.writable {
+            return Ok(());
+        }
+        self.times.raise(&*self.media, wall_ns())
     }
 }
 
 impl Drop for MapPin {
     fn drop(&mut self) {
-        let _ = self.reveal();
+        let _ = self.stored();
         // Leftovers only keep the file in mapped mode (and an unlinked one allocated) until
         // the owner's next mount.
         let _ = count_step(&self.media, self.maps, false, false);
@@ -600,6 +616,11 @@ impl KernelTimes {
         if flags_in(m.load_u64(self.flags)?) & flag::KERNEL_CACHED == 0 {
             return Ok(());
         }
+        self.raise(m, now)
+    }
+
+    /// Raises mtime and ctime to `now`, or above the stored mtime if that is not earlier.
+    fn raise(&self, m: &dyn Media, now: i64) -> Result<()> {
         let stored = m.load_u64(self.mtime)?;
         raise_words(m, &[self.mtime, self.ctime], (now as u64).max(stored + 1))
     }
@@ -1505,6 +1526,7 @@ impl Fs {
             maps,
             log: root,
             times: KernelTimes::of(self, ino),
+            writable: false,
         };
         count_step(self.media(), maps, true, false)?;
         // The barrier: every update committed after it saw the count, and so leaves mapped
