@@ -36,6 +36,15 @@ impl Pool {
         Pool { path }
     }
 
+    /// The pool file, open for reading and writing.
+    fn file(&self) -> File {
+        File::options()
+            .read(true)
+            .write(true)
+            .open(&self.path)
+            .unwrap()
+    }
+
     fn options() -> Options {
         Options {
             size: 32 << 20,
@@ -127,11 +136,7 @@ fn writes_of_any_process_land_in_the_mapped_blocks() {
     let covered: u64 = m.pieces().iter().map(|p| p.len).sum();
     assert_eq!(covered, 5 * BS, "the range up to the end of the last block");
     assert_eq!(m.pieces()[0].file_off, 0);
-    let pf = File::options()
-        .read(true)
-        .write(true)
-        .open(&pool.path)
-        .unwrap();
+    let pf = pool.file();
     let mut want = read_all(&writer);
     assert_eq!(want.len() as u64, size);
     assert_eq!(through_pieces(&pf, &m, 0, want.len()), want);
@@ -170,11 +175,7 @@ fn punching_zeroing_and_shrinking_a_mapped_file_keep_its_blocks() {
     let f = client.open_ino(ino, RW).unwrap();
     f.write_at(&[7u8; 4 * BS as usize], 0).unwrap();
     let m = client.map(ino, 0, 4 * BS).unwrap();
-    let pf = File::options()
-        .read(true)
-        .write(true)
-        .open(&pool.path)
-        .unwrap();
+    let pf = pool.file();
 
     f.punch_hole(1000, 2 * BS).unwrap();
     let mut want = vec![7u8; 4 * BS as usize];
@@ -355,11 +356,7 @@ fn pins_of_writable_mappings_raise_the_mtime() {
     let (owner, ino, client) = setup(&pool);
     let f = client.open_ino(ino, RW).unwrap();
     f.write_at(&[1u8; 2 * BS as usize], 0).unwrap();
-    let pf = File::options()
-        .read(true)
-        .write(true)
-        .open(&pool.path)
-        .unwrap();
+    let pf = pool.file();
     let mtime = || owner.getattr(ino).unwrap().mtime;
     let times = || {
         let a = owner.getattr(ino).unwrap();
