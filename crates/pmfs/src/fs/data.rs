@@ -612,11 +612,11 @@ impl KernelTimes {
     /// If the kernel may cache pages of the file, raises mtime and ctime to `now`, or above
     /// the stored mtime if that is not earlier: either the owner's read for the kernel saw
     /// the update, or this sees its flag.
-    fn reveal(&self, m: &dyn Media, now: i64) -> Result<()> {
+    fn reveal(&self, m: &dyn Media, now: impl FnOnce() -> i64) -> Result<()> {
         if flags_in(m.load_u64(self.flags)?) & flag::KERNEL_CACHED == 0 {
             return Ok(());
         }
-        self.raise(m, now)
+        self.raise(m, now())
     }
 
     /// Raises mtime and ctime to `now`, or above the stored mtime if that is not earlier.
@@ -1978,7 +1978,7 @@ impl Fs {
     /// the flag before it reads for the kernel, and this looks after the commit: either that
     /// read saw the update, or this sees the flag.
     fn reveal_to_kernel(&self, ino: u32) -> Result<()> {
-        KernelTimes::of(self, ino).reveal(self.m(), self.now())
+        KernelTimes::of(self, ino).reveal(self.m(), || self.now())
     }
 
     /// Before the kernel reads regular file `ino` for a process (a copy inside the kernel):
