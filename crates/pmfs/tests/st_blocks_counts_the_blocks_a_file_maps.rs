@@ -131,6 +131,17 @@ fn changes_count_before_they_are_digested() {
         open(5, "allocated past the end");
         drop(node);
         assert_eq!(blocks(&vol, f.ino), 5 * UNITS, "{kind:?} closed");
+
+        // Changes to digested blocks: overwritten ones count once, punched ones not at all.
+        let node = vol.open_ino(f.ino, RW).unwrap();
+        node.write_at(&[9u8; 2 * BS as usize], 0).unwrap();
+        open(5, "two digested blocks overwritten");
+        node.punch_hole(BS, BS).unwrap();
+        open(4, "a digested block punched");
+        node.write_at(b"z", 8 * BS).unwrap();
+        open(5, "a block past the digested ones");
+        drop(node);
+        assert_eq!(blocks(&vol, f.ino), 5 * UNITS, "{kind:?} closed again");
     }
 }
 

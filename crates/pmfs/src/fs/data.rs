@@ -939,6 +939,9 @@ impl Fs {
             let t0 = s.log.tail()?.lsn();
             let cursor = self.inodes.load(m, ino, field::DIGEST)?;
             let mapped = self.mapped_blocks(h, f, end)?;
+            // The mapping maps nothing past the digested size and mapped end: pieces there
+            // (a file growing, the common case) need no lookup.
+            let digested_end = self.block_span(ino, self.digested_size(ino)?)?;
             {
                 let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
                 self.catch_up(ino, s, &mut ov, t0)?;
@@ -952,7 +955,11 @@ impl Fs {
                     Src::Mapped(_) => p.len,
                     Src::Hole => 0,
                 };
-                blocks = (blocks + now).saturating_sub(self.blocks_in(f, p.lblk, p.len)?);
+                let was = match digested_end.saturating_sub(p.lblk).min(p.len) {
+                    0 => 0,
+                    len => self.blocks_in(f, p.lblk, len)?,
+                };
+                blocks = (blocks + now).saturating_sub(was);
             }
             let settled = cursor >> CURSOR_LSN_BITS == 0
                 && self.inodes.load(m, ino, field::DIGEST)? == cursor
