@@ -1961,8 +1961,10 @@ impl Fs {
     /// Raises the time words `fields` of `ino` to `now` by CAS, never backwards; durable after
     /// the next fence.
     fn raise_times(&self, ino: u32, fields: &[u64], now: u64) -> Result<()> {
-        let words: Vec<PmOff> = fields.iter().map(|&f| self.inodes.field(ino, f)).collect();
-        raise_words(self.m(), &words, now)
+        for &f in fields {
+            raise_words(self.m(), &[self.inodes.field(ino, f)], now)?;
+        }
+        Ok(())
     }
 
     /// [`stamp_times`](Fs::stamp_times) for a write through `s`, with the coarse clock.
