@@ -72,10 +72,11 @@
 //!   kernel drops its pages when it sees the new mtime. Until then, another process's `stat`
 //!   shows the mtime from before the stores.
 //! - **Left to the kernel on pmfs files**: descriptions mapped any other way (`MAP_PRIVATE`,
-//!   `PROT_EXEC`, `MAP_SYNC` and other flags, a range of more than 16384 pool pieces) are
-//!   released from userspace at the `mmap`: the kernel's page cache backs the mapping; the
-//!   kernel is made to refresh the size first. So is a description whose shared mapping reaches
-//!   past the end of file (its pages within the file still come from the pool). So are
+//!   `PROT_EXEC`, `MAP_SYNC` and other flags, a range of more than 16384 pool pieces or whose
+//!   holes would need more than 16384 fresh blocks, as in a large sparse file) are released
+//!   from userspace at the `mmap`: the kernel's page cache backs the mapping; the kernel is
+//!   made to refresh the size first. So is a description whose shared mapping reaches past the
+//!   end of file (its pages within the file still come from the pool). So are
 //!   `preadv2`/`pwritev2` (`pwritev2` once the kernel has fetched the file's size, as appends
 //!   through it go where the kernel thinks the file ends), other `lseek` and `fallocate` modes,
 //!   and calls the kernel must reject (wrong access mode, negative offsets, ranges ending past

@@ -57,6 +57,11 @@ const PAGE: usize = 4096;
 /// The most pool pieces one call is served with (Linux allows 65530 mappings per process by
 /// default); a file more fragmented than that over the range takes the kernel path.
 const MAX_PIECES: usize = 16384;
+/// The most blocks a call may fill in the holes of its range (64 MiB): mapping a large sparse
+/// file from the pool would first allocate and zero all of it (2 GiB of holes took 38 s, and
+/// the space), where the kernel's page cache allocates nothing; such a call takes the kernel
+/// path.
+const MAX_FILL: u64 = 16384;
 /// `mmap` flags a served mapping accepts besides the mapping type.
 const SERVED_FLAGS: c_int = libc::MAP_FIXED
     | libc::MAP_FIXED_NOREPLACE
@@ -288,7 +293,7 @@ pub(crate) fn map(
     call: &MapCall,
 ) -> Option<isize> {
     let saved = crate::errno();
-    let file = client.map(ino, call.off as u64, call.span() as u64);
+    let file = client.map_filling_at_most(ino, call.off as u64, call.span() as u64, MAX_FILL);
     crate::set_errno(saved);
     let file = file.ok()?;
     if file.pieces().len() > MAX_PIECES {

@@ -23,7 +23,7 @@ use common::{Mounted, TempDir, With, compile, counters, library, runs_agree, sh_
 #[test]
 fn mapped_files_give_the_same_bytes_with_and_without_the_library() {
     let ((_, files), c, m) = runs_agree("mapped", str::to_owned);
-    assert_eq!(files.len(), 10);
+    assert_eq!(files.len(), 11);
     assert_eq!(c.processes, 1, "{c:?}");
     assert!(c.served >= 30, "{c:?}");
     m.unmount_and_fsck();

@@ -383,3 +383,26 @@ fn pins_of_writable_mappings_raise_the_mtime() {
     drop(f);
     finish(owner, client, &pool);
 }
+
+/// A mapping may be refused the filling of many holes: `map_filling_at_most` fails with
+/// `NoSpace` and allocates nothing when the range's holes need more blocks than allowed, and
+/// maps as `map` does within the bound.
+#[test]
+fn filling_holes_for_a_mapping_can_be_bounded() {
+    let pool = Pool::new("bounded");
+    let (owner, ino, client) = setup(&pool);
+    let f = client.open_ino(ino, RW).unwrap();
+    f.write_at(b"end", 64 * BS).unwrap();
+    let blocks = || owner.getattr(ino).unwrap().blocks;
+    let before = blocks();
+    assert!(matches!(
+        client.map_filling_at_most(ino, 0, 65 * BS, 63),
+        Err(pmfs::Error::NoSpace)
+    ));
+    assert_eq!(blocks(), before, "nothing allocated");
+    let m = client.map_filling_at_most(ino, 0, 65 * BS, 64).unwrap();
+    assert_eq!(m.pieces().iter().map(|p| p.len).sum::<u64>(), 65 * BS);
+    assert_eq!(blocks(), 65 * BS / 512);
+    drop((f, m));
+    finish(owner, client, &pool);
+}

@@ -347,6 +347,19 @@ int main(int argc, char **argv) {
     kernel_copy(k, "k-unmapped", sizeof kpages);
     close(k);
 
+    /* A large sparse file mapped whole, read-only: its holes stay holes. */
+    int big = open("sparse-big", O_RDWR | O_CREAT | O_TRUNC, 0644);
+    size_t big_len = (128 << 20) + PG;
+    show("pwrite past the hole", pwrite(big, "TAIL", 4, (off_t)(128 << 20)));
+    unsigned char *bm = map(big_len, PROT_READ, MAP_SHARED, big, 0, "mmap sparse whole");
+    text_at(bm + (128 << 20), "tail through the map", 4);
+    show("a hole through the map", bm[64 << 20]);
+    show("munmap sparse", munmap(bm, big_len));
+    struct stat bst;
+    fstat(big, &bst);
+    show("blocks of the sparse file", (long)bst.st_blocks);
+    close(big);
+
     show("size", size_of(fd));
     sum_at(fd, "whole file", 0, (size_t)size_of(fd));
     show("close", close(fd) | close(other) | close(sp) | close(ro) | close(e) | close(wo) |

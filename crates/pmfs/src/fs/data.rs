@@ -391,8 +391,9 @@ impl Update {
 /// What [`Fs::fill`] puts over its range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fill {
-    /// Zeroed blocks over the holes (`fallocate`).
-    Holes,
+    /// Zeroed blocks over the holes (`fallocate`), failing with [`Error::NoSpace`] before
+    /// any change if they need more than this many.
+    Holes { at_most: u64 },
     /// Zeros over all of it (`FALLOC_FL_ZERO_RANGE`).
     Zeros,
 }
@@ -1515,8 +1516,16 @@ impl Fs {
     /// Puts `n`'s file in mapped mode and returns the runs backing its logical blocks
     /// `[lblk, lblk + len)` after staging blocks for every hole among them, with the pin that
     /// keeps them the file's: while any pin lives, every update of the file in any process
-    /// leaves its mapped blocks where they are (see the module documentation).
-    pub fn map_file(&self, n: &Node, lblk: u64, len: u64) -> Result<(MapPin, Vec<Run>)> {
+    /// leaves its mapped blocks where they are (see the module documentation). Holes that
+    /// need more than `fill_at_most` blocks fail the call with [`Error::NoSpace`], before any
+    /// is filled.
+    pub fn map_file(
+        &self,
+        n: &Node,
+        lblk: u64,
+        len: u64,
+        fill_at_most: u64,
+    ) -> Result<(MapPin, Vec<Run>)> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
@@ -1545,7 +1554,10 @@ impl Fs {
         s.log.prepare(&barrier)?.commit()?;
         self.after_commit(n, &s, self.node_map(n)?, None, None)?;
         if len > 0 {
-            self.allocate(n, lblk * BS, len * BS, true)?;
+            let holes = Fill::Holes {
+                at_most: fill_at_most,
+            };
+            self.fill(n, lblk * BS, len * BS, true, holes)?;
         }
         let runs = self.data_runs(n, lblk, len)?;
         // Nothing unmaps a block of a file in mapped mode: a hole here is a bug.
@@ -2387,7 +2399,7 @@ impl Fs {
     /// Maps zeroed blocks over every hole of `[offset, offset + len)` and, unless `keep_size`,
     /// makes the file at least `offset + len` long: one atomic update.
     pub fn allocate(&self, n: &Node, offset: u64, len: u64, keep_size: bool) -> Result<()> {
-        self.fill(n, offset, len, keep_size, Fill::Holes)
+        self.fill(n, offset, len, keep_size, Fill::Holes { at_most: u64::MAX })
     }
 
     /// Makes `[offset, offset + len)` read as zeros on allocated blocks and, unless
@@ -2427,7 +2439,7 @@ impl Fs {
                     to: end,
                     data: None,
                 }),
-                Fill::Holes => {
+                Fill::Holes { at_most } => {
                     let mut runs = Vec::new();
                     fs.runs_in(ov, f, first, last - first, &mut runs)?;
                     let mut cursor = first;
@@ -2446,6 +2458,9 @@ impl Fs {
                             });
                         }
                         cursor = cursor.max(r.lblk + r.len);
+                    }
+                    if segs.iter().map(|s| s.len).sum::<u64>() > at_most {
+                        return Err(Error::NoSpace);
                     }
                 }
             }
