@@ -43,6 +43,7 @@ pub mod fsck;
 mod hash;
 mod inode;
 mod journal;
+pub mod kernel_pages;
 mod mapping;
 mod overlay;
 mod parts;

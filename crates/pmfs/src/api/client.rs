@@ -215,14 +215,26 @@ impl Client {
     /// `sendfile`, `splice`): if some process maps the file ([`map`](Self::map)), its stores
     /// bypassed the pages the kernel may cache, so its mtime is raised (as a store into a
     /// mapping raises it on a kernel file system), which makes the kernel drop them at its
-    /// next look at the attributes. Nothing happens to a file nobody maps, or whose pages
-    /// the kernel never read. A pin of a writable mapping raises it too
-    /// ([`MapPin::stored`](crate::MapPin::stored)).
+    /// next look at the attributes, or at once through [`on_kernel_pages`](Self::on_kernel_pages).
+    /// Nothing happens to a file nobody maps, or whose pages the kernel never read. A pin of
+    /// a writable mapping does the same ([`MapPin::stored`](crate::MapPin::stored)).
     ///
     /// # Errors
     /// Media errors.
     pub fn reveal_mapped(&self, ino: Ino) -> Result<()> {
-        self.fs.reveal_mapped(ino.handle().ino)
+        self.fs.reveal_mapped(ino.handle())
+    }
+
+    /// Sets what this client calls after it updated a file whose pages the kernel may cache
+    /// (the owner read it for the kernel since it last had them dropped): `drop_pages` should
+    /// have the owner make the kernel drop them ([`crate::kernel_pages`]) and return when
+    /// that is done, so that no process reading the file through the kernel, a mapping
+    /// included, sees the bytes from before the update once it returned. Called after the
+    /// update is durable and its mtime raised, with no lock of this client held; from
+    /// [`MapPin::stored`](crate::MapPin::stored) too, for pins taken after this was set. Set
+    /// once: a second call changes nothing and returns `false`.
+    pub fn on_kernel_pages(&self, drop_pages: impl Fn(Ino) + Send + Sync + 'static) -> bool {
+        self.fs.kernel_pages.set(Arc::new(drop_pages)).is_ok()
     }
 
     /// The attributes of inode `ino` as the owner would report them (its size as the log says

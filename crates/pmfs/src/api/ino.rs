@@ -288,6 +288,22 @@ impl Volume {
         attr_of(&self.fs, h)
     }
 
+    /// Notes that the kernel holds no pages of regular file `ino` any more: call it right
+    /// before having the kernel drop them (`FUSE_NOTIFY_INVAL_INODE`), when a data-only client
+    /// asks through [`crate::kernel_pages`]. Until the kernel reads the file again, clients'
+    /// updates of it ask for nothing.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] unless `ino` is a live regular file; [`Error::Unsupported`] on a
+    /// client or a read-only volume; media errors.
+    pub fn forget_kernel_pages(&self, ino: Ino) -> Result<()> {
+        let (h, rec) = self.live(ino)?;
+        if rec.kind() != Some(Kind::File) {
+            return Err(Error::NotFound);
+        }
+        self.fs.forget_kernel_pages(h)
+    }
+
     /// The attributes of `ino`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         let (h, _) = self.live(ino)?;

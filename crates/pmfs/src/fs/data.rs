@@ -150,6 +150,7 @@ use pmfs_mapping::hashfs::{HashFs, HashFsFile};
 
 use super::path::{Follow, Target};
 use super::{Fs, wall_ns};
+use crate::api::ino::Ino;
 use crate::error::{Error, Result};
 use crate::fs::MAX_FILE_SIZE;
 use crate::hash::FastMap;
@@ -524,7 +525,13 @@ pub struct MapPin {
     log: PmOff,
     times: KernelTimes,
     writable: bool,
+    file: Ino,
+    kernel_pages: Option<DropKernelPages>,
 }
+
+/// What a data-only client calls, with the file, after an update of a file whose pages the
+/// kernel may cache ([`crate::kernel_pages`]).
+pub(crate) type DropKernelPages = Arc<dyn Fn(Ino) + Send + Sync>;
 
 impl std::fmt::Debug for MapPin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -551,6 +558,8 @@ impl MapPin {
             log: self.log,
             times: self.times,
             writable: self.writable,
+            file: self.file,
+            kernel_pages: self.kernel_pages.clone(),
         })
     }
 
@@ -566,8 +575,9 @@ impl MapPin {
     /// (`msync`; dropping the pin does it too): raises its mtime and ctime, as a store into a
     /// mapping raises them on a kernel file system (at its page fault), so that programs that
     /// look for changes by mtime (`make`, `rsync`) see it, and the kernel drops the pages it
-    /// may cache of the file, which the stores bypassed. Nothing for a pin of a read-only
-    /// mapping.
+    /// may cache of the file, which the stores bypassed (at its next attribute fetch, or
+    /// at once through the client's [`on_kernel_pages`](crate::Client::on_kernel_pages)).
+    /// Nothing for a pin of a read-only mapping.
     ///
     /// # Errors
     /// Media errors.
@@ -575,7 +585,13 @@ impl MapPin {
         if !self.writable {
             return Ok(());
         }
-        self.times.raise(&*self.media, wall_ns())
+        self.times.raise(&*self.media, wall_ns())?;
+        if let Some(drop_pages) = &self.kernel_pages
+            && self.times.kernel_cached(&*self.media)?
+        {
+            drop_pages(self.file);
+        }
+        Ok(())
     }
 }
 
@@ -613,11 +629,17 @@ impl KernelTimes {
     /// If the kernel may cache pages of the file, raises mtime and ctime to `now`, or above
     /// the stored mtime if that is not earlier: either the owner's read for the kernel saw
     /// the update, or this sees its flag.
-    fn reveal(&self, m: &dyn Media, now: impl FnOnce() -> i64) -> Result<()> {
-        if flags_in(m.load_u64(self.flags)?) & flag::KERNEL_CACHED == 0 {
-            return Ok(());
+    fn reveal(&self, m: &dyn Media, now: impl FnOnce() -> i64) -> Result<bool> {
+        if !self.kernel_cached(m)? {
+            return Ok(false);
         }
-        self.raise(m, now())
+        self.raise(m, now())?;
+        Ok(true)
+    }
+
+    /// Whether the kernel may hold pages of the file.
+    fn kernel_cached(&self, m: &dyn Media) -> Result<bool> {
+        Ok(flags_in(m.load_u64(self.flags)?) & flag::KERNEL_CACHED != 0)
     }
 
     /// Raises mtime and ctime to `now`, or above the stored mtime if that is not earlier.
@@ -1543,6 +1565,8 @@ impl Fs {
             log: root,
             times: KernelTimes::of(self, ino),
             writable: false,
+            file: Ino::from_raw(n.h.word()),
+            kernel_pages: self.kernel_pages.get().cloned(),
         };
         count_step(self.media(), maps, true, false)?;
         // The barrier: every update committed after it saw the count, and so leaves mapped
@@ -1811,9 +1835,7 @@ impl Fs {
                         self.write_in_place(&own, size)?;
                     }
                     drop(hold);
-                    if self.client {
-                        self.reveal_to_kernel(n.h.ino)?;
-                    }
+                    self.reveal_to_kernel(n.h)?;
                     let blocks = runs.iter().map(|r| r.len).sum();
                     let own = Own {
                         from,
@@ -1990,26 +2012,54 @@ impl Fs {
         Ok(())
     }
 
-    /// After a data-only client's update of `ino` committed (its bytes in place): if the
+    /// After a data-only client's update of `h` committed (its bytes in place): if the
     /// kernel may hold pages of the file ([`flag::KERNEL_CACHED`]), raises mtime and ctime to
-    /// a fine-grained time strictly above the stored mtime. The update bypassed the kernel,
-    /// which keeps its pages while the mtime and size it fetches stay as they were
-    /// (`FUSE_AUTO_INVAL_DATA`): with the coarse clock of writes, for the rest of a clock
-    /// tick, so a process reading through the kernel got the old bytes back. The owner sets
-    /// the flag before it reads for the kernel, and this looks after the commit: either that
-    /// read saw the update, or this sees the flag.
-    fn reveal_to_kernel(&self, ino: u32) -> Result<()> {
-        KernelTimes::of(self, ino).reveal(self.m(), || self.now())
-    }
-
-    /// Before the kernel reads regular file `ino` for a process (a copy inside the kernel):
-    /// if some process maps it ([`map_file`](Fs::map_file)), stores through the mapping may
-    /// have bypassed the kernel's pages: [revealed](Fs::reveal_to_kernel) as an update.
-    pub fn reveal_mapped(&self, ino: u32) -> Result<()> {
-        if self.maps(ino)? == 0 {
+    /// a fine-grained time strictly above the stored mtime, then has the owner make the
+    /// kernel drop the pages ([`crate::kernel_pages`]), if the client can reach it. The update
+    /// bypassed the kernel, which keeps its pages while the mtime and size it fetches stay as
+    /// they were (`FUSE_AUTO_INVAL_DATA`): with the coarse clock of writes, for the rest of a
+    /// clock tick, so a process reading through the kernel got the old bytes back, and a
+    /// kernel mapping, which fetches nothing, kept them. The owner sets the flag before it
+    /// reads for the kernel, and this looks after the commit: either that read saw the
+    /// update, or this sees the flag. Nothing for the owner, whose updates go through the
+    /// kernel.
+    fn reveal_to_kernel(&self, h: Handle) -> Result<()> {
+        if !self.client || !KernelTimes::of(self, h.ino).reveal(self.m(), || self.now())? {
             return Ok(());
         }
-        self.reveal_to_kernel(ino)
+        if let Some(drop_pages) = self.kernel_pages.get() {
+            drop_pages(Ino::from_raw(h.word()));
+        }
+        Ok(())
+    }
+
+    /// Before the kernel reads regular file `h` for a process (a copy inside the kernel):
+    /// if some process maps it ([`map_file`](Fs::map_file)), stores through the mapping may
+    /// have bypassed the kernel's pages: [revealed](Fs::reveal_to_kernel) as an update.
+    pub fn reveal_mapped(&self, h: Handle) -> Result<()> {
+        if self.maps(h.ino)? == 0 {
+            return Ok(());
+        }
+        self.reveal_to_kernel(h)
+    }
+
+    /// The owner's side of [`crate::kernel_pages`]: before it has the kernel drop its pages
+    /// of `h`, notes that the kernel caches none ([`flag::KERNEL_CACHED`] cleared). A kernel
+    /// read after this sets the flag again, so a client's update after that read asks
+    /// again; a read before it ends before the pages are dropped (the kernel locks the pages
+    /// it reads into). Nothing for a file that is gone.
+    pub fn forget_kernel_pages(&self, h: Handle) -> Result<()> {
+        if self.client || self.read_only {
+            return Err(Error::Unsupported(
+                "dropping kernel pages outside the owner",
+            ));
+        }
+        let _il = self.ilock(h.ino).read().unwrap_or_else(|e| e.into_inner());
+        if self.inodes.load(self.m(), h.ino, field::STATE)? != h.live_state() {
+            return Ok(());
+        }
+        self.inodes
+            .clear_flags(self.m(), h.ino, flag::KERNEL_CACHED)
     }
 
     /// Notes that the kernel may cache pages of `ino` ([`flag::KERNEL_CACHED`]): called by the
@@ -2332,6 +2382,7 @@ impl Fs {
                     return Ok(());
                 }
             } else if self.commit_unless_mapped(ino, &s, &Entry::Truncate { size: len })? {
+                self.reveal_to_kernel(n.h)?;
                 self.after_commit(n, &s, self.node_map(n)?, None, None)?;
                 return self.restore_log_reserve(&s);
             }
@@ -2392,6 +2443,7 @@ impl Fs {
         }
         m.fence();
         drop(hold);
+        self.reveal_to_kernel(n.h)?;
         self.after_commit(n, s, f, None, None)?;
         Ok(true)
     }
@@ -2600,6 +2652,7 @@ impl Fs {
                 len: whole_to - whole_from,
             };
             if self.commit_unless_mapped(n.h.ino, &s, &punch)? {
+                self.reveal_to_kernel(n.h)?;
                 self.after_commit(n, &s, self.node_map(n)?, None, None)?;
                 self.restore_log_reserve(&s)?;
             } else {

@@ -150,6 +150,9 @@ pub(crate) struct Fs {
     pub read_only: bool,
     /// A data-only client of a pool another process owns ([`Fs::attach`]).
     pub client: bool,
+    /// How a client has the kernel drop its pages of a file it updated
+    /// ([`Client::on_kernel_pages`](crate::Client::on_kernel_pages)).
+    pub(crate) kernel_pages: OnceLock<data::DropKernelPages>,
     closed: AtomicBool,
     pub report: MountReport,
     /// The owner lock of the pool file when the volume was opened by path; released when the
@@ -301,6 +304,7 @@ impl Fs {
             dir_mode,
             read_only,
             client: false,
+            kernel_pages: OnceLock::new(),
             closed: AtomicBool::new(false),
             report: MountReport::default(),
             owner_lock: OnceLock::new(),
