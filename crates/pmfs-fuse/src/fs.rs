@@ -26,7 +26,9 @@
 //!   kernel drops cached pages when it sees mtime or size change (`FUSE_AUTO_INVAL_DATA`).
 //!   Reads mark the file as cached by the kernel first ([`OpenNode::read_for_kernel`]), so
 //!   that a data client's write, which the kernel does not see, moves the mtime: the next
-//!   read through the kernel then drops the pages it holds.
+//!   read through the kernel then drops the pages it holds. Kernel mappings fetch no
+//!   attributes: the client also asks the daemon to have the kernel drop them
+//!   (`FUSE_NOTIFY_INVAL_INODE`, [`pmfs::kernel_pages`], served by a thread of `mount`).
 //! - **Requests declined for good.** FLUSH, FSYNC, FSYNCDIR and OPENDIR are answered
 //!   `ENOSYS`, which the kernel takes as "succeed without asking from now on": every update
 //!   is durable when it returns and directory listings need no per-open state, so `close`,

@@ -10,16 +10,19 @@
 //! 3. serves requests on several threads until the file system is unmounted: by
 //!    `fusermount3 -u` / `umount`, or by `SIGINT`, `SIGTERM` or `SIGHUP`, which make the daemon
 //!    unmount it itself (a busy mount point is reported and kept; a second signal detaches it
-//!    lazily);
+//!    lazily), and, on a thread of its own, data clients' requests to have the kernel drop
+//!    its pages of files they updated ([`pmfs::kernel_pages`]; not on a read-only mount);
 //! 4. closes the volume cleanly and releases the lock.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
-use fuser::{Config, MountOption, Session, SessionACL};
+use fuser::{Config, INodeNo, MountOption, Notifier, Session, SessionACL};
 use nix::sys::signal::{SigSet, Signal};
+use pmfs::kernel_pages::{Listener, Stopper};
 
 use crate::error::{Error, Result};
 use crate::fs::{PmfsFs, Timeouts};
@@ -326,6 +329,18 @@ pub fn serve(
     let fs = PmfsFs::new(vol.clone(), opts.timeouts);
     let session = Session::new(fs, &mountpoint, &config)
         .map_err(|e| Error::new(format!("{}: cannot mount: {e}", mountpoint.display())))?;
+    let kernel_pages = if opts.read_only {
+        None
+    } else {
+        serve_kernel_pages(&pool, vol.clone(), session.notifier())
+            .map_err(|e| {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "pmfs: {e}; processes that map files through the kernel may see stale pages after writes by the preload library"
+                );
+            })
+            .ok()
+    };
     let shown = mountpoint.clone();
     std::thread::Builder::new()
         .name("pmfs-signals".into())
@@ -358,10 +373,56 @@ pub fn serve(
         }
     }
     let served = session.run();
+    if let Some((stop, thread)) = kernel_pages {
+        // Its handle of the volume goes with it, before the close below, which is clean only
+        // for the last handle.
+        if stop.stop().is_ok() {
+            let _ = thread.join();
+        }
+    }
     let closed = vol.close().map_err(|e| volume_error(pool.path(), e));
     drop(pool);
     served.map_err(|e| Error::new(format!("{}: {e}", mountpoint.display())))?;
     closed
+}
+
+/// Starts the thread that has the kernel drop its pages of a file when a data client (the
+/// preload library) updated it behind the kernel's back ([`pmfs::kernel_pages`]): the engine
+/// first notes that the kernel holds none, then the kernel is told
+/// (`FUSE_NOTIFY_INVAL_INODE` over the whole file), then the client is answered. A file or
+/// node gone meanwhile needs nothing.
+/// Returns what stops it, and the thread.
+fn serve_kernel_pages(
+    pool: &Pool,
+    vol: pmfs::Volume,
+    notifier: Notifier,
+) -> Result<(Stopper, JoinHandle<std::io::Result<()>>)> {
+    let (dev, ino) = pool.identity()?;
+    let cannot = |e| {
+        Error::new(format!(
+            "{}: cannot listen for data clients: {e}",
+            pool.path().display()
+        ))
+    };
+    let listener = Listener::bind(dev, ino).map_err(cannot)?;
+    let stop = listener.stopper().map_err(cannot)?;
+    let thread = std::thread::Builder::new()
+        .name("pmfs-kernel-pages".into())
+        .spawn(move || {
+            listener.serve(|file| {
+                match vol.forget_kernel_pages(file) {
+                    Ok(()) => {}
+                    Err(pmfs::Error::NotFound) => return Ok(()),
+                    Err(e) => return Err(std::io::Error::from_raw_os_error(e.errno())),
+                }
+                match notifier.inval_inode(INodeNo(file.raw()), 0, 0) {
+                    Err(e) if e.raw_os_error() != Some(libc::ENOENT) => Err(e),
+                    _ => Ok(()),
+                }
+            })
+        })
+        .map_err(|e| Error::new(format!("cannot start the kernel-pages thread: {e}")))?;
+    Ok((stop, thread))
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ pub const MIN_POOL: u64 = 8 << 20;
 pub struct Pool {
     path: PathBuf,
     /// Holds the owner lock until the pool is dropped.
-    _lock: File,
+    file: File,
 }
 
 fn shown(path: &Path) -> String {
@@ -117,7 +117,7 @@ impl Pool {
         }
         lock(&file, path)?;
         let path = path.canonicalize().map_err(|e| open_error(path, e))?;
-        Ok(Pool { path, _lock: file })
+        Ok(Pool { path, file })
     }
 
     /// Creates the pool file `path` of `size` bytes (mode 0600), locked, with its space
@@ -173,12 +173,23 @@ impl Pool {
             return Err(e);
         }
         let path = path.canonicalize().map_err(|e| open_error(path, e))?;
-        Ok(Pool { path, _lock: file })
+        Ok(Pool { path, file })
     }
 
     /// The pool file's absolute path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The pool file's device and inode number: what names it to its data clients
+    /// ([`pmfs::kernel_pages::owner_address`]).
+    pub fn identity(&self) -> Result<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self
+            .file
+            .metadata()
+            .map_err(|e| open_error(&self.path, e))?;
+        Ok((m.dev(), m.ino()))
     }
 
     /// Maps the pool file.
