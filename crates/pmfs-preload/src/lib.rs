@@ -66,11 +66,19 @@
 //!   and bypass the pages the kernel may cache of the file (copies inside the kernel read
 //!   those, as do processes without the library): `msync` and the release of the last page
 //!   of a mapping of a writable description raise the file's mtime and ctime
-//!   (`pmfs::MapPin::stored`; a kernel file system raises them at a store's page fault), and
-//!   a `sendfile`/`splice`/`copy_file_range` from a served file that some process maps
-//!   raises them when the kernel may hold pages of it (`pmfs::Client::reveal_mapped`): the
-//!   kernel drops its pages when it sees the new mtime. Until then, another process's `stat`
-//!   shows the mtime from before the stores.
+//!   (`pmfs::MapPin::stored`; a kernel file system raises them at a store's page fault) and
+//!   have the kernel drop its pages (below), and so does a `sendfile`/`splice`/
+//!   `copy_file_range` from a served file that some process maps, before the kernel copies
+//!   (`pmfs::Client::reveal_mapped`). Until then, another process's `stat` shows the mtime
+//!   from before the stores.
+//! - **The kernel's pages** (module `kernel_pages`): after an update of a file whose pages the
+//!   kernel may hold (the daemon read it for the kernel since they were last dropped), the
+//!   update raises the mtime, which makes each later `read` through the kernel drop them,
+//!   and asks the daemon, over a socket named after the pool file
+//!   (`pmfs::kernel_pages`), to make the kernel drop them at once, and waits for it: a
+//!   mapping through the kernel (a process without the library, or a mapping the library
+//!   leaves to the kernel) shows the update once it returned. That costs a round trip to the
+//!   daemon (about 50 µs here), once per kernel read of the file between updates.
 //! - **Left to the kernel on pmfs files**: descriptions mapped any other way (`MAP_PRIVATE`,
 //!   `PROT_EXEC`, `MAP_SYNC` and other flags, a range of more than 16384 pool pieces or whose
 //!   holes would need more than 16384 fresh blocks, as in a large sparse file) are released
@@ -146,14 +154,16 @@
 //!   mapping exists. A file unlinked while served mappings of it remain after its last `close`
 //!   is freed only at the owner's next mount (the daemon frees it at that close only if no
 //!   process pins it).
-//! - Processes without the library read a file through the kernel's page cache; writes
-//!   served in userspace move the file's mtime when the daemon has read the file for the
-//!   kernel, and so are seen by each later `read` through the kernel. A *mapping* through the
-//!   kernel (a process without the library, or a `MAP_PRIVATE` one) is not told: it sees
-//!   userspace writes only once its process reads or `stat`s the file, and what it stores
-//!   reaches the pool when the kernel writes it back. So processes with and without the
-//!   library must not share files they map: `sqlite3` in WAL mode maps its `-shm` index,
-//!   and a database written in WAL mode by both kinds of process at once is corrupted.
+//! - Processes without the library read and map a file through the kernel's page cache.
+//!   They see each update served in userspace once it returned, and stores through a served
+//!   mapping once `msync`ed or unmapped (see "The kernel's pages"); a served mapping's stores
+//!   before that are in the pool only. What they store through their own mappings reaches
+//!   the pool when the kernel writes it back (`msync`, `munmap`, or the kernel's writeback).
+//!   So processes with and without the library must not share files they *store* into
+//!   through mappings: `sqlite3` in WAL mode stores into its `-shm` index that way, and a
+//!   database written in WAL mode by both kinds of process at once is corrupted. A daemon the
+//!   library cannot reach (another network namespace, for the abstract socket) leaves kernel
+//!   mappings stale until the process reads or `stat`s the file.
 //! - Calls made in the first 10 ms after the daemon was killed or the mount detached still
 //!   reach the pool (valid log commits, recovered by the owner's next mount); a call already
 //!   running when it happens finishes. Descriptors classified after that get the kernel's
@@ -210,6 +220,7 @@
 
 pub(crate) mod fdtable;
 pub mod interpose;
+pub(crate) mod kernel_pages;
 pub(crate) mod limits;
 pub(crate) mod liveness;
 pub(crate) mod mapped;

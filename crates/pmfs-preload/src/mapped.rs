@@ -896,7 +896,7 @@ fn pool_fd(m: usize, write: bool) -> Option<c_int> {
     fd
 }
 
-fn pool_id(m: usize) -> (u64, u64) {
+pub(crate) fn pool_id(m: usize) -> (u64, u64) {
     (
         POOL_ID[m][0].load(Ordering::Acquire),
         POOL_ID[m][1].load(Ordering::Acquire),

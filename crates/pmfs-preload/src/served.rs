@@ -191,6 +191,7 @@ fn client(m: usize) -> Option<&'static Client> {
                     return None;
                 };
                 liveness::attached(m, owner, c.owner_state());
+                crate::kernel_pages::install(&c, crate::mapped::pool_id(m));
                 CLIENTS[m].store(Box::into_raw(Box::new(c)), Ordering::Release);
                 state.store(ATTACHED, Ordering::Release);
             } else if state.load(Ordering::Acquire) != ATTACHED {

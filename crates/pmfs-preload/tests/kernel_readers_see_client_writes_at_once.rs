@@ -5,6 +5,11 @@
 //! such a file moves the mtime, so each read through the kernel after a write returned sees
 //! it. A C program (`programs/writer.c`) under the library writes (and punches holes) one step
 //! at a time while this test reads through the kernel from a descriptor it keeps open.
+//!
+//! A kernel mapping fetches no attributes: its pages stay until the daemon has the kernel drop
+//! them. A client that updated a file the kernel may cache asks the daemon to (through
+//! `pmfs::kernel_pages`) before its update returns, so a mapping through the kernel sees each
+//! write, punch and `msync`ed store of the client too.
 
 mod common;
 
@@ -12,33 +17,66 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
 
+use std::path::PathBuf;
+use std::process::Child;
+
 use common::{Mounted, TempDir, compile, counters, stepped};
+
+/// A mount named `tag` with a file of three blocks of dots, `programs/writer.c` built in a
+/// work directory, and where its counters go.
+struct Setup {
+    work: TempDir,
+    exe: PathBuf,
+    m: Mounted,
+    path: PathBuf,
+}
+
+impl Setup {
+    fn new(tag: &str) -> Setup {
+        let work = TempDir::new(tag);
+        let exe = compile("writer", work.path());
+        let m = Mounted::new(tag, "64M", "hashfs");
+        let path = m.path().join("f");
+        std::fs::write(&path, vec![b'.'; 3 * 4096]).unwrap();
+        Setup { work, exe, m, path }
+    }
+
+    fn stats(&self) -> PathBuf {
+        self.work.path().join("stats")
+    }
+
+    /// Starts the writer on the file under the library; returns it and a function that sends
+    /// it one line and checks that it answered "ok".
+    fn writer(&self) -> (Child, impl FnMut(String) + use<>) {
+        let mut child = stepped(&self.exe, &self.stats())
+            .arg(&self.path)
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        let mut output = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        output.read_line(&mut line).unwrap();
+        assert_eq!(line.trim_end(), "ready");
+        let ask = move |line: String| {
+            writeln!(input, "{line}").unwrap();
+            let mut answer = String::new();
+            output.read_line(&mut answer).unwrap();
+            assert_eq!(answer.trim_end(), "ok", "{line}");
+        };
+        (child, ask)
+    }
+}
 
 #[test]
 fn reads_through_the_kernel_see_each_write_served_in_userspace() {
-    let work = TempDir::new("kernel-readers");
-    let exe = compile("writer", work.path());
-    let stats = work.path().join("stats");
-    let m = Mounted::new("kernel-readers", "64M", "hashfs");
-    let path = m.path().join("f");
-    std::fs::write(&path, vec![b'.'; 3 * 4096]).unwrap();
-    let reader = File::open(&path).unwrap();
+    let s = Setup::new("kernel-readers");
+    let path = &s.path;
+    let reader = File::open(path).unwrap();
     let mut word = [0u8; 8];
     reader.read_exact_at(&mut word, 0).unwrap();
     assert_eq!(&word, b"........");
 
-    let mut child = stepped(&exe, &stats).arg(&path).spawn().unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let mut output = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    output.read_line(&mut line).unwrap();
-    assert_eq!(line.trim_end(), "ready");
-    let mut ask = move |line: String| {
-        writeln!(input, "{line}").unwrap();
-        let mut answer = String::new();
-        output.read_line(&mut answer).unwrap();
-        assert_eq!(answer.trim_end(), "ok", "{line}");
-    };
+    let (mut child, mut ask) = s.writer();
 
     for k in 0..300u32 {
         let text = format!("{k:08}");
@@ -65,7 +103,7 @@ fn reads_through_the_kernel_see_each_write_served_in_userspace() {
     // nothing of it until it reads again.
     drop(reader);
     ask("100 AFTER-CLOSE".to_owned());
-    let again = OpenOptions::new().read(true).open(&path).unwrap();
+    let again = OpenOptions::new().read(true).open(path).unwrap();
     let mut tail = [0u8; 11];
     again.read_exact_at(&mut tail, 100).unwrap();
     assert_eq!(&tail, b"AFTER-CLOSE");
@@ -73,7 +111,51 @@ fn reads_through_the_kernel_see_each_write_served_in_userspace() {
 
     drop(ask);
     assert!(child.wait().unwrap().success());
-    let c = counters(&stats);
+    let c = counters(&s.stats());
     assert!(c.served >= 300, "{c:?}");
-    m.unmount_and_fsck();
+    s.m.unmount_and_fsck();
+}
+
+#[test]
+fn mappings_through_the_kernel_see_each_update_served_in_userspace() {
+    let s = Setup::new("kernel-mappers");
+    let path = &s.path;
+    let file = File::open(path).unwrap();
+    // SAFETY: the file is not truncated while mapped; its bytes change under the mapping,
+    // which is only read through volatile copies into a buffer below.
+    let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+    let seen = |at: usize, len: usize| -> Vec<u8> {
+        (at..at + len)
+            // SAFETY: in bounds of the mapping.
+            .map(|i| unsafe { std::ptr::read_volatile(map.as_ptr().add(i)) })
+            .collect()
+    };
+    assert_eq!(seen(0, 8), b"........");
+
+    let (mut child, mut ask) = s.writer();
+    for k in 0..200u32 {
+        let text = format!("{k:08}");
+        let at = 4096 * (k % 3) as usize + 100;
+        match k % 2 {
+            0 => ask(format!("{at} {text}")),
+            _ => ask(format!("store {at} {text}")),
+        }
+        assert_eq!(
+            String::from_utf8(seen(at, 8)).unwrap(),
+            text,
+            "step {k}: the kernel's mapping shows the update"
+        );
+    }
+    ask("punch 4096 4096".to_owned());
+    assert!(
+        seen(4096, 4096).iter().all(|&b| b == 0),
+        "the hole reads as zeros"
+    );
+    drop((map, file));
+
+    drop(ask);
+    assert!(child.wait().unwrap().success());
+    let c = counters(&s.stats());
+    assert!(c.served >= 100, "{c:?}");
+    s.m.unmount_and_fsck();
 }
