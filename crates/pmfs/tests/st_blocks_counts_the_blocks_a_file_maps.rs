@@ -145,6 +145,32 @@ fn changes_count_before_they_are_digested() {
     }
 }
 
+/// A count of undigested pieces keeps what the mapping held under them until the next
+/// digest: a block counted as mapped under a pending write, then punched (which digests),
+/// counts as a hole under the next write to it.
+#[test]
+fn counts_under_pending_writes_follow_digests() {
+    for kind in KINDS {
+        let (vol, _media) = fresh(kind);
+        let (f, node) = create(&vol, b"open");
+        let open = |n: u64, what: &str| {
+            assert_eq!(blocks(&vol, f.ino), n * UNITS, "{kind:?} {what}");
+        };
+        node.write_at(b"far", 100 * BS).unwrap();
+        node.write_at(b"near", 5 * BS).unwrap();
+        node.punch_hole(50 * BS, BS).unwrap();
+        open(2, "two blocks, digested by the punch");
+        for round in 0..3 {
+            node.write_at(b"again", 5 * BS).unwrap();
+            open(2, &format!("round {round}: a mapped block written"));
+            node.punch_hole(5 * BS, BS).unwrap();
+            open(1, &format!("round {round}: punched"));
+            node.write_at(b"back", 5 * BS).unwrap();
+            open(2, &format!("round {round}: a hole written"));
+        }
+    }
+}
+
 #[test]
 fn a_data_only_clients_sparse_writes_are_counted_by_both_sides() {
     let (path, vol) = common::client_pool("st-blocks");

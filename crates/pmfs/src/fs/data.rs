@@ -181,7 +181,23 @@ pub(crate) struct Shared {
     /// The latest modification time this process stored or found in the inode: the times
     /// word only grows, so a write stamped no later needs neither to read nor store it.
     stamped: AtomicU64,
+    /// What the mapping holds under ranges that undigested entries changed
+    /// ([`Fs::overlaid_blocks`]).
+    underneath: Mutex<Underneath>,
 }
+
+/// Blocks the mapping maps in ranges `(lblk, len)`, counted at one digest cursor word: the
+/// mapping of a file changes only in a digest, which moves the word, so the counts stay true
+/// while it stays. Between two digests a file's pieces in the overlay are mostly the same ones
+/// (each write adds or splits a few), so each `fstat` looks up only the new ones.
+#[derive(Debug, Default)]
+struct Underneath {
+    cursor: u64,
+    blocks: FastMap<(u64, u64), u64>,
+}
+
+/// Ranges an [`Underneath`] keeps at most; past it they are all dropped.
+const UNDERNEATH_MAX: usize = 4096;
 
 impl Shared {
     /// The state of `log` with an empty overlay starting at LSN `digested`, compacting once a
@@ -195,6 +211,7 @@ impl Shared {
             pending_entries: AtomicU64::new(0),
             pending_blocks: AtomicU64::new(0),
             stamped: AtomicU64::new(0),
+            underneath: Mutex::default(),
         }
     }
 }
@@ -980,7 +997,7 @@ impl Fs {
                 };
                 let was = match digested_end.saturating_sub(p.lblk).min(p.len) {
                     0 => 0,
-                    len => self.blocks_in(f, p.lblk, len)?,
+                    len => self.blocks_under(ino, s, f, cursor, p.lblk, len)?,
                 };
                 blocks = (blocks + now).saturating_sub(was);
             }
@@ -992,6 +1009,41 @@ impl Fs {
             }
             std::thread::yield_now();
         }
+    }
+
+    /// [`blocks_in`](Fs::blocks_in) for a range of an undigested piece of `s`'s file, where
+    /// `cursor` is the digest cursor word the count started at: kept in `s` while that word
+    /// stays (and no digest is running), so the next count looks up only pieces it has not
+    /// seen.
+    fn blocks_under(
+        &self,
+        ino: u32,
+        s: &Shared,
+        f: &MapFile,
+        cursor: u64,
+        lblk: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let keep = cursor >> CURSOR_LSN_BITS == 0;
+        if keep {
+            let u = s.underneath.lock().unwrap_or_else(|e| e.into_inner());
+            if u.cursor == cursor
+                && let Some(&n) = u.blocks.get(&(lblk, len))
+            {
+                return Ok(n);
+            }
+        }
+        let n = self.blocks_in(f, lblk, len)?;
+        // Kept only if no digest ran meanwhile (as in `mapped_blocks`).
+        if keep && self.inodes.load(self.m(), ino, field::DIGEST)? == cursor {
+            let mut u = s.underneath.lock().unwrap_or_else(|e| e.into_inner());
+            if u.cursor != cursor || u.blocks.len() >= UNDERNEATH_MAX {
+                u.cursor = cursor;
+                u.blocks.clear();
+            }
+            u.blocks.insert((lblk, len), n);
+        }
+        Ok(n)
     }
 
     /// The logical blocks regular file `ino` of `size` bytes may map: those below its size
