@@ -429,6 +429,7 @@ pub(crate) unsafe fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int
     let lo = addr as usize;
     let hi = lo.saturating_add(pages(len));
     let mut flushed = false;
+    let mut requests = Vec::new();
     for r in t.records() {
         let mut covered = false;
         for s in &r.segs {
@@ -440,11 +441,15 @@ pub(crate) unsafe fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int
                 flushed = true;
             }
         }
-        if covered {
-            let _ = r.pin.stored();
+        if covered && let Ok(Some(request)) = r.pin.stored_later() {
+            requests.push(request);
         }
     }
     drop(t);
+    // Each waits for the daemon: not under the table's lock.
+    for request in requests {
+        request.send();
+    }
     if flushed {
         persist::fence();
         crate::PMFS_CALLS.fetch_add(1, Ordering::Relaxed);

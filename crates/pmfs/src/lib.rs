@@ -62,6 +62,6 @@ pub use api::types::{
 pub use error::{Error, Result};
 pub use format::{AllocatorKind, FORMAT_VERSION, Options};
 pub use fs::MountReport;
-pub use fs::data::MapPin;
+pub use fs::data::{KernelPagesRequest, MapPin};
 pub use pmfs_core::traits::MappingKind;
 pub use xattr::{XATTR_NAME_MAX, XattrSet};

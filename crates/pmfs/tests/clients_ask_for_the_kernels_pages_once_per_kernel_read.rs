@@ -77,7 +77,14 @@ fn a_client_asks_once_per_kernel_read_of_the_file() {
     assert_eq!(take(), [ino], "msync of a writable mapping");
     owner.forget_kernel_pages(ino).unwrap();
     writer.stored().unwrap();
+    assert!(writer.stored_later().unwrap().is_none());
     assert_eq!(take(), []);
+    kernel.read_for_kernel(&mut buf, 0).unwrap();
+    let later = writer.stored_later().unwrap().unwrap();
+    assert_eq!(take(), [], "asked only when the request is sent");
+    later.send();
+    assert_eq!(take(), [ino]);
+    owner.forget_kernel_pages(ino).unwrap();
     kernel.read_for_kernel(&mut buf, 0).unwrap();
     drop(writer);
     assert_eq!(take(), [ino], "the last munmap");

@@ -599,16 +599,54 @@ impl MapPin {
     /// # Errors
     /// Media errors.
     pub fn stored(&self) -> Result<()> {
-        if !self.writable {
-            return Ok(());
-        }
-        self.times.raise(&*self.media, wall_ns())?;
-        if let Some(drop_pages) = &self.kernel_pages
-            && self.times.kernel_cached(&*self.media)?
-        {
-            drop_pages(self.file);
+        if let Some(request) = self.stored_later()? {
+            request.send();
         }
         Ok(())
+    }
+
+    /// [`stored`](Self::stored), leaving the request that the kernel drop its pages to the
+    /// caller, who sends it once it holds no lock (it waits for the owner's answer).
+    ///
+    /// # Errors
+    /// Media errors.
+    pub fn stored_later(&self) -> Result<Option<KernelPagesRequest>> {
+        if !self.writable {
+            return Ok(None);
+        }
+        self.times.raise(&*self.media, wall_ns())?;
+        Ok(match &self.kernel_pages {
+            Some(drop_pages) if self.times.kernel_cached(&*self.media)? => {
+                Some(KernelPagesRequest {
+                    file: self.file,
+                    drop_pages: drop_pages.clone(),
+                })
+            }
+            _ => None,
+        })
+    }
+}
+
+/// A request that the kernel drop its pages of a file stores went to
+/// ([`MapPin::stored_later`]).
+pub struct KernelPagesRequest {
+    file: Ino,
+    drop_pages: DropKernelPages,
+}
+
+impl KernelPagesRequest {
+    /// Calls the client's [`on_kernel_pages`](crate::Client::on_kernel_pages) hook with the
+    /// file.
+    pub fn send(self) {
+        (self.drop_pages)(self.file);
+    }
+}
+
+impl std::fmt::Debug for KernelPagesRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelPagesRequest")
+            .field("file", &self.file)
+            .finish_non_exhaustive()
     }
 }
 
