@@ -1821,6 +1821,7 @@ impl Fs {
             drop(ov);
             let mut runs: Vec<Run> = Vec::new();
             let mut partials: Vec<Partial> = Vec::new();
+            let mut stale = false;
             let staged = (|| -> Result<()> {
                 // The times go with the data: the fence after the copies makes both durable
                 // before the commit.
@@ -1870,6 +1871,13 @@ impl Fs {
                             self.block_at(Some(&ov), f, p.lblk)?
                         }
                     };
+                    // The block the view holds the old bytes in was freed since (another
+                    // process's write replaced it, and its digest released it) and staged
+                    // again here: the view is stale, plan again.
+                    if src == Some(p.pblk) {
+                        stale = true;
+                        return Ok(());
+                    }
                     self.copy_old(src, p, size)?;
                 }
                 if let Some((p, pblk)) = in_place {
@@ -1877,6 +1885,10 @@ impl Fs {
                 }
                 Ok(())
             })();
+            if stale {
+                self.unstage(&runs)?;
+                continue;
+            }
             let entry = Entry::Write {
                 runs: runs
                     .iter()

@@ -40,10 +40,15 @@ pub fn fresh(kind: MappingKind) -> (Volume, Arc<dyn Media>) {
 /// A small HashFS volume in a new pool file under the temporary directory (named after `tag`
 /// and this process), for data-only clients to attach to; the caller removes the file.
 pub fn client_pool(tag: &str) -> (std::path::PathBuf, Volume) {
+    client_pool_of(tag, 16 << 20)
+}
+
+/// [`client_pool`] of `size` bytes.
+pub fn client_pool_of(tag: &str, size: u64) -> (std::path::PathBuf, Volume) {
     let path = std::env::temp_dir().join(format!("pmfs-{tag}-{}.pool", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let opts = Options {
-        size: 16 << 20,
+        size,
         inodes: Some(256),
         ..Options::with_mapping(MappingKind::HashFs)
     };
