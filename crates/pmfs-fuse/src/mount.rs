@@ -404,7 +404,7 @@ fn serve_kernel_pages(
             pool.path().display()
         ))
     };
-    let listener = Listener::bind(dev, ino).map_err(cannot)?;
+    let listener = Listener::bind(dev, ino, vol.rendezvous()).map_err(cannot)?;
     let stop = listener.stopper().map_err(cannot)?;
     let thread = std::thread::Builder::new()
         .name("pmfs-kernel-pages".into())

@@ -19,7 +19,7 @@ const PATIENCE: Duration = Duration::from_secs(1);
 /// Hooks [`drop_pages`] into `client`, the client of a pool file with device `dev` and inode
 /// number `ino`.
 pub(crate) fn install(client: &pmfs::Client, (dev, ino): (u64, u64)) {
-    let Ok(owner) = pmfs::kernel_pages::owner_address(dev, ino) else {
+    let Ok(owner) = pmfs::kernel_pages::owner_address(dev, ino, client.rendezvous()) else {
         return;
     };
     client.on_kernel_pages(move |file| drop_pages(&owner, file));

@@ -73,12 +73,12 @@
 //!   from before the stores.
 //! - **The kernel's pages** (module `kernel_pages`): after an update of a file whose pages the
 //!   kernel may hold (the daemon read it for the kernel since they were last dropped), the
-//!   update raises the mtime, which makes each later `read` through the kernel drop them,
-//!   and asks the daemon, over a socket named after the pool file
-//!   (`pmfs::kernel_pages`), to make the kernel drop them at once, and waits for it: a
-//!   mapping through the kernel (a process without the library, or a mapping the library
-//!   leaves to the kernel) shows the update once it returned. That costs a round trip to the
-//!   daemon (about 50 µs here), once per kernel read of the file between updates.
+//!   update raises the mtime, which makes each later `read` through the kernel drop them, and
+//!   asks the daemon, over a socket named after the pool file and a random word the daemon
+//!   stores in it at mount (`pmfs::kernel_pages`), to make the kernel drop them at once, and
+//!   waits for it: a mapping through the kernel (a process without the library, or a mapping
+//!   the library leaves to the kernel) shows the update once it returned. That costs a round
+//!   trip to the daemon (about 50 µs here), once per kernel read of the file between updates.
 //! - **Left to the kernel on pmfs files**: descriptions mapped any other way (`MAP_PRIVATE`,
 //!   `PROT_EXEC`, `MAP_SYNC` and other flags, a range of more than 16384 pool pieces or whose
 //!   holes would need more than 16384 fresh blocks, as in a large sparse file) are released

@@ -39,6 +39,10 @@ pub const FORMAT_VERSION: u32 = 5;
 pub(crate) const OLDEST_VERSION: u32 = 2;
 /// Offset of the mount-state word in block 0.
 pub(crate) const MOUNT_STATE_OFF: PmOff = PmOff(1024);
+/// Offset in block 0 of the owner's rendezvous word: a random word stored at each read-write
+/// mount, which names the owner's socket for data clients ([`crate::kernel_pages`]), so that
+/// only processes that may read the pool know it.
+pub(crate) const RENDEZVOUS_OFF: PmOff = PmOff(1032);
 /// Mount-state value after a clean close.
 pub(crate) const STATE_CLEAN: u64 = u64::from_le_bytes(*b"CLEAN\0\0\0");
 /// Mount-state value while mounted read-write (or after a crash).
@@ -429,6 +433,15 @@ pub(crate) fn backup_matches(media: &dyn Media, g: &Geometry) -> Result<bool> {
 pub(crate) fn restore_backup(media: &dyn Media, g: &Geometry) -> Result<()> {
     media.write(BACKUP_BLOCK.offset(), &g.encode())?;
     media.persist(BACKUP_BLOCK.offset(), SB_SIZE as u64)?;
+    Ok(())
+}
+
+/// Stores a fresh random [rendezvous word](RENDEZVOUS_OFF) (durable after the next fence).
+pub(crate) fn new_rendezvous(m: &dyn Media) -> Result<()> {
+    use std::hash::{BuildHasher, RandomState};
+    let word = RandomState::new().hash_one(m.load_u64(RENDEZVOUS_OFF)?);
+    m.store_u64(RENDEZVOUS_OFF, word)?;
+    m.flush(RENDEZVOUS_OFF, 8)?;
     Ok(())
 }
 

@@ -17,10 +17,10 @@
 //! The address is an abstract socket: nothing in the file system, and visible in the network
 //! namespace it was bound in only. A client that cannot reach the owner (another namespace, an
 //! owner without a listener) goes on without: the raised mtime still keeps `read(2)` right.
-//! Anybody may send requests; the worst one can do is make the kernel drop pages it would have
-//! kept. Anybody may also bind the name first, while no owner runs: the owner then cannot
-//! listen (it says so), and clients wait for that process's answers as long as they are willing
-//! to, on each update of a file the kernel cached.
+//! Abstract names have no permissions, so the name holds a random word the owner stores in the
+//! pool at each read-write mount (the *rendezvous* word): only processes that may read the pool
+//! can know it, and so bind the name before the owner, or send it requests (the worst a request
+//! does is make the kernel drop pages it would have kept).
 //!
 //! [`Client`]: crate::Client
 //! [`OpenNode::read_for_kernel`]: crate::OpenNode::read_for_kernel
@@ -42,12 +42,16 @@ use crate::Ino;
 const MESSAGE: usize = 16;
 
 /// The address the owner of the pool file with device `dev` and inode number `ino` listens
-/// on.
+/// on while its mount's rendezvous word is `key` ([`Volume::rendezvous`],
+/// [`Client::rendezvous`]).
 ///
 /// # Errors
 /// None in practice: the name is shorter than the limit of an abstract address.
-pub fn owner_address(dev: u64, ino: u64) -> io::Result<SocketAddr> {
-    SocketAddr::from_abstract_name(format!("pmfs/kernel-pages/{dev:x}/{ino:x}"))
+///
+/// [`Volume::rendezvous`]: crate::Volume::rendezvous
+/// [`Client::rendezvous`]: crate::Client::rendezvous
+pub fn owner_address(dev: u64, ino: u64, key: u64) -> io::Result<SocketAddr> {
+    SocketAddr::from_abstract_name(format!("pmfs/kernel-pages/{dev:x}/{ino:x}/{key:016x}"))
 }
 
 /// The owner's end: a socket bound to [`owner_address`].
@@ -76,12 +80,13 @@ impl Stopper {
 }
 
 impl Listener {
-    /// Binds the address of the pool file with device `dev` and inode number `ino`.
+    /// Binds the [address](owner_address) of the pool file with device `dev`, inode number
+    /// `ino` and rendezvous word `key`.
     ///
     /// # Errors
     /// `AddrInUse` if some process listens there already; other socket errors.
-    pub fn bind(dev: u64, ino: u64) -> io::Result<Listener> {
-        let sock = UnixDatagram::bind_addr(&owner_address(dev, ino)?)?;
+    pub fn bind(dev: u64, ino: u64, key: u64) -> io::Result<Listener> {
+        let sock = UnixDatagram::bind_addr(&owner_address(dev, ino, key)?)?;
         Ok(Listener {
             sock,
             stopped: Arc::new(AtomicBool::new(false)),
@@ -212,7 +217,7 @@ mod tests {
     #[test]
     fn an_asker_gets_the_owners_answer_for_its_file() {
         let (dev, ino) = unique();
-        let l = Listener::bind(dev, ino).unwrap();
+        let l = Listener::bind(dev, ino, 5).unwrap();
         let (tx, seen) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             l.serve(|i| {
@@ -225,20 +230,21 @@ mod tests {
         });
         let sock = UnixDatagram::unbound().unwrap();
         bind_asker(&sock).unwrap();
-        let owner = owner_address(dev, ino).unwrap();
+        let owner = owner_address(dev, ino, 5).unwrap();
         let patience = Duration::from_secs(5);
         ask(&sock, &owner, Ino::from_raw(7 << 32 | 9), 1, patience).unwrap();
         let e = ask(&sock, &owner, Ino::from_raw(3), 2, patience).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
         let seen: Vec<u64> = seen.try_iter().map(Ino::raw).collect();
         assert_eq!(seen, [7 << 32 | 9, 3]);
-        assert!(Listener::bind(dev, ino).is_err(), "one owner per pool");
+        assert!(Listener::bind(dev, ino, 5).is_err(), "one owner per pool");
+        assert!(Listener::bind(dev, ino, 6).is_ok(), "one per mount");
     }
 
     #[test]
     fn a_stopped_listener_returns() {
         let (dev, ino) = unique();
-        let l = Listener::bind(dev, ino).unwrap();
+        let l = Listener::bind(dev, ino, 5).unwrap();
         let stop = l.stopper().unwrap();
         let serving = std::thread::spawn(move || l.serve(|_| Ok(())));
         std::thread::sleep(Duration::from_millis(20));
@@ -251,7 +257,7 @@ mod tests {
         let (dev, ino) = unique();
         let sock = UnixDatagram::unbound().unwrap();
         bind_asker(&sock).unwrap();
-        let owner = owner_address(dev, ino).unwrap();
+        let owner = owner_address(dev, ino, 5).unwrap();
         let e = ask(&sock, &owner, Ino::from_raw(1), 1, Duration::from_secs(5)).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
     }
@@ -259,10 +265,10 @@ mod tests {
     #[test]
     fn late_answers_to_given_up_requests_are_skipped() {
         let (dev, ino) = unique();
-        let l = Listener::bind(dev, ino).unwrap();
+        let l = Listener::bind(dev, ino, 5).unwrap();
         let sock = UnixDatagram::unbound().unwrap();
         bind_asker(&sock).unwrap();
-        let owner = owner_address(dev, ino).unwrap();
+        let owner = owner_address(dev, ino, 5).unwrap();
         let e = ask(
             &sock,
             &owner,

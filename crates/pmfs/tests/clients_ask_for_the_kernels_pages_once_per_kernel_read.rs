@@ -97,3 +97,20 @@ fn a_client_asks_once_per_kernel_read_of_the_file() {
     owner.close().unwrap();
     let _ = std::fs::remove_file(&path);
 }
+
+/// The owner's socket is named with a random word each read-write mount stores in the pool:
+/// a client reads the owner's, and a new mount has a new one.
+#[test]
+fn the_rendezvous_word_is_the_owners_and_new_at_each_mount() {
+    let (path, owner) = common::client_pool("rendezvous");
+    let first = owner.rendezvous();
+    let client = Volume::attach(&path).unwrap();
+    assert_eq!(client.rendezvous(), first);
+    drop(client);
+    owner.close().unwrap();
+    let owner = Volume::open(&path).unwrap();
+    assert_ne!(owner.rendezvous(), first);
+    assert_ne!(owner.rendezvous(), 0);
+    owner.close().unwrap();
+    let _ = std::fs::remove_file(&path);
+}

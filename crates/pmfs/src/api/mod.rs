@@ -172,6 +172,17 @@ impl Volume {
         }
     }
 
+    /// The rendezvous word of this mount: a random word stored in the pool at each
+    /// read-write mount, with which the owner names its socket for data clients
+    /// ([`crate::kernel_pages::owner_address`]), so that only processes that may read the
+    /// pool know it ([`Client::rendezvous`](crate::Client::rendezvous)).
+    pub fn rendezvous(&self) -> u64 {
+        self.fs
+            .m()
+            .load_u64(crate::format::RENDEZVOUS_OFF)
+            .unwrap_or(0)
+    }
+
     /// What the mount found and repaired.
     pub fn mount_report(&self) -> MountReport {
         self.fs.report

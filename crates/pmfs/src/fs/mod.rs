@@ -242,6 +242,7 @@ impl Fs {
         )?;
         let m = &*media;
         // Everything but the superblock first: a crash during mkfs leaves no valid volume.
+        format::new_rendezvous(m)?;
         m.store_u64(MOUNT_STATE_OFF, STATE_DIRTY)?;
         m.persist(MOUNT_STATE_OFF, 8)?;
         m.fill_nt(
@@ -348,6 +349,7 @@ impl Fs {
             } else if src == SbSource::Backup {
                 format::restore_primary(m, &geo)?;
             }
+            format::new_rendezvous(m)?;
             m.store_u64(MOUNT_STATE_OFF, STATE_DIRTY)?;
             m.persist(MOUNT_STATE_OFF, 8)?;
             // The owner is alone with the table until this returns (its lock keeps other
