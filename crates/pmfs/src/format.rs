@@ -436,6 +436,11 @@ pub(crate) fn restore_backup(media: &dyn Media, g: &Geometry) -> Result<()> {
     Ok(())
 }
 
+/// The [rendezvous word](RENDEZVOUS_OFF) (0 if unreadable).
+pub(crate) fn rendezvous(m: &dyn Media) -> u64 {
+    m.load_u64(RENDEZVOUS_OFF).unwrap_or(0)
+}
+
 /// Stores a fresh random [rendezvous word](RENDEZVOUS_OFF) (durable after the next fence).
 pub(crate) fn new_rendezvous(m: &dyn Media) -> Result<()> {
     use std::hash::{BuildHasher, RandomState};

@@ -9,15 +9,10 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use pmfs::{Ino, OpenMode, Owner, Volume};
+use common::RW;
+use pmfs::{Ino, Owner, Volume};
 
 const BS: u64 = 4096;
-
-const RW: OpenMode = OpenMode {
-    read: true,
-    write: true,
-    truncate: false,
-};
 
 #[test]
 fn a_client_asks_once_per_kernel_read_of_the_file() {

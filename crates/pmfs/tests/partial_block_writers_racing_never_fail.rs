@@ -15,17 +15,12 @@ mod common;
 
 use std::sync::{Arc, Barrier};
 
-use pmfs::{OpenMode, Owner, Volume};
+use common::RW;
+use pmfs::{Owner, Volume};
 
 const BS: u64 = 4096;
 const WRITERS: u8 = 2;
 const OPS: u32 = 300_000;
-
-const RW: OpenMode = OpenMode {
-    read: true,
-    write: true,
-    truncate: false,
-};
 
 #[test]
 fn unaligned_writers_and_punchers_of_the_same_blocks_never_fail() {

@@ -27,6 +27,11 @@ fn create(vol: &Volume, name: &[u8]) -> (Attr, OpenNode) {
     (a, node)
 }
 
+/// Checks that `ino` counts `n` blocks of [`BS`].
+fn expect(vol: &Volume, ino: Ino, n: u64, what: &str) {
+    assert_eq!(blocks(vol, ino), n * UNITS, "{what}");
+}
+
 fn blocks(vol: &Volume, ino: Ino) -> u64 {
     vol.getattr(ino).unwrap().blocks
 }
@@ -114,9 +119,7 @@ fn changes_count_before_they_are_digested() {
     for kind in KINDS {
         let (vol, _media) = fresh(kind);
         let (f, node) = create(&vol, b"open");
-        let open = |n: u64, what: &str| {
-            assert_eq!(blocks(&vol, f.ino), n * UNITS, "{kind:?} {what}, open");
-        };
+        let open = |n: u64, what: &str| expect(&vol, f.ino, n, &format!("{kind:?} {what}, open"));
         node.write_at(b"x", 1 << 20).unwrap();
         open(1, "one byte a megabyte in");
         node.write_at(&[7u8; 10 * BS as usize], 0).unwrap();
@@ -153,9 +156,7 @@ fn counts_under_pending_writes_follow_digests() {
     for kind in KINDS {
         let (vol, _media) = fresh(kind);
         let (f, node) = create(&vol, b"open");
-        let open = |n: u64, what: &str| {
-            assert_eq!(blocks(&vol, f.ino), n * UNITS, "{kind:?} {what}");
-        };
+        let open = |n: u64, what: &str| expect(&vol, f.ino, n, &format!("{kind:?} {what}, open"));
         node.write_at(b"far", 100 * BS).unwrap();
         node.write_at(b"near", 5 * BS).unwrap();
         node.punch_hole(50 * BS, BS).unwrap();

@@ -9,7 +9,7 @@ use pmfs_core::pm::PmRegion;
 use super::Volume;
 use super::ino::{Attr, Ino, OpenMode, OpenNode, attr_of, file_privilege_bits};
 use crate::error::{Error, Result};
-use crate::format::{MOUNT_STATE_OFF, RENDEZVOUS_OFF};
+use crate::format::MOUNT_STATE_OFF;
 use crate::fs::Fs;
 use crate::fs::data::MapPin;
 use crate::inode::{Kind, field};
@@ -142,7 +142,7 @@ impl Client {
     /// The owner's rendezvous word, which names its socket for this client's requests
     /// ([`crate::kernel_pages::owner_address`]); [`Volume::rendezvous`] is the owner's side.
     pub fn rendezvous(&self) -> u64 {
-        self.fs.m().load_u64(RENDEZVOUS_OFF).unwrap_or(0)
+        crate::format::rendezvous(self.fs.m())
     }
 
     /// Puts regular file `ino` in *mapped mode* and returns the pieces of the pool that hold

@@ -177,10 +177,7 @@ impl Volume {
     /// ([`crate::kernel_pages::owner_address`]), so that only processes that may read the
     /// pool know it ([`Client::rendezvous`](crate::Client::rendezvous)).
     pub fn rendezvous(&self) -> u64 {
-        self.fs
-            .m()
-            .load_u64(crate::format::RENDEZVOUS_OFF)
-            .unwrap_or(0)
+        crate::format::rendezvous(self.fs.m())
     }
 
     /// What the mount found and repaired.

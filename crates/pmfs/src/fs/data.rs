@@ -542,8 +542,8 @@ pub struct MapPin {
     log: PmOff,
     times: KernelTimes,
     writable: bool,
-    file: Ino,
-    kernel_pages: Option<DropKernelPages>,
+    /// The request for the kernel's pages of the file, if the client set a hook.
+    kernel_pages: Option<KernelPagesRequest>,
 }
 
 /// What a data-only client calls, with the file, after an update of a file whose pages the
@@ -575,7 +575,6 @@ impl MapPin {
             log: self.log,
             times: self.times,
             writable: self.writable,
-            file: self.file,
             kernel_pages: self.kernel_pages.clone(),
         })
     }
@@ -616,12 +615,7 @@ impl MapPin {
         }
         self.times.raise(&*self.media, wall_ns())?;
         Ok(match &self.kernel_pages {
-            Some(drop_pages) if self.times.kernel_cached(&*self.media)? => {
-                Some(KernelPagesRequest {
-                    file: self.file,
-                    drop_pages: drop_pages.clone(),
-                })
-            }
+            Some(request) if self.times.kernel_cached(&*self.media)? => Some(request.clone()),
             _ => None,
         })
     }
@@ -629,6 +623,7 @@ impl MapPin {
 
 /// A request that the kernel drop its pages of a file stores went to
 /// ([`MapPin::stored_later`]).
+#[derive(Clone)]
 pub struct KernelPagesRequest {
     file: Ino,
     drop_pages: DropKernelPages,
@@ -1655,8 +1650,10 @@ impl Fs {
             log: root,
             times: KernelTimes::of(self, ino),
             writable: false,
-            file: Ino::from_raw(n.h.word()),
-            kernel_pages: self.kernel_pages.get().cloned(),
+            kernel_pages: self.kernel_pages.get().map(|hook| KernelPagesRequest {
+                file: Ino::from_raw(n.h.word()),
+                drop_pages: hook.clone(),
+            }),
         };
         count_step(self.media(), maps, true, false)?;
         // The barrier: every update committed after it saw the count, and so leaves mapped

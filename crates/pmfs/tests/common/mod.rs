@@ -7,7 +7,7 @@ pub mod crash;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use pmfs::{MappingKind, Options, Volume};
+use pmfs::{MappingKind, OpenMode, Options, Volume};
 use pmfs_core::pm::{HeapRegion, Media};
 
 /// The mapping kinds every scenario runs on.
@@ -17,6 +17,13 @@ pub const KINDS: [MappingKind; 4] = [
     MappingKind::Cuckoo,
     MappingKind::HashFs,
 ];
+
+/// Reading and writing, no truncation.
+pub const RW: OpenMode = OpenMode {
+    read: true,
+    write: true,
+    truncate: false,
+};
 
 /// Size of the test volumes.
 pub const SIZE: u64 = 32 << 20;
