@@ -1,6 +1,7 @@
 //! loom models of the log's concurrency: committers racing for the last slot of a block and
 //! for the link to the next one while a reader replays; a committer racing with a compaction;
-//! a reader racing with a compaction and its reclamation.
+//! a reader racing with a compaction and its reclamation; a sweep of blocks another handle
+//! left behind racing with a new handle that links a block.
 //!
 //! Checked in every interleaving: every committed entry is replayed exactly once and in commit
 //! order, a committed slot is never overwritten, a reader sees a prefix of the final log
@@ -19,7 +20,7 @@ mod loom_common;
 
 use loom::sync::Arc;
 use loom::thread;
-use loom_common::{LoomAlloc, LoomLog, e, is_prefix, model, replay, setup};
+use loom_common::{LoomAlloc, LoomLog, e, is_prefix, model, open_other, replay, setup};
 use pmfs_core::log::{Compaction, ENTRIES_PER_BLOCK, Entry};
 
 /// Two committers append after `prefill` entries while a reader replays.
@@ -143,5 +144,42 @@ fn reader_and_compaction_with_reclamation() {
         );
         log.reclaim().unwrap();
         assert_eq!(alloc.freed(), 2);
+    });
+}
+
+/// A handle compacts the full blocks while another has the log open, so it cannot free them,
+/// and closes: it leaves them to a sweep. The other handle, alone now, sweeps while a third
+/// opens, fills the tail block and links a new one (allocated while the sweep may be asking
+/// the allocator for the log's blocks), and closes. The sweep frees the two retired blocks
+/// or gives up; it never frees a block of the chain (the media panics on any access to a
+/// freed block, and the final replay walks the whole chain).
+#[test]
+fn sweep_and_an_opener_that_links_a_block() {
+    model(|| {
+        let (log, alloc, _old, tail_entry, live) = compaction_setup();
+        let alone = open_other(&log, &alloc);
+        compact_full_blocks(&log, &live);
+        drop(log);
+        let late: Vec<Entry> = (0..ENTRIES_PER_BLOCK).map(|i| e(300 + i)).collect();
+        let t = {
+            let (alone, alloc, late) = (alone.clone(), alloc.clone(), late.clone());
+            thread::spawn(move || {
+                let third = open_other(&alone, &alloc);
+                for x in &late {
+                    third.append(x).unwrap();
+                }
+                drop(third);
+            })
+        };
+        let swept = alone.reclaim().unwrap();
+        t.join().unwrap();
+        assert!(swept == 0 || swept == 2, "swept {swept}");
+        let mut want = vec![live, tail_entry];
+        want.extend(late);
+        assert_eq!(replay(&alone), want);
+        // Alone for good: what is left is swept now.
+        alone.reclaim().unwrap();
+        assert_eq!(alloc.freed(), 2);
+        assert_eq!(replay(&alone).len(), want.len());
     });
 }

@@ -8,8 +8,8 @@
 //! fix this failed in four runs out of four (release build).
 //!
 //! The pool is larger than the other client tests' because each client compacts the file's
-//! log while the other has it open, and such a compaction's old blocks stay allocated until
-//! the file is freed or the pool mounted again (see `pmfs_core::log`): about 3,000 blocks here.
+//! log while the other has it open, and such a compaction's old blocks stay allocated while
+//! both have it open (see `pmfs_core::log`): about 3,000 blocks here.
 
 mod common;
 

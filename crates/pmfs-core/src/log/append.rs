@@ -274,6 +274,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
     /// whether this call won the link (the walk is then in the new block); a loser keeps its
     /// block as the spare.
     fn link(&self, walk: &mut Walk, word: u64) -> Result<bool> {
+        let _flight = self.blocks_in_flight();
         let spare = self.spare.swap(0, Ordering::AcqRel);
         let new = if spare != 0 {
             BlockNo(spare)
@@ -316,6 +317,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         if self.spare.load(Ordering::Acquire) != 0 {
             return Ok(());
         }
+        let _flight = self.blocks_in_flight();
         let b = self.alloc_block()?;
         self.keep_spare(b)
     }

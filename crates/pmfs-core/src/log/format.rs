@@ -243,26 +243,38 @@ pub fn segment_words(owner: u64, index: u16, next: PmOff, total: u32, payload: &
 
 /// The head word, kept by the caller at an 8-byte aligned offset (e.g. in the inode).
 ///
-/// Bits 0..48 hold the head block (0: no log), bits 48..64 the number of open handles across
-/// all processes ("pins"), which gates the reclamation of compacted blocks.
+/// Bits 0..46 hold the head block (0: no log), bits 48..64 the number of open handles across
+/// all processes ("pins"), which gates the reclamation of compacted blocks. Bit 47,
+/// *orphans*, says that a handle closed while holding retired blocks it could not free
+/// (another handle was open): the next handle to find itself alone sweeps them. Bit 46,
+/// *sweeping*, is set by that sweep and cleared by every change of the head or of the pins,
+/// so the sweep's closing CAS fails if anybody opened or compacted the log meanwhile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeadWord(pub u64);
 
-/// Bits of the head block number in the head word.
+/// Bits of the head word below the pins (the head block and the flags).
 pub const HEAD_BLOCK_BITS: u32 = 48;
 /// The most handles that may have one log open at once.
 pub const MAX_PINS: u64 = (1 << (64 - HEAD_BLOCK_BITS)) - 1;
+/// Bits of the head block number: a region of at most [`MAX_REGION`](super::MAX_REGION)
+/// bytes has fewer blocks than that.
+const HEAD_NUMBER_BITS: u32 = 46;
+const HEAD_NUMBER: u64 = (1 << HEAD_NUMBER_BITS) - 1;
+const ORPHANS: u64 = 1 << 47;
+const SWEEPING: u64 = 1 << 46;
+
+const _: () = assert!(super::MAX_REGION / crate::layout::BLOCK_SIZE <= HEAD_NUMBER + 1);
 
 impl HeadWord {
-    /// A head word for `head` with `pins` open handles.
+    /// A head word for `head` with `pins` open handles and no flag.
     pub fn new(head: BlockNo, pins: u64) -> HeadWord {
-        debug_assert!(head.0 < 1 << HEAD_BLOCK_BITS && pins <= MAX_PINS);
+        debug_assert!(head.0 <= HEAD_NUMBER && pins <= MAX_PINS);
         HeadWord(head.0 | pins << HEAD_BLOCK_BITS)
     }
 
     /// The head block; `None` if the word holds no log.
     pub fn head(self) -> Option<BlockNo> {
-        let b = self.0 & ((1 << HEAD_BLOCK_BITS) - 1);
+        let b = self.0 & HEAD_NUMBER;
         (b != 0).then_some(BlockNo(b))
     }
 
@@ -271,9 +283,39 @@ impl HeadWord {
         self.0 >> HEAD_BLOCK_BITS
     }
 
-    /// The same head with `pins` handles.
+    /// Whether retired blocks wait for a sweep.
+    pub fn orphans(self) -> bool {
+        self.0 & ORPHANS != 0
+    }
+
+    /// Whether a sweep is under way (or was given up without clearing the flag).
+    pub fn sweeping(self) -> bool {
+        self.0 & SWEEPING != 0
+    }
+
+    /// The same head and orphans flag with `pins` handles, not sweeping.
     pub fn with_pins(self, pins: u64) -> HeadWord {
-        HeadWord::new(BlockNo(self.0 & ((1 << HEAD_BLOCK_BITS) - 1)), pins)
+        HeadWord(self.0 & (HEAD_NUMBER | ORPHANS) | HeadWord::new(BlockNo(0), pins).0)
+    }
+
+    /// The same pins and orphans flag with head `head`, not sweeping.
+    pub fn with_head(self, head: BlockNo) -> HeadWord {
+        HeadWord(self.0 & !(HEAD_NUMBER | SWEEPING) | HeadWord::new(head, 0).0)
+    }
+
+    /// The same word with the orphans flag set.
+    pub fn with_orphans(self) -> HeadWord {
+        HeadWord(self.0 | ORPHANS)
+    }
+
+    /// The same word, sweeping.
+    pub fn with_sweeping(self) -> HeadWord {
+        HeadWord(self.0 | SWEEPING)
+    }
+
+    /// The same head and pins without either flag.
+    pub fn without_flags(self) -> HeadWord {
+        HeadWord(self.0 & !(ORPHANS | SWEEPING))
     }
 }
 

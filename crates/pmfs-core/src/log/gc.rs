@@ -245,6 +245,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         if count >= old.len() {
             return Ok(Compaction::NotSmaller);
         }
+        let flight = self.blocks_in_flight();
         let mut fresh = Vec::with_capacity(count);
         for _ in 0..count {
             match self.alloc_block() {
@@ -272,6 +273,8 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         let mut blocks = old;
         blocks.extend(foreign);
         self.retired_queue().batches.push((blocks, stamp));
+        // Retired blocks are in the queue now, where a sweep sees them.
+        drop(flight);
         drop(guard);
         self.reclaim()?;
         Ok(Compaction::Compacted {
@@ -310,10 +313,10 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
             if hw.head() != Some(head) {
                 return Ok(false);
             }
-            // Only the pin count may have changed: retry with it.
+            // Only the pin count and the flags may have changed: retry with them.
             match self
                 .media
-                .cas_u64(self.root, cur, HeadWord::new(new_head, hw.pins()).0)?
+                .cas_u64(self.root, cur, hw.with_head(new_head).0)?
             {
                 Ok(_) => break,
                 Err(actual) => cur = actual,
@@ -335,16 +338,20 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Frees the blocks retired by this handle's compactions once that is safe: no operation
-    /// of this process pinned before the retirement is still running, and no other handle (in
-    /// any process) has the log open. Returns how many blocks were freed; 0 when it is not yet
-    /// safe (retry later; closing the handle retries too). Never waits.
+    /// Frees the blocks retired by this handle's compactions once that is safe: no operation of
+    /// this process pinned before the retirement is still running, and no other handle (in any
+    /// process) has the log open. Under the same conditions, if the head word's orphans flag is
+    /// set, it also sweeps the blocks that other handles retired and left behind (see the
+    /// module docs, "Across processes"). Returns how many blocks were freed; 0 when it is not
+    /// yet safe (retry later; closing the handle retries too). Never waits.
     pub fn reclaim(&self) -> Result<u64> {
         let mut q = self.retired_queue();
-        if q.batches.is_empty() && q.held.is_empty() {
+        // Read before the hint retreats: a sweep goes ahead only if this word is unchanged.
+        let seen = HeadWord(self.media.load_u64(self.root)?);
+        if q.batches.is_empty() && q.held.is_empty() && !seen.orphans() {
             return Ok(0);
         }
-        if HeadWord(self.media.load_u64(self.root)?).pins() != 1 {
+        if seen.pins() != 1 {
             return Ok(0);
         }
         // Keep new operations out of blocks outside the current chain: move the hint to the
@@ -360,7 +367,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         }
         let referenced = {
             let _g = self.epoch.pin();
-            self.segment_blocks()?
+            self.chain_blocks(false)?
         };
         let mut freed = 0;
         let mut first_err = None;
@@ -380,6 +387,100 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
                     Err(e) => {
                         first_err.get_or_insert(e);
                     }
+                }
+            }
+        }
+        if seen.orphans() {
+            match self.sweep(seen, held) {
+                Ok(n) => freed += n,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(freed), Err)
+    }
+
+    /// Whether this handle holds retired blocks it has not freed.
+    pub(super) fn has_retired(&self) -> bool {
+        let q = self.retired_queue();
+        !q.batches.is_empty() || !q.held.is_empty()
+    }
+
+    /// Sets the orphans flag in the head word: this handle closes with retired blocks that
+    /// another handle may still be reading, and leaves them to a [`sweep`](Log::sweep).
+    pub(super) fn mark_orphans(&self) -> Result<()> {
+        let mut cur = self.media.load_u64(self.root)?;
+        loop {
+            let hw = HeadWord(cur);
+            if hw.orphans() {
+                return Ok(());
+            }
+            match self.media.cas_u64(self.root, cur, hw.with_orphans().0)? {
+                Ok(_) => return Ok(()),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Frees every block the allocator handed out for this log that nothing uses: not in
+    /// the current chain, holding no segment of its entries, not `held` by this handle and
+    /// not its spare. Those are the blocks that handles retired and left behind when they
+    /// closed while another handle was open (the orphans flag, which `seen` has), found by
+    /// asking the allocator for the blocks it handed out
+    /// ([`outstanding`](BlockAllocator::outstanding); an allocator that cannot tell leaves
+    /// them to the next rebuild).
+    ///
+    /// Called by [`reclaim`](Log::reclaim) once no operation of this process can be outside
+    /// the chain that `seen` heads, which it read before moving the hint, and while `seen`
+    /// says that this handle is the only one open. The sweep marks the word *sweeping* by a
+    /// CAS from `seen`, and at the end clears both flags by a CAS from the marked word,
+    /// freeing nothing if either fails: a compaction that published meanwhile (whose readers
+    /// may be in the blocks it unlinked) changed the head, and an open cleared the mark (the
+    /// opener may have allocated blocks not linked yet). Allocations of this process are
+    /// caught by [`flight_seq`](Log::flight_seq): a sweep that sees it move frees nothing.
+    fn sweep(&self, seen: HeadWord, held: &[BlockNo]) -> Result<u64> {
+        let seq = self.flight_seq.load(Ordering::SeqCst);
+        if self.blocks_in_flight.load(Ordering::SeqCst) != 0 {
+            return Ok(0);
+        }
+        let marked = seen.with_sweeping();
+        if self.media.cas_u64(self.root, seen.0, marked.0)?.is_err() {
+            return Ok(0);
+        }
+        let Some(outstanding) = self.alloc.outstanding()? else {
+            return Ok(0);
+        };
+        // A block of this process that the allocator reported went in flight before it was
+        // claimed: the count below sees that.
+        crate::sync::atomic::fence(Ordering::SeqCst);
+        let mut keep = {
+            let _g = self.epoch.pin();
+            self.chain_blocks(true)?
+        };
+        keep.extend(held.iter().copied());
+        let spare = self.spare.load(Ordering::SeqCst);
+        if spare != 0 {
+            keep.insert(BlockNo(spare));
+        }
+        if self.flight_seq.load(Ordering::SeqCst) != seq {
+            return Ok(0);
+        }
+        // The flags need not be durable: after a crash, the mount's rebuild frees the blocks.
+        if self
+            .media
+            .cas_u64(self.root, marked.0, marked.without_flags().0)?
+            .is_err()
+        {
+            return Ok(0);
+        }
+        let mut freed = 0;
+        let mut first_err = None;
+        for b in outstanding.into_iter().filter(|b| !keep.contains(b)) {
+            match self.alloc.free(Extent::new(b, 1)) {
+                Ok(()) => freed += 1,
+                Err(e) => {
+                    first_err.get_or_insert(e);
                 }
             }
         }
@@ -412,12 +513,16 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         Ok(suffix)
     }
 
-    /// Every block holding a segment of an extended entry of the current chain.
-    fn segment_blocks(&self) -> Result<HashSet<BlockNo>> {
+    /// Every block holding a segment of an extended entry of the current chain, and with
+    /// `with_chain` the chain's own blocks too.
+    fn chain_blocks(&self, with_chain: bool) -> Result<HashSet<BlockNo>> {
         let chain = self.chain();
         let mut out = HashSet::new();
         let mut walk = self.walk_from_head()?;
         loop {
+            if with_chain {
+                out.insert(walk.block);
+            }
             chain.scan(&mut walk, |w, s| {
                 if let Slot::Indirect(ind) = s {
                     chain.segments(ind, slot_off(w.block, w.slot), |off, _| {

@@ -145,13 +145,30 @@
 //! closes). Retired blocks are freed only while the reclaiming handle is the only one open, so
 //! a block another process may still be reading, or appending from a stale hint into, is never
 //! reused under it; such a process keeps walking the old chain into the shared suffix. If
-//! another process keeps the log open, retired blocks wait; if the reclaiming process exits
-//! first, they stay unreachable and unfreed until the allocator is rebuilt at the next mount
+//! another process keeps the log open, retired blocks wait.
+//!
+//! A handle that closes while another is open hands its retired blocks on: it sets the head
+//! word's *orphans* flag (bit 47), and the next reclamation that finds its handle alone
+//! *sweeps* ([`Log::reclaim`]): it asks the allocator for every block it handed out for this
+//! log ([`BlockAllocator::outstanding`]; HashFS's per-file log-block allocator scans its
+//! table for them) and frees those that are not in the current chain, hold no segment of its
+//! entries, and are not the handle's own (held or spare). What makes that safe is the head
+//! word. The sweeper read it, alone and unchanged, before it kept its own operations out of
+//! blocks outside the chain; it marks it *sweeping* (bit 46) by a CAS from that value and
+//! clears both flags by a CAS from the marked value before it frees anything. A compaction in
+//! between (whose readers may be in the blocks it unlinked) changes the head, an open in
+//! between (whose opener may hold blocks it allocated and has not linked yet) clears the mark;
+//! either makes the sweep give up and a later one retry. Blocks this process has in flight
+//! (allocated, not yet linked, published, queued or kept as the spare) are counted, and a
+//! sweep during which one went in flight gives up too. So a compaction's old blocks come back
+//! once one process has the log alone, at its next compaction or close; only while several
+//! keep it open do they wait. A process killed while holding retired blocks leaves them
+//! without the flag, unfreed until the allocator is rebuilt at the next mount
 //! ([`owned_blocks`] does not report them). A process killed while open leaves its pin behind,
 //! which only delays reclamation: [`recover()`], run once at mount before any handle opens,
-//! resets the count. This is coarser than MadFS's per-thread registry of the log block being
-//! read (in shared memory, with robust mutexes for liveness): reclamation waits for every
-//! other opener rather than for readers of the old blocks only.
+//! resets the count and the flags. This is coarser than MadFS's per-thread registry of the log
+//! block being read (in shared memory, with robust mutexes for liveness): reclamation waits
+//! for every other opener rather than for readers of the old blocks only.
 //!
 //! Commit, linking and compaction need no DRAM lock and no liveness of other processes: a
 //! process killed at any instruction leaves at worst an unreferenced reservation, an
@@ -380,11 +397,29 @@ pub struct Log<M: Media, A: BlockAllocator + ?Sized> {
     reclaimed_below: AtomicU64,
     /// A block prepared for a link that another appender won, or 0.
     spare: AtomicU64,
+    /// Blocks of this handle allocated and not yet linked, published, kept as the spare or
+    /// freed (see [`BlocksInFlight`]).
+    blocks_in_flight: AtomicU64,
+    /// Bumped whenever a block goes in flight: a sweep that sees it unchanged knows that this
+    /// process allocated no block while it ran.
+    flight_seq: AtomicU64,
     retired: Mutex<Retired>,
     /// Where the last walk to an LSN stopped (see [`WalkCache`]). A plain DRAM mutex, only
     /// ever tried, never waited for: a walk that finds it taken starts at the head.
     walk_cache: std::sync::Mutex<Option<WalkCache>>,
     closed: bool,
+}
+
+/// Block allocations of a handle in flight ([`Log::blocks_in_flight`]); counts one less on
+/// drop.
+struct BlocksInFlight<'a> {
+    count: &'a AtomicU64,
+}
+
+impl Drop for BlocksInFlight<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A boundary slot a walk to an LSN reached, kept so that the next walk to an LSN at or after
@@ -540,6 +575,8 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
             era: AtomicU64::new(0),
             reclaimed_below: AtomicU64::new(0),
             spare: AtomicU64::new(0),
+            blocks_in_flight: AtomicU64::new(0),
+            flight_seq: AtomicU64::new(0),
             retired: Mutex::new(Retired::default()),
             walk_cache: std::sync::Mutex::new(None),
             closed: false,
@@ -575,6 +612,11 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
 
     fn shutdown(&mut self) -> Result<()> {
         let reclaimed = self.reclaim().map(drop);
+        let orphaned = if self.has_retired() {
+            self.mark_orphans()
+        } else {
+            Ok(())
+        };
         let spare = self.spare.swap(0, Ordering::AcqRel);
         let freed = if spare != 0 {
             self.alloc.free(Extent::new(BlockNo(spare), 1))
@@ -582,7 +624,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
             Ok(())
         };
         unpin(&self.media, self.root)?;
-        reclaimed.and(freed)
+        reclaimed.and(orphaned).and(freed)
     }
 
     /// The media the log lives on.
@@ -740,6 +782,17 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
                 Err(now) if self.hint_lsn(now)? < to_lsn => seen = now,
                 Err(_) => return Ok(()),
             }
+        }
+    }
+
+    /// Marks a block allocation of this handle as in flight until the guard drops; hold it
+    /// from before the allocation until the block is linked, published, kept as the spare or
+    /// freed, so that a sweep of orphaned blocks never takes it for one.
+    fn blocks_in_flight(&self) -> BlocksInFlight<'_> {
+        self.blocks_in_flight.fetch_add(1, Ordering::SeqCst);
+        self.flight_seq.fetch_add(1, Ordering::SeqCst);
+        BlocksInFlight {
+            count: &self.blocks_in_flight,
         }
     }
 

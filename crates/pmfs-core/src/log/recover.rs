@@ -91,7 +91,8 @@ pub fn inspect<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<Recovery> {
 /// of the tail block (after a crash, cache lines written back early can leave committed-looking
 /// words beyond a hole; they were never part of the durable prefix and would otherwise be
 /// taken for entries once the hole is filled), persists that, and resets the head word's count
-/// of open handles.
+/// of open handles and its flags (the caller rebuilds the allocator, which frees the retired
+/// blocks the orphans flag points to).
 ///
 /// # Errors
 /// [`Error::Corrupt`] for a damaged chain or entry, [`Error::InvalidArgument`] if the head word
@@ -108,8 +109,9 @@ pub fn recover<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<Recovery> {
         let from = slot_off(walk.block, walk.slot);
         media.flush(from, (SLOTS_PER_BLOCK - walk.slot) * SLOT_BYTES)?;
     }
+    // Retired blocks nobody freed are free once the caller rebuilds the allocator.
     let hw = HeadWord(media.load_u64(root)?);
-    media.store_u64(root, hw.with_pins(0).0)?;
+    media.store_u64(root, hw.with_pins(0).without_flags().0)?;
     media.persist(root, 8)?;
     Ok(r)
 }

@@ -217,6 +217,112 @@ fn another_open_handle_defers_reclamation_until_it_closes() {
     assert_eq!(a.free_blocks(), free_before + 1);
 }
 
+/// The allocator of one log alone: reports the blocks it handed out, as HashFS's per-file
+/// log-block allocator does.
+#[derive(Debug)]
+struct OneLog {
+    inner: SimpleAllocator,
+    out: std::sync::Mutex<std::collections::BTreeSet<BlockNo>>,
+}
+
+impl OneLog {
+    fn new() -> OneLog {
+        OneLog {
+            inner: SimpleAllocator::new(BlockNo(1), BLOCKS - 1),
+            out: Default::default(),
+        }
+    }
+}
+
+impl BlockAllocator for OneLog {
+    fn alloc(&self, want: u64, hint: AllocHint) -> Result<Extent> {
+        let e = self.inner.alloc(want, hint)?;
+        let mut out = self.out.lock().unwrap();
+        out.extend((0..e.len).map(|k| e.start + k));
+        Ok(e)
+    }
+    fn free(&self, ext: Extent) -> Result<()> {
+        self.inner.free(ext)?;
+        let mut out = self.out.lock().unwrap();
+        for k in 0..ext.len {
+            out.remove(&(ext.start + k));
+        }
+        Ok(())
+    }
+    fn free_blocks(&self) -> u64 {
+        self.inner.free_blocks()
+    }
+    fn total_blocks(&self) -> u64 {
+        self.inner.total_blocks()
+    }
+    fn rebuild(&self, used: &mut dyn Iterator<Item = Extent>) -> Result<()> {
+        self.inner.rebuild(used)
+    }
+    fn outstanding(&self) -> Result<Option<Vec<BlockNo>>> {
+        Ok(Some(self.out.lock().unwrap().iter().copied().collect()))
+    }
+}
+
+#[test]
+fn blocks_retired_beside_another_handle_are_swept_once_a_handle_is_alone() {
+    type OneLogLog = Log<Arc<HeapRegion>, OneLog>;
+    let r = Arc::new(HeapRegion::new(BLOCKS * BLOCK_SIZE).unwrap());
+    let a = Arc::new(OneLog::new());
+    let head = || HeadWord(r.load_u64(ROOT).unwrap());
+    let owned = || {
+        let mut v = Vec::new();
+        owned_blocks(&*r, ROOT, &mut |b| v.push(b)).unwrap();
+        v.sort();
+        v
+    };
+    let log = OneLogLog::create(r.clone(), ROOT, a.clone()).unwrap();
+    for i in 0..3 * ENTRIES_PER_BLOCK + 1 {
+        log.append(&if i % 9 == 0 { extended(i) } else { inline(i) })
+            .unwrap();
+    }
+    let other = OneLogLog::open(r.clone(), ROOT, a.clone()).unwrap();
+    let point = log.compaction_point().unwrap().unwrap();
+    let suffix: Vec<Entry> = log
+        .iter_from(point)
+        .unwrap()
+        .map(|r| r.unwrap().1)
+        .collect();
+    let live = vec![extended(1), inline(2)];
+    let Compaction::Compacted { retired, .. } = log.compact(point, &live).unwrap() else {
+        panic!("nothing compacted");
+    };
+    assert!(retired >= 3);
+    // The compacting handle cannot free what the other may be reading, and leaves it.
+    log.close().unwrap();
+    assert!(head().orphans());
+    let left = a.outstanding().unwrap().unwrap().len() - owned().len();
+    assert_eq!(left as u64, retired);
+    // While a third handle is open too, the other is not alone: nothing is swept.
+    let third = OneLogLog::open(r.clone(), ROOT, a.clone()).unwrap();
+    assert_eq!(other.reclaim().unwrap(), 0);
+    assert_eq!(third.reclaim().unwrap(), 0);
+    third.close().unwrap();
+    assert!(head().orphans());
+    // Alone, it sweeps them and clears the flag; the log reads the same.
+    assert_eq!(other.reclaim().unwrap(), retired);
+    assert!(!head().orphans() && !head().sweeping());
+    assert_eq!(a.outstanding().unwrap().unwrap(), owned());
+    let mut want = live.clone();
+    want.extend(suffix);
+    assert_eq!(
+        other
+            .iter()
+            .unwrap()
+            .map(|r| r.unwrap().1)
+            .collect::<Vec<_>>(),
+        want
+    );
+    other.append(&inline(7)).unwrap();
+    other.close().unwrap();
+    assert_eq!(head().pins(), 0);
+    assert_eq!(a.outstanding().unwrap().unwrap(), owned());
+}
+
 #[test]
 fn a_live_replay_holds_back_reclamation() {
     let (r, a) = setup();

@@ -92,6 +92,13 @@ pub trait BlockAllocator: Send + Sync {
 
     /// Returns blocks held in per-thread or per-file caches to the shared pool.
     fn flush_caches(&self) {}
+
+    /// Every block handed out and not taken back, if this allocator serves one owner alone
+    /// (such as the allocator of one file's log blocks), so that the owner can find and free
+    /// blocks it lost track of; `None`, the default, if it cannot tell or serves several.
+    fn outstanding(&self) -> Result<Option<Vec<BlockNo>>> {
+        Ok(None)
+    }
 }
 
 impl<A: BlockAllocator + ?Sized> BlockAllocator for std::sync::Arc<A> {
@@ -112,5 +119,8 @@ impl<A: BlockAllocator + ?Sized> BlockAllocator for std::sync::Arc<A> {
     }
     fn flush_caches(&self) {
         (**self).flush_caches()
+    }
+    fn outstanding(&self) -> Result<Option<Vec<BlockNo>>> {
+        (**self).outstanding()
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64 as StdAtomicU64, Ordering::SeqCst}
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
-use pmfs_core::log::{Entry, Log};
+use pmfs_core::log::{Entry, HeadWord, Log};
 use pmfs_core::pm::Media;
 use pmfs_core::traits::{AllocHint, BlockAllocator, Extent};
 use pmfs_core::{Error, Result};
@@ -135,7 +135,7 @@ impl Media for LoomMedia {
         if r.is_ok() {
             // A link or a head installs a block.
             let installed = if off == ROOT {
-                new & ((1 << 48) - 1)
+                HeadWord(new).head().map_or(0, |b| b.0)
             } else if off.0 % BLOCK_SIZE == 8 {
                 new
             } else {
@@ -188,6 +188,17 @@ impl BlockAllocator for LoomAlloc {
 
     fn rebuild(&self, _used: &mut dyn Iterator<Item = Extent>) -> Result<()> {
         Err(Error::Unsupported("rebuild in a loom model"))
+    }
+
+    /// The allocator serves one log: every block handed out and not freed.
+    fn outstanding(&self) -> Result<Option<Vec<BlockNo>>> {
+        let next = self.next.load(SeqCst).min(BLOCKS);
+        Ok(Some(
+            (1..next)
+                .filter(|&b| !self.blocks.freed[b as usize].load(SeqCst))
+                .map(BlockNo)
+                .collect(),
+        ))
     }
 }
 

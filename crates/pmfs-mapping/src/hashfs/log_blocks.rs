@@ -177,6 +177,23 @@ impl<M: Media> BlockAllocator for LogBlocks<M> {
         self.table.slots
     }
 
+    /// This file's log blocks: every committed slot keyed in its log range (a scan of the
+    /// whole table, read in bulk). The log sweeps those that its chain no longer names.
+    fn outstanding(&self) -> Result<Option<Vec<BlockNo>>> {
+        let t = &*self.table;
+        let mut out = Vec::new();
+        t.for_each_slot(false, |i, _, s| {
+            if let Slot::Committed(k) = s
+                && k.ino == self.ino
+                && in_log_range(k.lblk)
+            {
+                out.push(t.data.start + i);
+            }
+            Ok(())
+        })?;
+        Ok(Some(out))
+    }
+
     /// Makes exactly `used` this file's log blocks (at mount, from the log's own account of
     /// its blocks): every other log block of the file is freed, which reclaims blocks a
     /// crash left behind between a log's compaction and its free. Every block of `used` must
