@@ -3,62 +3,98 @@
 //! unlink cannot be freed while the other client may still be reading them, so they stay
 //! allocated; but once the writer closes the file, the other client, alone with it now, frees
 //! them at its next compaction (and would at its close). Before, they stayed allocated until
-//! the file was deleted or the pool mounted again.
+//! the file was deleted. If the writer vanishes instead (a killed process: its handle never
+//! closes), nobody is ever alone with the file again, and the next mount frees them.
 
 mod common;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::RW;
-use pmfs::{Owner, Volume, fsck};
+use pmfs::{Client, OpenNode, Owner, Volume, fsck};
 use pmfs_core::pm::{Media, PmRegion};
 
 const BS: u64 = 4096;
 const BLOCKS: u64 = 8;
 const WRITES: u64 = 40_000;
 
+/// A file of `BLOCKS` blocks in a fresh pool, open in two clients, after the first (the
+/// writer) overwrote it `WRITES` times while the second (the reader) had it open.
+struct TwoClients {
+    path: PathBuf,
+    owner: Volume,
+    /// Free blocks before the clients opened the file.
+    before: u64,
+    writer: (Client, OpenNode),
+    reader: (Client, OpenNode),
+}
+
+impl TwoClients {
+    fn new(tag: &str) -> TwoClients {
+        let (path, owner) = common::client_pool_of(tag, 64 << 20);
+        let who = Owner { uid: 0, gid: 0 };
+        let (attr, node, _) = owner
+            .create_open(owner.root(), b"f", 0o644, who, true, RW)
+            .unwrap();
+        node.write_at(&vec![1u8; (BLOCKS * BS) as usize], 0)
+            .unwrap();
+        drop(node);
+        let before = owner.statfs().unwrap().free_blocks;
+        let open = || {
+            let c = Volume::attach(&path).unwrap();
+            let n = c.open_ino(attr.ino, RW).unwrap();
+            (c, n)
+        };
+        let (writer, reader) = (open(), open());
+        for i in 0..WRITES {
+            overwrite(&writer.1, i);
+        }
+        TwoClients {
+            path,
+            owner,
+            before,
+            writer,
+            reader,
+        }
+    }
+
+    /// Blocks allocated since the clients opened the file.
+    fn held(owner: &Volume, before: u64) -> u64 {
+        before - owner.statfs().unwrap().free_blocks
+    }
+}
+
+fn overwrite(f: &OpenNode, i: u64) {
+    f.write_at(&[i as u8; BS as usize], i % BLOCKS * BS)
+        .unwrap();
+}
+
+fn assert_clean(path: &std::path::Path) {
+    let media: Arc<dyn Media> = Arc::new(PmRegion::open(path).unwrap());
+    let report = fsck::check(media).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
 #[test]
 fn the_client_left_alone_frees_what_the_other_retired() {
-    let (path, owner) = common::client_pool_of("retired-beside", 64 << 20);
-    let who = Owner { uid: 0, gid: 0 };
-    let (attr, node, _) = owner
-        .create_open(owner.root(), b"f", 0o644, who, true, RW)
-        .unwrap();
-    node.write_at(&vec![1u8; (BLOCKS * BS) as usize], 0)
-        .unwrap();
-    drop(node);
-    let free = || owner.statfs().unwrap().free_blocks;
-    let before = free();
-
-    let (writer, reader) = (
-        Volume::attach(&path).unwrap(),
-        Volume::attach(&path).unwrap(),
-    );
-    let w = writer.open_ino(attr.ino, RW).unwrap();
-    let r = reader.open_ino(attr.ino, RW).unwrap();
-    let overwrite = |f: &pmfs::OpenNode, i: u64| {
-        f.write_at(&[i as u8; BS as usize], i % BLOCKS * BS)
-            .unwrap();
-    };
-    for i in 0..WRITES {
-        overwrite(&w, i);
-    }
+    let t = TwoClients::new("retired-beside");
     // Each block of the log holds about 500 entries.
-    let held = before - free();
+    let held = TwoClients::held(&t.owner, t.before);
     assert!(
         held > WRITES / 1000,
         "only {held} blocks held while both are open"
     );
-    drop(w);
-    drop(writer);
+    drop(t.writer);
 
     // Alone now, the reader's own compactions sweep what the writer left. What stays is the
     // reader's own: its log's blocks and the blocks its undigested overwrites replaced (17
     // here; 96 without the sweep).
+    let r = &t.reader.1;
     for i in 0..WRITES / 4 {
-        overwrite(&r, i);
+        overwrite(r, i);
     }
-    let alone = before - free();
+    let alone = TwoClients::held(&t.owner, t.before);
     assert!(alone <= 32, "{alone} blocks still held (of {held})");
     let mut back = vec![0u8; (BLOCKS * BS) as usize];
     r.read_at(&mut back, 0).unwrap();
@@ -68,12 +104,29 @@ fn the_client_left_alone_frees_what_the_other_retired() {
             .unwrap();
         assert!(chunk.iter().all(|&b| b == last as u8), "block {k}");
     }
-    drop(r);
-    drop(reader);
-    assert!(before - free() <= 8);
-    owner.close().unwrap();
-    let media: Arc<dyn Media> = Arc::new(PmRegion::open(&path).unwrap());
-    let report = fsck::check(media).unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
-    let _ = std::fs::remove_file(&path);
+    drop(t.reader);
+    assert!(TwoClients::held(&t.owner, t.before) <= 8);
+    t.owner.close().unwrap();
+    assert_clean(&t.path);
+    let _ = std::fs::remove_file(&t.path);
+}
+
+#[test]
+fn what_a_vanished_client_retired_is_freed_at_the_next_mount() {
+    let t = TwoClients::new("retired-vanished");
+    // The writer's process dies: its handle never closes and its pin stays.
+    std::mem::forget(t.writer);
+    drop(t.reader);
+    let held = TwoClients::held(&t.owner, t.before);
+    assert!(held > WRITES / 1000, "only {held} blocks held");
+    t.owner.close().unwrap();
+
+    // 79 blocks stayed here without the mount's sweep.
+    let vol = Volume::open(&t.path).unwrap();
+    assert!(vol.mount_report().log_blocks_freed > WRITES / 1000);
+    let left = TwoClients::held(&vol, t.before);
+    assert!(left <= 8, "{left} blocks still held (of {held})");
+    vol.close().unwrap();
+    assert_clean(&t.path);
+    let _ = std::fs::remove_file(&t.path);
 }

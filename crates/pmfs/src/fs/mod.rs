@@ -7,9 +7,11 @@
 //! After a clean close (mount-state word `CLEAN`) mounting reads the superblock, scans the
 //! inode table to rebuild the inode free list and, for a volatile allocator, rebuilds the
 //! allocator from the blocks of the live inodes and of their logs. Every regular file's log
-//! is repaired (`log::recover`: pins and a tail beyond a hole) and its digest holder reset,
-//! then digested (a clean close digested them all already, so this finds nothing unless a
-//! data-only client died). Orphans are freed: files unlinked while a data-only client had them
+//! is repaired (`log::recover`: pins, flags and a tail beyond a hole) and its digest holder
+//! reset, then digested (a clean close digested them all already, so this finds nothing unless
+//! a data-only client died). On HashFS, the log blocks that no log names any more are freed:
+//! blocks that a compaction retired in a data-only client killed before it freed them or
+//! handed them on (one scan of the table). Orphans are freed: files unlinked while a data-only client had them
 //! open or mapped, which the owner could not free at their last close. Directories are loaded
 //! lazily on first use.
 //!
@@ -33,12 +35,12 @@ pub(crate) mod data;
 pub(crate) mod ns;
 pub(crate) mod path;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use pmfs_core::layout::{BLOCK_SIZE, PmOff};
+use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::pm::{Media, MediaExt};
 use pmfs_core::traits::{BlockAllocator, Extent, FileId, MappingKind};
 
@@ -109,6 +111,9 @@ pub struct MountReport {
     pub orphans_freed: u32,
     /// HashFS slots that were tombstones on no entry's walk and became empty.
     pub tombstones_purged: u64,
+    /// HashFS log blocks that no file's log named any more, freed: a compaction retired them
+    /// in a process that was killed before it freed them.
+    pub log_blocks_freed: u64,
 }
 
 /// The engine. Shared by the [`Volume`](crate::Volume) and every open file.
@@ -498,6 +503,17 @@ impl Fs {
             // Staged versions of writes that never committed (every committed one is
             // digested now, which promoted its slots).
             t.sweep_staged()?;
+            // Log blocks that no log names: retired by a compaction whose process was killed
+            // before it freed them or handed them on (see `pmfs_core::log`).
+            let mut named: HashMap<u64, HashSet<BlockNo>> = HashMap::new();
+            for &ino in &logged {
+                let used = named.entry(u64::from(ino)).or_default();
+                let root = fs.inodes.field(ino, field::LOG);
+                pmfs_core::log::owned_blocks(m, root, &mut |b| {
+                    used.insert(b);
+                })?;
+            }
+            report.log_blocks_freed = t.free_unnamed_log_blocks(&named)?;
         }
         if !clean {
             fs.recover(&live, &recovered.cleanups, &mut report)?;
