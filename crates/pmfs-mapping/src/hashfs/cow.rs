@@ -138,17 +138,7 @@ impl<M: Media> HashFs<M> {
     /// staged belongs to writes that never committed. Crash-safe at any point (each slot is one
     /// CAS); run it again after a crash.
     pub fn sweep_staged(&self) -> Result<u64> {
-        let mut swept = Vec::new();
-        self.for_each_slot(false, |i, w, s| {
-            if let Slot::Staged(_) = s
-                && self.media.cas_u64(self.slot_off(i), w, TOMBSTONE)?.is_ok()
-            {
-                swept.push(i);
-            }
-            Ok(())
-        })?;
-        self.settle_freed(&swept)?;
-        Ok(swept.len() as u64)
+        self.tombstone_where(|_, s| matches!(s, Slot::Staged(_)))
     }
 
     /// [`FileMapping::insert_at`]: makes the staged slots of `run` the current version of

@@ -73,20 +73,12 @@ impl<M: Media> HashFs<M> {
     /// not in `named` are left alone. One scan of the whole table; exclusive use (mount
     /// time). Returns how many blocks were freed.
     pub fn free_unnamed_log_blocks(&self, named: &HashMap<u64, HashSet<BlockNo>>) -> Result<u64> {
-        let mut freed = Vec::new();
-        self.for_each_slot(false, |i, w, s| {
-            if let Slot::Committed(k) = s
-                && in_log_range(k.lblk)
-                && let Some(used) = named.get(&k.ino)
-                && !used.contains(&(self.data.start + i))
-                && self.media.cas_u64(self.slot_off(i), w, TOMBSTONE)?.is_ok()
-            {
-                freed.push(i);
-            }
-            Ok(())
-        })?;
-        self.settle_freed(&freed)?;
-        Ok(freed.len() as u64)
+        self.tombstone_where(|i, s| match s {
+            Slot::Committed(k) if in_log_range(k.lblk) => named
+                .get(&k.ino)
+                .is_some_and(|used| !used.contains(&(self.data.start + i))),
+            _ => false,
+        })
     }
 }
 

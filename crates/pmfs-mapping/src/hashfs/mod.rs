@@ -579,6 +579,21 @@ impl<M: Media> HashFs<M> {
         })
     }
 
+    /// Tombstones every slot `i` for which `doomed(i, decoded)` holds, found in one bulk scan
+    /// ([`for_each_slot`](Self::for_each_slot)), and settles them as removals do. Exclusive
+    /// use (mount time). Returns how many slots it tombstoned.
+    fn tombstone_where(&self, mut doomed: impl FnMut(u64, Slot) -> bool) -> Result<u64> {
+        let mut gone = Vec::new();
+        self.for_each_slot(false, |i, w, s| {
+            if doomed(i, s) && self.media.cas_u64(self.slot_off(i), w, TOMBSTONE)?.is_ok() {
+                gone.push(i);
+            }
+            Ok(())
+        })?;
+        self.settle_freed(&gone)?;
+        Ok(gone.len() as u64)
+    }
+
     /// Word `w` of slot `i`, read in bulk, decoded; or, if it decodes as no slot, the slot
     /// loaded again on its own (see [`for_each_slot`](Self::for_each_slot)).
     fn decoded(&self, i: u64, w: u64) -> Result<(u64, Slot)> {
