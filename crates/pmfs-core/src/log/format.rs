@@ -492,7 +492,41 @@ impl Slot {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        /// Each change of a head word changes only what it names: the head, the pins and
+        /// the orphans flag survive the others, and every change but setting a flag ends a
+        /// sweep.
+        #[test]
+        fn head_word_fields_are_independent(
+            head in 1u64..=HEAD_NUMBER,
+            other in 1u64..=HEAD_NUMBER,
+            pins in 0..=MAX_PINS,
+            more in 0..=MAX_PINS,
+            orphans: bool,
+            sweeping: bool,
+        ) {
+            let mut w = HeadWord::new(BlockNo(head), pins);
+            if orphans {
+                w = w.with_orphans();
+            }
+            if sweeping {
+                w = w.with_sweeping();
+            }
+            prop_assert_eq!(w.head(), Some(BlockNo(head)));
+            prop_assert_eq!((w.pins(), w.orphans(), w.sweeping()), (pins, orphans, sweeping));
+            let p = w.with_pins(more);
+            prop_assert_eq!((p.head(), p.pins()), (Some(BlockNo(head)), more));
+            prop_assert_eq!((p.orphans(), p.sweeping()), (orphans, false));
+            let h = w.with_head(BlockNo(other));
+            prop_assert_eq!((h.head(), h.pins()), (Some(BlockNo(other)), pins));
+            prop_assert_eq!((h.orphans(), h.sweeping()), (orphans, false));
+            prop_assert_eq!(w.without_flags(), HeadWord::new(BlockNo(head), pins));
+        }
+    }
 
     #[test]
     fn inline_round_trip_at_the_limits() {
