@@ -1,13 +1,15 @@
 """How much space a file's log holds while several processes write it, and after they close it.
 
-Usage: LD_PRELOAD=target/release/libpmfs_preload.so python3 scripts/held-log-blocks.py FILE SECONDS PROCS
+Usage: LD_PRELOAD=target/release/libpmfs_preload.so python3 scripts/held-log-blocks.py FILE SECONDS PROCS [map]
 
 Writes a 1 MiB FILE (on a pmfs mount), then forks PROCS processes that each open it and
-overwrite random 4 KiB blocks for SECONDS. Prints the mount's used space (`df`) before, when
-the first writer is about to close, and after all have closed.
+overwrite random 4 KiB blocks for SECONDS (with `map`, each maps the file meanwhile). Prints
+the mount's used space (`df`) before, when the first writer is about to close, and after all
+have closed.
 """
 import os, random, sys, time, subprocess
-p = sys.argv[1]; secs = float(sys.argv[2]); procs = int(sys.argv[3])
+import mmap
+p = sys.argv[1]; secs = float(sys.argv[2]); procs = int(sys.argv[3]); mapped = sys.argv[4:] == ['map']
 def used():
     out = subprocess.run(['df', '-k', os.path.dirname(p)], capture_output=True, text=True).stdout.split('\n')[1].split()
     return int(out[2])
@@ -20,6 +22,7 @@ for k in range(procs):
     pid = os.fork()
     if pid == 0:
         fd = os.open(p, os.O_RDWR)
+        m = mmap.mmap(fd, 1 << 20) if mapped else None
         buf = bytes([k]) * 4096
         n = 0; end = time.time() + secs
         while time.time() < end:
@@ -28,6 +31,8 @@ for k in range(procs):
             n += 1000
         if k == 0:
             os.write(w, str(used()).encode() + b'\n')
+        if m:
+            m.close()
         os.close(fd)
         os._exit(0 if n else 1)
     pids.append(pid)

@@ -33,8 +33,9 @@ pub(crate) const SB_MAGIC: u64 = u64::from_le_bytes(*b"PMFSVOL1");
 /// version-3 code would read as a damaged slot after a crash. Version 5 formats HashFS
 /// tables that hash clusters of eight blocks (table format version 2), which version-4 code
 /// refuses to open; a version-4 volume keeps its table's per-block hash when upgraded.
-/// Version 6 added the orphans flag of a log's head word (bit 47: retired log blocks wait
-/// for a sweep), which version-5 code would read as part of a damaged head block number.
+/// Version 6 gave a log's head word a count of mapping pins and two flags (bits 39..48: see
+/// `pmfs_core::log::HeadWord`), which version-5 code would read as part of a damaged head
+/// block number.
 pub const FORMAT_VERSION: u32 = 6;
 /// The oldest version this build mounts; mounting one for writing upgrades it to
 /// [`FORMAT_VERSION`] (everything it holds reads the same).

@@ -243,33 +243,46 @@ pub fn segment_words(owner: u64, index: u16, next: PmOff, total: u32, payload: &
 
 /// The head word, kept by the caller at an 8-byte aligned offset (e.g. in the inode).
 ///
-/// Bits 0..46 hold the head block (0: no log), bits 48..64 the number of open handles across
-/// all processes ("pins"), which gates the reclamation of compacted blocks. Bit 47,
-/// *orphans*, says that a handle closed while holding retired blocks it could not free
-/// (another handle was open): the next handle to find itself alone sweeps them. Bit 46,
-/// *sweeping*, is set by that sweep and cleared by every change of the head or of the pins,
-/// so the sweep's closing CAS fails if anybody opened or compacted the log meanwhile.
+/// | bits | field | |
+/// |---|---|---|
+/// | 0..39 | head | the head block (0: no log) |
+/// | 39..46 | mapping pins | holders that keep the log from being freed and hold no position in it (such as a mapping of the file's blocks), up to [`MAX_MAP_PINS`] |
+/// | 46 | sweeping | set by a sweep, cleared by every change of the head or of a pin count |
+/// | 47 | orphans | a handle closed with retired blocks it could not free |
+/// | 48..64 | opens | handles open across all processes |
+///
+/// The opens gate the reclamation of compacted blocks; mapping pins do not, since their
+/// holders never read the log (one that finds the field full counts as an open instead). A
+/// handle that closes while another is open with retired blocks sets *orphans*, and the next
+/// handle to find itself alone sweeps them; the sweep's closing CAS fails if anybody opened
+/// or compacted the log meanwhile, which *sweeping* tells.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeadWord(pub u64);
 
-/// Bits of the head word below the pins (the head block and the flags).
+/// Bits of the head word below the count of open handles.
 pub const HEAD_BLOCK_BITS: u32 = 48;
 /// The most handles that may have one log open at once.
 pub const MAX_PINS: u64 = (1 << (64 - HEAD_BLOCK_BITS)) - 1;
+/// The most mapping pins the head word counts apart from the open handles.
+pub const MAX_MAP_PINS: u64 = (1 << MAP_PINS_BITS) - 1;
 /// Bits of the head block number: a region of at most [`MAX_REGION`](super::MAX_REGION)
-/// bytes has fewer blocks than that.
-const HEAD_NUMBER_BITS: u32 = 46;
+/// bytes has no more blocks than that.
+const HEAD_NUMBER_BITS: u32 = 39;
 const HEAD_NUMBER: u64 = (1 << HEAD_NUMBER_BITS) - 1;
-const ORPHANS: u64 = 1 << 47;
+const MAP_PINS_BITS: u32 = 7;
+const MAP_PINS: u64 = MAX_MAP_PINS << HEAD_NUMBER_BITS;
 const SWEEPING: u64 = 1 << 46;
+const ORPHANS: u64 = 1 << 47;
+const OPENS: u64 = MAX_PINS << HEAD_BLOCK_BITS;
 
 const _: () = assert!(super::MAX_REGION / crate::layout::BLOCK_SIZE <= HEAD_NUMBER + 1);
+const _: () = assert!(HEAD_NUMBER_BITS + MAP_PINS_BITS == 46);
 
 impl HeadWord {
-    /// A head word for `head` with `pins` open handles and no flag.
-    pub fn new(head: BlockNo, pins: u64) -> HeadWord {
-        debug_assert!(head.0 <= HEAD_NUMBER && pins <= MAX_PINS);
-        HeadWord(head.0 | pins << HEAD_BLOCK_BITS)
+    /// A head word for `head` with `opens` open handles, no mapping pin and no flag.
+    pub fn new(head: BlockNo, opens: u64) -> HeadWord {
+        debug_assert!(head.0 <= HEAD_NUMBER && opens <= MAX_PINS);
+        HeadWord(head.0 | opens << HEAD_BLOCK_BITS)
     }
 
     /// The head block; `None` if the word holds no log.
@@ -278,9 +291,19 @@ impl HeadWord {
         (b != 0).then_some(BlockNo(b))
     }
 
-    /// Open handles.
+    /// Everybody who keeps the log from being freed: open handles and mapping pins.
     pub fn pins(self) -> u64 {
+        self.opens() + self.map_pins()
+    }
+
+    /// Open handles.
+    pub fn opens(self) -> u64 {
         self.0 >> HEAD_BLOCK_BITS
+    }
+
+    /// Mapping pins counted apart from the handles.
+    pub fn map_pins(self) -> u64 {
+        (self.0 & MAP_PINS) >> HEAD_NUMBER_BITS
     }
 
     /// Whether retired blocks wait for a sweep.
@@ -293,14 +316,22 @@ impl HeadWord {
         self.0 & SWEEPING != 0
     }
 
-    /// The same head and orphans flag with `pins` handles, not sweeping.
-    pub fn with_pins(self, pins: u64) -> HeadWord {
-        HeadWord(self.0 & (HEAD_NUMBER | ORPHANS) | HeadWord::new(BlockNo(0), pins).0)
+    /// The same word with `opens` handles, not sweeping.
+    pub fn with_opens(self, opens: u64) -> HeadWord {
+        debug_assert!(opens <= MAX_PINS);
+        HeadWord(self.0 & !(OPENS | SWEEPING) | opens << HEAD_BLOCK_BITS)
     }
 
-    /// The same pins and orphans flag with head `head`, not sweeping.
+    /// The same word with `pins` mapping pins, not sweeping.
+    pub fn with_map_pins(self, pins: u64) -> HeadWord {
+        debug_assert!(pins <= MAX_MAP_PINS);
+        HeadWord(self.0 & !(MAP_PINS | SWEEPING) | pins << HEAD_NUMBER_BITS)
+    }
+
+    /// The same word with head `head`, not sweeping.
     pub fn with_head(self, head: BlockNo) -> HeadWord {
-        HeadWord(self.0 & !(HEAD_NUMBER | SWEEPING) | HeadWord::new(head, 0).0)
+        debug_assert!(head.0 <= HEAD_NUMBER);
+        HeadWord(self.0 & !(HEAD_NUMBER | SWEEPING) | head.0)
     }
 
     /// The same word with the orphans flag set.
@@ -313,7 +344,7 @@ impl HeadWord {
         HeadWord(self.0 | SWEEPING)
     }
 
-    /// The same head and pins without either flag.
+    /// The same word without either flag.
     pub fn without_flags(self) -> HeadWord {
         HeadWord(self.0 & !(ORPHANS | SWEEPING))
     }
@@ -497,34 +528,41 @@ mod tests {
     use super::*;
 
     proptest! {
-        /// Each change of a head word changes only what it names: the head, the pins and
-        /// the orphans flag survive the others, and every change but setting a flag ends a
-        /// sweep.
+        /// Each change of a head word changes only what it names: the head, both pin counts
+        /// and the orphans flag survive the others, and every change but setting a flag ends
+        /// a sweep.
         #[test]
         fn head_word_fields_are_independent(
             head in 1u64..=HEAD_NUMBER,
             other in 1u64..=HEAD_NUMBER,
-            pins in 0..=MAX_PINS,
+            opens in 0..=MAX_PINS,
             more in 0..=MAX_PINS,
+            maps in 0..=MAX_MAP_PINS,
+            more_maps in 0..=MAX_MAP_PINS,
             orphans: bool,
             sweeping: bool,
         ) {
-            let mut w = HeadWord::new(BlockNo(head), pins);
+            let mut w = HeadWord::new(BlockNo(head), opens).with_map_pins(maps);
             if orphans {
                 w = w.with_orphans();
             }
             if sweeping {
                 w = w.with_sweeping();
             }
-            prop_assert_eq!(w.head(), Some(BlockNo(head)));
-            prop_assert_eq!((w.pins(), w.orphans(), w.sweeping()), (pins, orphans, sweeping));
-            let p = w.with_pins(more);
-            prop_assert_eq!((p.head(), p.pins()), (Some(BlockNo(head)), more));
-            prop_assert_eq!((p.orphans(), p.sweeping()), (orphans, false));
+            let fields = |w: HeadWord| (w.head(), w.opens(), w.map_pins(), w.orphans());
+            prop_assert_eq!(fields(w), (Some(BlockNo(head)), opens, maps, orphans));
+            prop_assert_eq!((w.pins(), w.sweeping()), (opens + maps, sweeping));
+            let o = w.with_opens(more);
+            prop_assert_eq!(fields(o), (Some(BlockNo(head)), more, maps, orphans));
+            let m = w.with_map_pins(more_maps);
+            prop_assert_eq!(fields(m), (Some(BlockNo(head)), opens, more_maps, orphans));
             let h = w.with_head(BlockNo(other));
-            prop_assert_eq!((h.head(), h.pins()), (Some(BlockNo(other)), pins));
-            prop_assert_eq!((h.orphans(), h.sweeping()), (orphans, false));
-            prop_assert_eq!(w.without_flags(), HeadWord::new(BlockNo(head), pins));
+            prop_assert_eq!(fields(h), (Some(BlockNo(other)), opens, maps, orphans));
+            prop_assert!(!o.sweeping() && !m.sweeping() && !h.sweeping());
+            prop_assert_eq!(
+                w.without_flags(),
+                HeadWord::new(BlockNo(head), opens).with_map_pins(maps)
+            );
         }
     }
 
@@ -616,7 +654,7 @@ mod tests {
         let h = HeadWord::new(BlockNo(12345), 7);
         assert_eq!(h.head(), Some(BlockNo(12345)));
         assert_eq!(h.pins(), 7);
-        assert_eq!(h.with_pins(MAX_PINS).pins(), MAX_PINS);
+        assert_eq!(h.with_opens(MAX_PINS).opens(), MAX_PINS);
         assert_eq!(HeadWord(0).head(), None);
     }
 }

@@ -351,7 +351,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         if q.batches.is_empty() && q.held.is_empty() && !seen.orphans() {
             return Ok(0);
         }
-        if seen.pins() != 1 {
+        if seen.opens() != 1 {
             return Ok(0);
         }
         // Keep new operations out of blocks outside the current chain: move the hint to the

@@ -141,34 +141,37 @@
 //!
 //! The log lives in a pool that several processes map; a DRAM epoch protects only the threads
 //! of one process. Cross-process protection is in PM: the top 16 bits of the head word count
-//! the handles open on the log in every process (pins, changed by CAS when a handle opens or
-//! closes). Retired blocks are freed only while the reclaiming handle is the only one open, so
-//! a block another process may still be reading, or appending from a stale hint into, is never
-//! reused under it; such a process keeps walking the old chain into the shared suffix. If
-//! another process keeps the log open, retired blocks wait.
+//! the handles open on the log in every process (opens, changed by CAS when a handle opens or
+//! closes). Holders that keep the log from being freed without ever reading it, such as a
+//! mapping of the file's blocks, are counted apart ([`pin_mapping`]: bits 39..46, up to
+//! [`MAX_MAP_PINS`], then as opens), so that a process that maps a file and writes it still
+//! finds its handle alone. Retired blocks are freed only while the reclaiming handle is the
+//! only one open, so a block another process may still be reading, or appending from a stale
+//! hint into, is never reused under it; such a process keeps walking the old chain into the
+//! shared suffix. If another process keeps the log open, retired blocks wait.
 //!
 //! A handle that closes while another is open hands its retired blocks on: it sets the head
 //! word's *orphans* flag (bit 47), and the next reclamation that finds its handle alone
 //! *sweeps* ([`Log::reclaim`]): it asks the allocator for every block it handed out for this
-//! log ([`BlockAllocator::outstanding`]; HashFS's per-file log-block allocator scans its
-//! table for them) and frees those that are not in the current chain, hold no segment of its
-//! entries, and are not the handle's own (held or spare). What makes that safe is the head
-//! word. The sweeper read it, alone and unchanged, before it kept its own operations out of
-//! blocks outside the chain; it marks it *sweeping* (bit 46) by a CAS from that value and
-//! clears both flags by a CAS from the marked value before it frees anything. A compaction in
-//! between (whose readers may be in the blocks it unlinked) changes the head, an open in
-//! between (whose opener may hold blocks it allocated and has not linked yet) clears the mark;
-//! either makes the sweep give up and a later one retry. Blocks this process has in flight
-//! (allocated, not yet linked, published, queued or kept as the spare) are counted, and a
-//! sweep during which one went in flight gives up too. So a compaction's old blocks come back
-//! once one process has the log alone, at its next compaction or close; only while several
-//! keep it open do they wait. A process killed while holding retired blocks leaves them
-//! without the flag, unfreed until the allocator is rebuilt at the next mount
-//! ([`owned_blocks`] does not report them). A process killed while open leaves its pin behind,
-//! which only delays reclamation: [`recover()`], run once at mount before any handle opens,
-//! resets the count and the flags. This is coarser than MadFS's per-thread registry of the log
-//! block being read (in shared memory, with robust mutexes for liveness): reclamation waits
-//! for every other opener rather than for readers of the old blocks only.
+//! log ([`BlockAllocator::outstanding`]; HashFS's per-file log-block allocator scans its table
+//! for them) and frees those that are not in the current chain, hold no segment of its entries,
+//! and are not the handle's own (held or spare). What makes that safe is the head word. The
+//! sweeper read it, alone and unchanged, before it kept its own operations out of blocks
+//! outside the chain; it marks it *sweeping* (bit 46) by a CAS from that value and clears both
+//! flags by a CAS from the marked value before it frees anything. A compaction in between
+//! (whose readers may be in the blocks it unlinked) changes the head, an open in between (whose
+//! opener may hold blocks it allocated and has not linked yet) clears the mark; either makes
+//! the sweep give up and a later one retry. Blocks this process has in flight (allocated, not
+//! yet linked, published, queued or kept as the spare) are counted, and a sweep during which
+//! one went in flight gives up too. So a compaction's old blocks come back once one process has
+//! the log alone, at its next compaction or close; only while several keep it open do they
+//! wait. A process killed while holding retired blocks leaves them without the flag, unfreed
+//! until the next mount frees every block the log does not own ([`owned_blocks`] reports those
+//! it does). A process killed while open leaves its pin behind, which only delays reclamation:
+//! [`recover()`], run once at mount before any handle opens, resets the counts and the flags.
+//! This is coarser than MadFS's per-thread registry of the log block being read (in shared
+//! memory, with robust mutexes for liveness): reclamation waits for every other opener rather
+//! than for readers of the old blocks only.
 //!
 //! Commit, linking and compaction need no DRAM lock and no liveness of other processes: a
 //! process killed at any instruction leaves at worst an unreferenced reservation, an
@@ -296,7 +299,9 @@ pub use digest::{
     cursor_lsn, init_cursor, reset_holder,
 };
 pub use entry::{Entry, MAX_RUN_LEN};
-pub use format::{ENTRIES_PER_BLOCK, HeadWord, INLINE_MAX_LEN, LOG_VERSION, MAX_PINS};
+pub use format::{
+    ENTRIES_PER_BLOCK, HeadWord, INLINE_MAX_LEN, LOG_VERSION, MAX_MAP_PINS, MAX_PINS,
+};
 pub use gc::Compaction;
 pub use recover::{Recovery, inspect, owned_blocks, recover};
 pub use replay::Replay;
@@ -469,29 +474,20 @@ fn check_root<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<()> {
 }
 
 /// Counts one more open handle in the head word at `root`, as [`Log::open`] does, without
-/// opening one: for a holder that keeps the log (and the file it belongs to) from being freed
-/// with nothing but the media, such as a mapping of the file's blocks. [`unpin`] gives it
-/// back.
+/// opening one: for a holder that may read the log with nothing but the media. A holder that
+/// never reads it takes a [`pin_mapping`] instead. [`unpin`] gives it back.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] if the head word holds no log, [`Error::Unsupported`] if
 /// [`MAX_PINS`] handles are open; bad offsets; media errors.
 pub fn pin<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<()> {
     check_root(media, root)?;
-    let mut cur = media.load_u64(root)?;
-    loop {
-        let hw = HeadWord(cur);
-        if hw.head().is_none() {
-            return Err(Error::InvalidArgument("no log at this head word"));
-        }
-        if hw.pins() == MAX_PINS {
+    change_head_word(media, root, |hw| {
+        if hw.opens() == MAX_PINS {
             return Err(Error::Unsupported("too many open handles on one log"));
         }
-        match media.cas_u64(root, cur, hw.with_pins(hw.pins() + 1).0)? {
-            Ok(_) => return Ok(()),
-            Err(actual) => cur = actual,
-        }
-    }
+        Ok(hw.with_opens(hw.opens() + 1))
+    })
 }
 
 /// Counts one open handle less in the head word at `root` (never below zero): the end of a
@@ -504,7 +500,82 @@ pub fn unpin<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<()> {
     let mut cur = media.load_u64(root)?;
     loop {
         let hw = HeadWord(cur);
-        match media.cas_u64(root, cur, hw.with_pins(hw.pins().saturating_sub(1)).0)? {
+        match media.cas_u64(root, cur, hw.with_opens(hw.opens().saturating_sub(1)).0)? {
+            Ok(_) => return Ok(()),
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+/// How a [`pin_mapping`] was counted, to give it back with [`unpin_mapping`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapPinned {
+    /// Among the mapping pins, which do not hold back reclamation.
+    Apart,
+    /// As an open handle: the mapping pins were at [`MAX_MAP_PINS`].
+    AsOpen,
+}
+
+/// Counts one more holder that keeps the log (and the file it belongs to) from being freed
+/// and never reads the log, such as a mapping of the file's blocks. It is counted apart from
+/// the open handles, so that it does not hold back the reclamation of compacted blocks (a
+/// process that maps a file and writes it would otherwise never find its handle alone), or
+/// as an open handle when [`MAX_MAP_PINS`] are counted already.
+///
+/// # Errors
+/// As [`pin`].
+pub fn pin_mapping<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<MapPinned> {
+    check_root(media, root)?;
+    let mut how = MapPinned::Apart;
+    change_head_word(media, root, |hw| {
+        if hw.map_pins() < MAX_MAP_PINS {
+            how = MapPinned::Apart;
+            return Ok(hw.with_map_pins(hw.map_pins() + 1));
+        }
+        if hw.opens() == MAX_PINS {
+            return Err(Error::Unsupported("too many open handles on one log"));
+        }
+        how = MapPinned::AsOpen;
+        Ok(hw.with_opens(hw.opens() + 1))
+    })?;
+    Ok(how)
+}
+
+/// Gives back a [`pin_mapping`] counted as `how` (never below zero).
+///
+/// # Errors
+/// Bad offsets; media errors.
+pub fn unpin_mapping<M: Media + ?Sized>(media: &M, root: PmOff, how: MapPinned) -> Result<()> {
+    match how {
+        MapPinned::AsOpen => unpin(media, root),
+        MapPinned::Apart => {
+            check_root(media, root)?;
+            let mut cur = media.load_u64(root)?;
+            loop {
+                let hw = HeadWord(cur);
+                let less = hw.with_map_pins(hw.map_pins().saturating_sub(1));
+                match media.cas_u64(root, cur, less.0)? {
+                    Ok(_) => return Ok(()),
+                    Err(actual) => cur = actual,
+                }
+            }
+        }
+    }
+}
+
+/// Replaces the head word at `root`, which must hold a log, with `change` of it, by CAS.
+fn change_head_word<M: Media + ?Sized>(
+    media: &M,
+    root: PmOff,
+    mut change: impl FnMut(HeadWord) -> Result<HeadWord>,
+) -> Result<()> {
+    let mut cur = media.load_u64(root)?;
+    loop {
+        let hw = HeadWord(cur);
+        if hw.head().is_none() {
+            return Err(Error::InvalidArgument("no log at this head word"));
+        }
+        match media.cas_u64(root, cur, change(hw)?.0)? {
             Ok(_) => return Ok(()),
             Err(actual) => cur = actual,
         }

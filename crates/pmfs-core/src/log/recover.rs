@@ -111,7 +111,8 @@ pub fn recover<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<Recovery> {
     }
     // Retired blocks nobody freed are free once the caller rebuilds the allocator.
     let hw = HeadWord(media.load_u64(root)?);
-    media.store_u64(root, hw.with_pins(0).without_flags().0)?;
+    let none = hw.with_opens(0).with_map_pins(0).without_flags();
+    media.store_u64(root, none.0)?;
     media.persist(root, 8)?;
     Ok(r)
 }

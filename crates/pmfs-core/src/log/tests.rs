@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use super::format::{ENTRIES_PER_BLOCK, FIRST_SLOT, HeadWord, SLOTS_PER_BLOCK, slot_off};
+use super::format::{
+    ENTRIES_PER_BLOCK, FIRST_SLOT, HeadWord, MAX_MAP_PINS, SLOTS_PER_BLOCK, slot_off,
+};
 use super::*;
 use crate::layout::BLOCK_SIZE;
 use crate::pm::HeapRegion;
@@ -321,6 +323,56 @@ fn blocks_retired_beside_another_handle_are_swept_once_a_handle_is_alone() {
     other.close().unwrap();
     assert_eq!(head().pins(), 0);
     assert_eq!(a.outstanding().unwrap().unwrap(), owned());
+}
+
+#[test]
+fn mapping_pins_keep_the_log_but_not_its_retired_blocks() {
+    let (r, a) = setup();
+    let head = || HeadWord(r.load_u64(ROOT).unwrap());
+    let log = TestLog::create(r.clone(), ROOT, a.clone()).unwrap();
+    let fill = |n| {
+        for i in 0..n {
+            log.append(&inline(i)).unwrap();
+        }
+    };
+    let compact = || {
+        let point = log.compaction_point().unwrap().unwrap();
+        log.compact(point, &[]).unwrap()
+    };
+    fill(2 * ENTRIES_PER_BLOCK + 1);
+    assert_eq!(pin_mapping(&*r, ROOT).unwrap(), MapPinned::Apart);
+    assert_eq!(
+        (head().opens(), head().map_pins(), head().pins()),
+        (1, 1, 2)
+    );
+    // The mapping reads no log block: the handle is alone and frees at once.
+    let free = a.free_blocks();
+    assert!(matches!(
+        compact(),
+        Compaction::Compacted { retired: 2, .. }
+    ));
+    assert_eq!(a.free_blocks(), free + 2);
+    // A full field counts the next mapping as an open handle, which holds reclamation back.
+    for _ in 1..MAX_MAP_PINS {
+        assert_eq!(pin_mapping(&*r, ROOT).unwrap(), MapPinned::Apart);
+    }
+    assert_eq!(pin_mapping(&*r, ROOT).unwrap(), MapPinned::AsOpen);
+    assert_eq!((head().opens(), head().map_pins()), (2, MAX_MAP_PINS));
+    fill(2 * ENTRIES_PER_BLOCK);
+    let free = a.free_blocks();
+    assert!(matches!(
+        compact(),
+        Compaction::Compacted { retired: 2, .. }
+    ));
+    assert_eq!(a.free_blocks(), free);
+    unpin_mapping(&*r, ROOT, MapPinned::AsOpen).unwrap();
+    assert_eq!(log.reclaim().unwrap(), 2);
+    for _ in 0..MAX_MAP_PINS {
+        unpin_mapping(&*r, ROOT, MapPinned::Apart).unwrap();
+    }
+    assert_eq!((head().opens(), head().map_pins()), (1, 0));
+    drop(log);
+    assert_eq!(head().pins(), 0);
 }
 
 #[test]

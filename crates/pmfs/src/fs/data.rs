@@ -142,7 +142,7 @@ use std::time::{Duration, Instant};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::log::{
-    CURSOR_LSN_BITS, Commit, Digest, ENTRIES_PER_BLOCK, Entry, HeadWord, Log, Position,
+    CURSOR_LSN_BITS, Commit, Digest, ENTRIES_PER_BLOCK, Entry, HeadWord, Log, MapPinned, Position,
 };
 use pmfs_core::pm::{Media, procs};
 use pmfs_core::traits::{AllocHint, AllocKind, BlockAllocator, Extent, Run, merge_runs};
@@ -540,6 +540,8 @@ pub struct MapPin {
     media: Pm,
     maps: PmOff,
     log: PmOff,
+    /// How the log counted this pin.
+    pinned: MapPinned,
     times: KernelTimes,
     writable: bool,
     /// The request for the kernel's pages of the file, if the client set a hook.
@@ -567,12 +569,13 @@ impl MapPin {
     /// # Errors
     /// Media errors, or [`Error::Unsupported`] if the file's log has the most pins it can hold.
     pub fn inherit(&self) -> Result<MapPin> {
-        pmfs_core::log::pin(&*self.media, self.log)?;
+        let pinned = pmfs_core::log::pin_mapping(&*self.media, self.log)?;
         count_step(&self.media, self.maps, true, false)?;
         Ok(MapPin {
             media: self.media.clone(),
             maps: self.maps,
             log: self.log,
+            pinned,
             times: self.times,
             writable: self.writable,
             kernel_pages: self.kernel_pages.clone(),
@@ -651,7 +654,7 @@ impl Drop for MapPin {
         // Leftovers only keep the file in mapped mode (and an unlinked one allocated) until
         // the owner's next mount.
         let _ = count_step(&self.media, self.maps, false, false);
-        let _ = pmfs_core::log::unpin(&*self.media, self.log);
+        let _ = pmfs_core::log::unpin_mapping(&*self.media, self.log, self.pinned);
     }
 }
 
@@ -1643,11 +1646,12 @@ impl Fs {
         })?;
         let maps = self.inodes.field(ino, field::MAPS);
         let root = self.inodes.field(ino, field::LOG);
-        pmfs_core::log::pin(self.m(), root)?;
+        let pinned = pmfs_core::log::pin_mapping(self.m(), root)?;
         let pin = MapPin {
             media: self.media().clone(),
             maps,
             log: root,
+            pinned,
             times: KernelTimes::of(self, ino),
             writable: false,
             kernel_pages: self.kernel_pages.get().map(|hook| KernelPagesRequest {

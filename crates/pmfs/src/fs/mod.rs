@@ -785,7 +785,7 @@ impl Fs {
             let digested = self.digest(h.ino, &shared, f);
             shared.log.close()?;
             digested?;
-            if m.load_u64(root)? >> 48 != 0 {
+            if pmfs_core::log::HeadWord(m.load_u64(root)?).pins() != 0 {
                 return Ok(());
             }
             if matches!(self.stage, Stager::Alloc(_)) {
