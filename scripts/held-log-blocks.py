@@ -1,18 +1,25 @@
-"""How much space a file's log holds while several processes write it, and after they close it.
+r"""How much space a file's log holds while several processes write it, and after they close it.
 
-Usage: LD_PRELOAD=target/release/libpmfs_preload.so python3 scripts/held-log-blocks.py FILE SECONDS PROCS [map]
+Usage, on a pmfs mount:
+    LD_PRELOAD=target/release/libpmfs_preload.so \
+        python3 scripts/held-log-blocks.py FILE SECONDS PROCS [map]
 
 Writes a 1 MiB FILE (on a pmfs mount), then forks PROCS processes that each open it and
 overwrite random 4 KiB blocks for SECONDS (with `map`, each maps the file meanwhile). Prints
 the mount's used space (`df`) before, when the first writer is about to close, and after all
 have closed.
 """
-import os, random, sys, time, subprocess
-import mmap
-p = sys.argv[1]; secs = float(sys.argv[2]); procs = int(sys.argv[3]); mapped = sys.argv[4:] == ['map']
+import mmap, os, random, subprocess, sys, time
+
+p, secs, procs = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+mapped = sys.argv[4:] == ['map']
+
+
 def used():
-    out = subprocess.run(['df', '-k', os.path.dirname(p)], capture_output=True, text=True).stdout.split('\n')[1].split()
-    return int(out[2])
+    df = subprocess.run(['df', '-k', os.path.dirname(p)], capture_output=True, text=True)
+    return int(df.stdout.split('\n')[1].split()[2])
+
+
 fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
 os.ftruncate(fd, 1 << 20); os.pwrite(fd, b'\1' * (1 << 20), 0); os.close(fd)
 u0 = used()

@@ -246,7 +246,7 @@ pub fn segment_words(owner: u64, index: u16, next: PmOff, total: u32, payload: &
 /// | bits | field | |
 /// |---|---|---|
 /// | 0..39 | head | the head block (0: no log) |
-/// | 39..46 | mapping pins | holders that keep the log from being freed and hold no position in it (such as a mapping of the file's blocks), up to [`MAX_MAP_PINS`] |
+/// | 39..46 | mapping pins | holders that never read the log (mappings), up to [`MAX_MAP_PINS`] |
 /// | 46 | sweeping | set by a sweep, cleared by every change of the head or of a pin count |
 /// | 47 | orphans | a handle closed with retired blocks it could not free |
 /// | 48..64 | opens | handles open across all processes |

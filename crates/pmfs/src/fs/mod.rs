@@ -6,14 +6,14 @@
 //!
 //! After a clean close (mount-state word `CLEAN`) mounting reads the superblock, scans the
 //! inode table to rebuild the inode free list and, for a volatile allocator, rebuilds the
-//! allocator from the blocks of the live inodes and of their logs. Every regular file's log
-//! is repaired (`log::recover`: pins, flags and a tail beyond a hole) and its digest holder
-//! reset, then digested (a clean close digested them all already, so this finds nothing unless
-//! a data-only client died). On HashFS, the log blocks that no log names any more are freed:
-//! blocks that a compaction retired in a data-only client killed before it freed them or
-//! handed them on (one scan of the table). Orphans are freed: files unlinked while a data-only client had them
-//! open or mapped, which the owner could not free at their last close. Directories are loaded
-//! lazily on first use.
+//! allocator from the blocks of the live inodes and of their logs. Every regular file's log is
+//! repaired (`log::recover`: pins, flags and a tail beyond a hole) and its digest holder reset,
+//! then digested (a clean close digested them all already, so this finds nothing unless a
+//! data-only client died). On HashFS, the log blocks that no log names any more are freed:
+//! blocks that a compaction retired in a data-only client killed before it freed them or handed
+//! them on (one scan of the table). Orphans are freed: files unlinked while a data-only client
+//! had them open or mapped, which the owner could not free at their last close. Directories are
+//! loaded lazily on first use.
 //!
 //! After a crash the mount also:
 //! 1. lets the mapping structure recover its own half-done operations;
