@@ -536,7 +536,7 @@ impl Volume {
             mode,
         };
         if mode.truncate && mode.write {
-            self.fs.set_len(&node.node, 0)?;
+            self.fs.truncate_at_open(&node.node)?;
         }
         Ok(node)
     }

@@ -2451,6 +2451,21 @@ impl Fs {
 
     /// Truncates or extends the file to `len` bytes.
     pub fn set_len(&self, n: &Node, len: u64) -> Result<()> {
+        self.resize(n, len, false)
+    }
+
+    /// Truncates the file to 0 for an `open` with `O_TRUNC`, then closes this process's
+    /// handle of its log unless something else of the process uses it: the opener is most
+    /// likely a data-only client (a program under the library) that writes the file itself,
+    /// alone with the log once the owner's handle is closed (see
+    /// [`close_log_if_unused`](Fs::close_log_if_unused)); if it writes through the kernel
+    /// instead, the owner opens the log again at its first write.
+    pub fn truncate_at_open(&self, n: &Node) -> Result<()> {
+        self.resize(n, 0, true)
+    }
+
+    /// [`set_len`](Fs::set_len), then [`close_log_if_unused`](Fs::close_log_if_unused).
+    fn resize(&self, n: &Node, len: u64, close_even_alone: bool) -> Result<()> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
@@ -2461,6 +2476,51 @@ impl Fs {
             .ilock(n.h.ino)
             .write()
             .unwrap_or_else(|e| e.into_inner());
+        self.set_len_locked(n, len)?;
+        self.close_log_if_unused(n, close_even_alone)
+    }
+
+    /// After the owner changed `n`'s file for somebody else (a truncation through the
+    /// kernel), closes its handle of the file's log if nothing else of the owner uses it and
+    /// another process has the log open (or, with `even_alone`, in any case). Otherwise the
+    /// owner's handle would stay open until the kernel releases the file, and a data-only
+    /// client writing the file meanwhile (under the library) would never be alone with the
+    /// log, so it could free none of the blocks its compactions retire (see
+    /// `pmfs_core::log`). The owner's next operation on the file opens the log again. Called
+    /// under the inode lock (write), as [`release_node`](Fs::release_node) closes it.
+    fn close_log_if_unused(&self, n: &Node, even_alone: bool) -> Result<()> {
+        if self.client {
+            return Ok(());
+        }
+        let ino = n.h.ino;
+        let s = {
+            let mut mine = n.log.lock().unwrap_or_else(|e| e.into_inner());
+            let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(s) = mine.as_ref() else {
+                return Ok(());
+            };
+            // The node's reference and the registry's: no other node of the inode holds one.
+            if Arc::strong_count(s) != 2
+                || !even_alone && HeadWord(self.inodes.load(self.m(), ino, field::LOG)?).opens() < 2
+            {
+                return Ok(());
+            }
+            logs.remove(&ino);
+            mine.take()
+        };
+        let Some(s) = s else {
+            return Ok(());
+        };
+        let digested = self.node_map(n).and_then(|f| self.digest(ino, &s, f));
+        let closed = match Arc::try_unwrap(s) {
+            Ok(s) => s.log.close().map_err(Error::from),
+            Err(_) => Ok(()),
+        };
+        digested?;
+        closed
+    }
+
+    fn set_len_locked(&self, n: &Node, len: u64) -> Result<()> {
         let ino = n.h.ino;
         loop {
             let size = self.size_of(n)?;
