@@ -86,6 +86,17 @@ fn assert_clean(path: &std::path::Path) {
     assert!(report.is_clean(), "{:?}", report.problems);
 }
 
+/// Mounts the pool at `path` and checks that it found at most `most` log blocks that no log
+/// named (retired and never freed), and that fsck then finds it clean.
+fn assert_unfreed_at_most(path: &std::path::Path, most: u64) {
+    let vol = Volume::open(path).unwrap();
+    let left = vol.mount_report().log_blocks_freed;
+    assert!(left <= most, "{left} retired log blocks were never freed");
+    vol.close().unwrap();
+    assert_clean(path);
+    let _ = std::fs::remove_file(path);
+}
+
 #[test]
 fn the_client_left_alone_frees_what_the_other_retired() {
     let t = TwoClients::new("retired-beside");
@@ -97,15 +108,11 @@ fn the_client_left_alone_frees_what_the_other_retired() {
     );
     drop(t.writer);
 
-    // Alone now, the reader's own compactions sweep what the writer left. What stays is the
-    // reader's own: its log's blocks and the blocks its undigested overwrites replaced (17
-    // here; 96 without the sweep).
+    // Alone now, the reader's own compactions sweep what the writer left.
     let r = &t.reader.1;
     for i in 0..WRITES / 4 {
         overwrite(r, i);
     }
-    let alone = TwoClients::held(&t.owner, t.before);
-    assert!(alone <= 32, "{alone} blocks still held (of {held})");
     let mut back = vec![0u8; (BLOCKS * BS) as usize];
     r.read_at(&mut back, 0).unwrap();
     for (k, chunk) in back.chunks(BS as usize).enumerate() {
@@ -114,11 +121,11 @@ fn the_client_left_alone_frees_what_the_other_retired() {
             .unwrap();
         assert!(chunk.iter().all(|&b| b == last as u8), "block {k}");
     }
-    drop(t.reader);
-    assert!(TwoClients::held(&t.owner, t.before) <= 8);
+    // The reader vanishes: what it did not sweep is left to the mount, which counts it (79
+    // without the sweep). Free space would not tell: it runs in a cycle.
+    std::mem::forget(t.reader);
     t.owner.close().unwrap();
-    assert_clean(&t.path);
-    let _ = std::fs::remove_file(&t.path);
+    assert_unfreed_at_most(&t.path, 2);
 }
 
 #[test]
@@ -143,24 +150,21 @@ fn what_a_vanished_client_retired_is_freed_at_the_next_mount() {
 
 #[test]
 fn a_client_that_maps_the_file_frees_what_its_compactions_retire() {
-    let (path, owner, ino, before) = one_file("retired-mapped");
+    let (path, owner, ino, _) = one_file("retired-mapped");
     let client = Volume::attach(&path).unwrap();
     let node = client.open_ino(ino, RW).unwrap();
     let map = client.map(ino, 0, BLOCKS * BS).unwrap();
     for i in 0..WRITES {
         overwrite(&node, i);
     }
-    // The mapping keeps the file, but reads no log block: the handle is alone with the log
-    // (79 blocks stayed here while the mapping counted as an open handle).
-    let held = TwoClients::held(&owner, before);
-    assert!(held <= 32, "{held} blocks held while mapped");
-    drop(map);
-    drop(node);
-    drop(client);
-    assert!(TwoClients::held(&owner, before) <= 8);
+    // The mapping keeps the file, but reads no log block: the handle is alone with the log.
+    // The client vanishes; the mount counts what it retired and did not free (79 while the
+    // mapping counted as an open handle).
+    std::mem::forget(map);
+    std::mem::forget(node);
+    std::mem::forget(client);
     owner.close().unwrap();
-    assert_clean(&path);
-    let _ = std::fs::remove_file(&path);
+    assert_unfreed_at_most(&path, 2);
 }
 
 #[test]
@@ -188,11 +192,6 @@ fn the_owner_that_truncated_the_file_leaves_the_log_to_the_client() {
     assert_eq!(kernels.read_at(&mut back, 0).unwrap(), BS as usize);
     drop(kernels);
     owner.close().unwrap();
-    let vol = Volume::open(&path).unwrap();
     // 79 were left while the owner kept its handle of the log after either truncation.
-    let left = vol.mount_report().log_blocks_freed;
-    assert!(left <= 2, "{left} retired log blocks were never freed");
-    vol.close().unwrap();
-    assert_clean(&path);
-    let _ = std::fs::remove_file(&path);
+    assert_unfreed_at_most(&path, 2);
 }

@@ -822,18 +822,8 @@ impl Fs {
             .remove(&n.h.ino);
         drop(mine);
         if let Some(s) = shared {
-            let digested = if self.read_only {
-                Ok(())
-            } else {
-                self.node_map(n).and_then(|f| self.digest(n.h.ino, &s, f))
-            };
             // Every other node of the inode gave its reference back at its release.
-            let closed = match Arc::try_unwrap(s) {
-                Ok(s) => s.log.close().map_err(Error::from),
-                Err(_) => Ok(()),
-            };
-            digested?;
-            closed?;
+            self.digest_and_close(n, s)?;
         }
         if !orphan || self.read_only {
             return Ok(());
@@ -2508,10 +2498,20 @@ impl Fs {
             logs.remove(&ino);
             mine.take()
         };
-        let Some(s) = s else {
-            return Ok(());
+        match s {
+            Some(s) => self.digest_and_close(n, s),
+            None => Ok(()),
+        }
+    }
+
+    /// Digests the log of `n`'s inode and closes this process's handle `s` of it, taken out
+    /// of the registry, if it holds the last reference (else the holder closes it).
+    fn digest_and_close(&self, n: &Node, s: Arc<Shared>) -> Result<()> {
+        let digested = if self.read_only {
+            Ok(())
+        } else {
+            self.node_map(n).and_then(|f| self.digest(n.h.ino, &s, f))
         };
-        let digested = self.node_map(n).and_then(|f| self.digest(ino, &s, f));
         let closed = match Arc::try_unwrap(s) {
             Ok(s) => s.log.close().map_err(Error::from),
             Err(_) => Ok(()),
