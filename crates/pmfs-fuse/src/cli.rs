@@ -415,16 +415,8 @@ fn info_cmd(a: InfoArgs) -> Result<()> {
             "was not closed cleanly: recovered by this command"
         }
     ));
-    if recovered {
-        out(format_args!(
-            "  recovery     {} transactions rolled back, {} cleanups, {} inserts undone, {} removals completed, {} entries dropped, {} orphans freed",
-            report.journal_rolled_back,
-            report.journal_cleanups,
-            report.undone_inserts,
-            report.redone_removes,
-            report.dropped_entries,
-            report.orphans_freed
-        ));
+    if recovered || report.did_anything() {
+        out(format_args!("  recovery     {report}"));
     }
     vol.close().map_err(|e| volume_error(pool.path(), e))?;
     Ok(())

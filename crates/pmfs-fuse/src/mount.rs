@@ -234,10 +234,15 @@ pub fn spawn_daemon(pool: &Path, mountpoint: &Path, options: &[String]) -> Resul
     let relay = std::thread::spawn(move || {
         let _ = std::io::copy(&mut err, &mut std::io::stderr());
     });
+    // Before `ready` it may tell what mounting repaired, a line at a time.
+    let mut out = BufReader::new(out);
     let mut line = String::new();
-    let _ = BufReader::new(out).read_line(&mut line);
-    if line.trim() == "ready" {
-        return Ok(());
+    while matches!(out.read_line(&mut line), Ok(n) if n > 0) {
+        if line.trim() == "ready" {
+            return Ok(());
+        }
+        let _ = std::io::stderr().write_all(line.as_bytes());
+        line.clear();
     }
     // The daemon ended without mounting; it reported why on stderr.
     let _ = relay.join();
@@ -304,6 +309,25 @@ pub fn serve(
         )),
         e => volume_error(pool.path(), e),
     })?;
+    let report = vol.mount_report();
+    if !report.clean || report.did_anything() {
+        let what = format!(
+            "pmfs: {}: {}{report}\n",
+            pool.path().display(),
+            if report.clean {
+                ""
+            } else {
+                "was not closed cleanly, recovered: "
+            }
+        );
+        // Through stdout, which the starter reads up to `ready`: a line on stderr could still
+        // be in its relay when it exits.
+        let _ = if notify_ready {
+            std::io::stdout().write_all(what.as_bytes())
+        } else {
+            std::io::stderr().write_all(what.as_bytes())
+        };
+    }
 
     // Signals are taken by a dedicated thread: block them here, before fuser starts its
     // threads, so that every thread inherits the mask.

@@ -1,7 +1,7 @@
 //! The `pmfs` command as a user meets it: one-line errors for a missing pool, a bad magic, a
 //! pool in use and a mount point that is not a directory; `info` and `fsck` output; the
 //! background start; a clean unmount on SIGTERM and SIGINT; the `mount.fuse.pmfs` helper name
-//! that mount(8) runs.
+//! that mount(8) runs; what `info` and a mount after a crash say they repaired.
 
 mod common;
 
@@ -203,4 +203,53 @@ fn the_mount_helper_takes_mount8_arguments() {
         assert!(std::time::Instant::now() < deadline, "daemon kept the pool");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+#[test]
+fn info_and_the_mount_after_a_crash_say_what_was_repaired() {
+    let pool = Pool::new("cli-recovered", "64M", "hashfs");
+    let p = pool.pool.to_str().unwrap();
+    let dir = pool.mount_point("mnt");
+    // The daemon dies holding a file unlinked while open: an orphan for the next mount.
+    let crash = || {
+        let m = pool.mount(&dir, &[]);
+        let f = fs::File::create(m.join("gone")).unwrap();
+        fs::remove_file(m.join("gone")).unwrap();
+        m.kill("KILL");
+        drop(f);
+    };
+    crash();
+    let info = pmfs_ok(&["info", p]);
+    for want in [
+        "was not closed cleanly: recovered by this command",
+        "recovery     1 orphan inodes freed",
+    ] {
+        assert!(info.contains(want), "{want:?} missing in\n{info}");
+    }
+    assert!(pmfs_ok(&["info", p]).contains("closed cleanly\n"));
+
+    crash();
+    let _guard = Unmount(dir.clone());
+    let mount = || {
+        let o = pmfs(&["mount", p, dir.to_str().unwrap()]);
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let said = mount();
+    assert_eq!(
+        said,
+        format!("pmfs: {p}: was not closed cleanly, recovered: 1 orphan inodes freed\n")
+    );
+    let unmount = || {
+        sh(&format!("fusermount3 -u {}", dir.display()));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while pmfs(&["info", p]).status.code() != Some(0) {
+            assert!(std::time::Instant::now() < deadline, "daemon kept the pool");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    unmount();
+    // A clean mount that had nothing to do says nothing.
+    assert_eq!(mount(), "");
+    unmount();
 }

@@ -122,7 +122,8 @@ fn the_client_left_alone_frees_what_the_other_retired() {
         assert!(chunk.iter().all(|&b| b == last as u8), "block {k}");
     }
     // The reader vanishes: what it did not sweep is left to the mount, which counts it (79
-    // without the sweep). Free space would not tell: it runs in a cycle.
+    // without the sweep). Free space would not tell: it also counts the replaced data blocks
+    // that wait for the next digest, up to 128 at any moment.
     std::mem::forget(t.reader);
     t.owner.close().unwrap();
     assert_unfreed_at_most(&t.path, 2);
@@ -185,7 +186,7 @@ fn the_owner_that_truncated_the_file_leaves_the_log_to_the_client() {
         overwrite(&node, i);
     }
     // The client's process dies: whatever its compactions retired and could not free is left
-    // to the next mount, which counts it. Free space would not tell: it runs in a cycle.
+    // to the next mount, which counts it. Free space would not tell (see above).
     std::mem::forget(node);
     std::mem::forget(client);
     let mut back = vec![0u8; BS as usize];

@@ -116,6 +116,73 @@ pub struct MountReport {
     pub log_blocks_freed: u64,
 }
 
+impl MountReport {
+    /// Whether mounting repaired or freed anything (a clean mount may still have freed log
+    /// blocks or purged tombstones).
+    pub fn did_anything(&self) -> bool {
+        self.used_backup_superblock || self.counts().any(|(n, _)| n != 0)
+    }
+
+    /// The counts, each with what it counts.
+    fn counts(&self) -> impl Iterator<Item = (u64, &'static str)> {
+        [
+            (
+                u64::from(self.journal_rolled_back),
+                "journal transactions rolled back",
+            ),
+            (u64::from(self.journal_cleanups), "journal cleanups run"),
+            (
+                u64::from(self.undone_inserts),
+                "directory insertions undone",
+            ),
+            (
+                u64::from(self.redone_removes),
+                "directory removals completed",
+            ),
+            (
+                u64::from(self.dropped_entries),
+                "entries of dead inodes dropped",
+            ),
+            (u64::from(self.orphans_freed), "orphan inodes freed"),
+            (self.tombstones_purged, "hash tombstones purged"),
+            (self.log_blocks_freed, "unlinked log blocks freed"),
+        ]
+        .into_iter()
+    }
+}
+
+/// What mounting repaired and freed, as one line (`nothing repaired` if nothing); counts of
+/// zero are left out.
+///
+/// ```
+/// let r = pmfs::MountReport {
+///     journal_rolled_back: 1,
+///     orphans_freed: 2,
+///     ..Default::default()
+/// };
+/// assert_eq!(
+///     r.to_string(),
+///     "1 journal transactions rolled back, 2 orphan inodes freed"
+/// );
+/// ```
+impl std::fmt::Display for MountReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.did_anything() {
+            return f.write_str("nothing repaired");
+        }
+        let mut sep = "";
+        if self.used_backup_superblock {
+            f.write_str("the superblock restored from its backup")?;
+            sep = ", ";
+        }
+        for (n, what) in self.counts().filter(|&(n, _)| n != 0) {
+            write!(f, "{sep}{n} {what}")?;
+            sep = ", ";
+        }
+        Ok(())
+    }
+}
+
 /// The engine. Shared by the [`Volume`](crate::Volume) and every open file.
 pub(crate) struct Fs {
     media: Pm,
