@@ -258,6 +258,16 @@ impl PmfsFs {
         }
     }
 
+    /// After a request on `f` was answered: lets go of the file's log if a data client has
+    /// it open too ([`OpenNode::let_go_of_log`]), so that the client can free the log blocks
+    /// its compactions retire while the kernel keeps the file open (a `tail -f` of a file a
+    /// program under the library writes). The next request opens the log again. A failure
+    /// (of the digest before the close) is met again by the next digest of the log; the
+    /// request itself has been answered.
+    fn served(f: &OpenNode) {
+        let _ = f.let_go_of_log();
+    }
+
     fn file(&self, fh: FileHandle) -> Result<Arc<OpenNode>, Errno> {
         self.files
             .read()
@@ -619,6 +629,7 @@ impl Filesystem for PmfsFs {
             Ok(n) => reply.data(&buf[..n]),
             Err(e) => reply.error(errno(&e)),
         }
+        Self::served(&f);
     }
 
     fn write(
@@ -653,6 +664,7 @@ impl Filesystem for PmfsFs {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
         }
+        Self::served(&f);
     }
 
     fn flush(
@@ -944,6 +956,7 @@ impl Filesystem for PmfsFs {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
+        Self::served(&f);
     }
 
     fn copy_file_range(
@@ -979,6 +992,8 @@ impl Filesystem for PmfsFs {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
         }
+        Self::served(&src);
+        Self::served(&dst);
     }
 
     fn lseek(
@@ -1007,6 +1022,7 @@ impl Filesystem for PmfsFs {
             Ok(None) => reply.error(Errno::ENXIO),
             Err(e) => reply.error(errno(&e)),
         }
+        Self::served(&f);
     }
 }
 

@@ -7,7 +7,7 @@
 //! closes), nobody is ever alone with the file again, and the next mount frees them. A
 //! mapping of the file keeps it from being freed but reads no log block, so it does not keep
 //! a client that maps and writes the file from freeing what its compactions retire; nor does
-//! the owner's handle of a log it opened for a truncation through the kernel.
+//! the owner's handle of a log it opened for a truncation or a read through the kernel.
 
 mod common;
 
@@ -194,5 +194,31 @@ fn the_owner_that_truncated_the_file_leaves_the_log_to_the_client() {
     drop(kernels);
     owner.close().unwrap();
     // 79 were left while the owner kept its handle of the log after either truncation.
+    assert_unfreed_at_most(&path, 2);
+}
+
+#[test]
+fn the_owner_reading_for_the_kernel_leaves_the_log_to_the_writing_client() {
+    let (path, owner, ino, _) = one_file("retired-read-by-owner");
+    // A program reads the file through the kernel (`tail -f`), which the owner serves, while
+    // another writes it under the library. The owner lets go of the log after each read.
+    let kernels = owner.open_ino(ino, RW).unwrap();
+    let client = Volume::attach(&path).unwrap();
+    let node = client.open_ino(ino, RW).unwrap();
+    let mut back = vec![0u8; BS as usize];
+    for i in 0..WRITES {
+        overwrite(&node, i);
+        if i % 1000 == 1 {
+            assert_eq!(kernels.read_for_kernel(&mut back, BS).unwrap(), BS as usize);
+            assert!(back.iter().all(|&b| b == i as u8), "write {i}");
+            kernels.let_go_of_log().unwrap();
+        }
+    }
+    // The client's process dies; the mount counts what its compactions retired and did not
+    // free.
+    std::mem::forget(node);
+    std::mem::forget(client);
+    drop(kernels);
+    owner.close().unwrap();
     assert_unfreed_at_most(&path, 2);
 }

@@ -2,7 +2,7 @@
  * standard input pwrites TEXT at OFF and prints "ok" (or the errno): a writer a test steps
  * one write at a time. "punch OFF LEN" punches a hole instead; "store OFF TEXT" stores TEXT
  * at OFF through a shared mapping of the whole file (made at the first store, as long as the
- * file is then) and msyncs it. */
+ * file is then) and msyncs it; "again N OFF TEXT" pwrites TEXT at OFF N times. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -25,10 +25,15 @@ int main(int argc, char **argv) {
     char *map = NULL;
     size_t mapped = 0;
     while (fgets(line, sizeof line, stdin)) {
-        long off, len;
+        long off, len, times;
         char text[4096];
         int r;
-        if (sscanf(line, "punch %ld %ld", &off, &len) == 2)
+        if (sscanf(line, "again %ld %ld %4095s", &times, &off, text) == 3) {
+            r = 0;
+            for (long i = 0; i < times && r == 0; i++)
+                r = pwrite(fd, text, strlen(text), off) == (ssize_t)strlen(text) ? 0 : -1;
+        }
+        else if (sscanf(line, "punch %ld %ld", &off, &len) == 2)
             r = fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len);
         else if (sscanf(line, "store %ld %4095s", &off, text) == 2) {
             if (!map) {

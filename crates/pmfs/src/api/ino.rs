@@ -812,6 +812,16 @@ impl OpenNode {
         self.fs.m().fence();
     }
 
+    /// Closes this process's handle of the file's log if another process has the log open
+    /// and nothing else in this process is using the handle; the next operation opens it
+    /// again. A process that serves others (the FUSE daemon, after each request it served
+    /// for the kernel) calls it so that a data-only client writing the file meanwhile is
+    /// alone with the log: only then can the client free the log blocks its compactions
+    /// retire (see `pmfs_core::log`, "Across processes"). A no-op in a data-only client.
+    pub fn let_go_of_log(&self) -> Result<()> {
+        self.fs.let_go_of_log(&self.node)
+    }
+
     /// The mapped runs of logical blocks `[from, from + len)`, in order.
     fn runs(&self, from: u64, len: u64) -> Result<Vec<Run>> {
         self.fs.data_runs(&self.node, from, len)

@@ -2470,6 +2470,26 @@ impl Fs {
         self.close_log_if_unused(n, close_even_alone)
     }
 
+    /// After the owner served an operation on `n`'s file for somebody else (a request of the
+    /// kernel), closes its handle of the file's log as
+    /// [`close_log_if_unused`](Fs::close_log_if_unused) does, if another process has the log
+    /// open. Reads the head word first, without the inode lock.
+    pub fn let_go_of_log(&self, n: &Node) -> Result<()> {
+        if self.client || self.read_only {
+            return Ok(());
+        }
+        if n.log.lock().unwrap_or_else(|e| e.into_inner()).is_none()
+            || HeadWord(self.inodes.load(self.m(), n.h.ino, field::LOG)?).opens() < 2
+        {
+            return Ok(());
+        }
+        let _il = self
+            .ilock(n.h.ino)
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        self.close_log_if_unused(n, false)
+    }
+
     /// After the owner changed `n`'s file for somebody else (a truncation through the
     /// kernel), closes its handle of the file's log if nothing else of the owner uses it and
     /// another process has the log open (or, with `even_alone`, in any case). Otherwise the
