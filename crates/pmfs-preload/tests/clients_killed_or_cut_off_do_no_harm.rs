@@ -1,7 +1,7 @@
 //! Robustness of programs running under the library: writers killed with SIGKILL at arbitrary
 //! points (in the middle of userspace writes) leave a volume that checks clean once its owner
-//! mounted it again, while a writer that was not killed finishes with the right bytes; and a program whose mount vanished (the daemon killed) gets
-//! errors from its calls, not a crash.
+//! mounted it again, while a writer that was not killed finishes with the right bytes; and a
+//! program whose mount vanished (the daemon killed) gets errors from its calls, not a crash.
 
 mod common;
 

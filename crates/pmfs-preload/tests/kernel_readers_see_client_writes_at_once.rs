@@ -18,12 +18,10 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Child;
 
-use common::{Mounted, TempDir, compile, counters, stepped};
+use common::{Mounted, TempDir, compile, counters, free_blocks, stepped};
 
 /// A mount named `tag` with a file of three blocks of dots, `programs/writer.c` built in a
 /// work directory, and where its counters go.
@@ -117,16 +115,6 @@ fn reads_through_the_kernel_see_each_write_served_in_userspace() {
     let c = counters(&s.stats());
     assert!(c.served >= 300, "{c:?}");
     s.m.unmount_and_fsck();
-}
-
-/// Free 4 KiB blocks of the file system at `p`.
-fn free_blocks(p: &Path) -> u64 {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a NUL-terminated path and a zeroed statvfs to fill.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-    st.f_bavail * st.f_frsize / 4096
 }
 
 /// The daemon serves the kernel's reads with a handle of the file's log, and lets go of it

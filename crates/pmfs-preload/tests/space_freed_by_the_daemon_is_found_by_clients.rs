@@ -7,22 +7,7 @@
 
 mod common;
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
-
-use common::{Mounted, TempDir, With, counters, sh_in, sh_ok};
-
-/// Free 4 KiB blocks of the file system at `p`. (Asking also makes the daemon free the files
-/// it deferred.)
-fn free_blocks(p: &Path) -> u64 {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a NUL-terminated path and a zeroed statvfs to fill.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-    st.f_bavail * st.f_frsize / 4096
-}
+use common::{Mounted, TempDir, With, counters, free_blocks, sh_in, sh_ok};
 
 /// Each fill writes `FILL` blocks under the library, right after a file of `GONE` blocks was
 /// deleted through the kernel (too small a share of the table for the daemon to free it at

@@ -169,6 +169,9 @@
 //! until the next mount frees every block the log does not own ([`owned_blocks`] reports those
 //! it does). A process killed while open leaves its pin behind, which only delays reclamation:
 //! [`recover()`], run once at mount before any handle opens, resets the counts and the flags.
+//! Each process also counts the pins it holds itself ([`held_here`]), so that a caller who
+//! knows that no other process can hold one (the engine, before it frees a file whose log is
+//! still pinned) can tell the pins that dead processes left.
 //! This is coarser than MadFS's per-thread registry of the log block being read (in shared
 //! memory, with robust mutexes for liveness): reclamation waits for every other opener rather
 //! than for readers of the old blocks only.
@@ -272,6 +275,7 @@ mod entry;
 mod epoch;
 mod format;
 mod gc;
+mod here;
 mod recover;
 mod replay;
 
@@ -303,6 +307,7 @@ pub use format::{
     ENTRIES_PER_BLOCK, HeadWord, INLINE_MAX_LEN, LOG_VERSION, MAX_MAP_PINS, MAX_PINS,
 };
 pub use gc::Compaction;
+pub use here::held_here;
 pub use recover::{Recovery, inspect, owned_blocks, recover};
 pub use replay::Replay;
 
@@ -482,12 +487,14 @@ fn check_root<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<()> {
 /// [`MAX_PINS`] handles are open; bad offsets; media errors.
 pub fn pin<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<()> {
     check_root(media, root)?;
+    here::add(root);
     change_head_word(media, root, |hw| {
         if hw.opens() == MAX_PINS {
             return Err(Error::Unsupported("too many open handles on one log"));
         }
         Ok(hw.with_opens(hw.opens() + 1))
     })
+    .inspect_err(|_| here::sub(root))
 }
 
 /// Counts one open handle less in the head word at `root` (never below zero): the end of a
@@ -501,7 +508,10 @@ pub fn unpin<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<()> {
     loop {
         let hw = HeadWord(cur);
         match media.cas_u64(root, cur, hw.with_opens(hw.opens().saturating_sub(1)).0)? {
-            Ok(_) => return Ok(()),
+            Ok(_) => {
+                here::sub(root);
+                return Ok(());
+            }
             Err(actual) => cur = actual,
         }
     }
@@ -527,6 +537,7 @@ pub enum MapPinned {
 pub fn pin_mapping<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<MapPinned> {
     check_root(media, root)?;
     let mut how = MapPinned::Apart;
+    here::add(root);
     change_head_word(media, root, |hw| {
         if hw.map_pins() < MAX_MAP_PINS {
             how = MapPinned::Apart;
@@ -537,7 +548,8 @@ pub fn pin_mapping<M: Media + ?Sized>(media: &M, root: PmOff) -> Result<MapPinne
         }
         how = MapPinned::AsOpen;
         Ok(hw.with_opens(hw.opens() + 1))
-    })?;
+    })
+    .inspect_err(|_| here::sub(root))?;
     Ok(how)
 }
 
@@ -555,7 +567,10 @@ pub fn unpin_mapping<M: Media + ?Sized>(media: &M, root: PmOff, how: MapPinned) 
                 let hw = HeadWord(cur);
                 let less = hw.with_map_pins(hw.map_pins().saturating_sub(1));
                 match media.cas_u64(root, cur, less.0)? {
-                    Ok(_) => return Ok(()),
+                    Ok(_) => {
+                        here::sub(root);
+                        return Ok(());
+                    }
                     Err(actual) => cur = actual,
                 }
             }
@@ -597,6 +612,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         let mut log = Self::assemble(media, root, alloc);
         log.closed = true;
         let b = log.alloc_block()?;
+        here::add(root);
         let published = log.write_block(b, 0, 0, &[], 0).and_then(|()| {
             log.media.fence();
             log.media.cas_u64(root, 0, HeadWord::new(b, 1).0)
@@ -604,10 +620,12 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         match published {
             Ok(Ok(_)) => {}
             Ok(Err(_)) => {
+                here::sub(root);
                 let _ = log.alloc.free(Extent::new(b, 1));
                 return Err(Error::InvalidArgument("log head word in use"));
             }
             Err(e) => {
+                here::sub(root);
                 let _ = log.alloc.free(Extent::new(b, 1));
                 return Err(e);
             }

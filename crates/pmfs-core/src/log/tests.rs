@@ -522,3 +522,25 @@ fn a_held_segment_block_is_freed_once_its_referrer_is_compacted() {
     owned_blocks(&*r, ROOT, &mut |_| owned += 1).unwrap();
     assert_eq!(a.free_blocks() + owned, BLOCKS - 1);
 }
+
+#[test]
+fn this_process_knows_the_pins_it_holds() {
+    // An offset no other test of this process uses: the count is per process.
+    const MINE: PmOff = PmOff(200);
+    let (r, a) = setup();
+    assert!(!held_here(MINE));
+    let log = TestLog::create(r.clone(), MINE, a.clone()).unwrap();
+    assert!(held_here(MINE));
+    let other = TestLog::open(r.clone(), MINE, a.clone()).unwrap();
+    log.close().unwrap();
+    assert!(held_here(MINE));
+    let how = pin_mapping(&*r, MINE).unwrap();
+    drop(other);
+    assert!(held_here(MINE));
+    unpin_mapping(&*r, MINE, how).unwrap();
+    assert!(!held_here(MINE));
+    // Creating a log over it fails and counts nothing.
+    assert!(TestLog::create(r.clone(), MINE, a.clone()).is_err());
+    assert!(!held_here(MINE));
+    assert_eq!(HeadWord(r.load_u64(MINE).unwrap()).pins(), 0);
+}

@@ -91,6 +91,14 @@ pub trait Media: Send + Sync {
         None
     }
 
+    /// Whether an open file description of the pool file other than this region's holds a
+    /// client lock ([`PmRegion::lock_as_client`](crate::pm::PmRegion::lock_as_client)): some
+    /// data-only client may be attached. `None` where that cannot be told (no file, or the
+    /// query failed).
+    fn client_locks_elsewhere(&self) -> Option<bool> {
+        None
+    }
+
     /// Flushes `[off, off + len)` and fences: everything stored there before is durable on
     /// return.
     fn persist(&self, off: PmOff, len: u64) -> Result<()> {
@@ -249,6 +257,9 @@ macro_rules! forward_media {
             }
             fn file_id(&self) -> Option<DevIno> {
                 (**self).file_id()
+            }
+            fn client_locks_elsewhere(&self) -> Option<bool> {
+                (**self).client_locks_elsewhere()
             }
         }
     )*};

@@ -269,6 +269,18 @@ fn page_size() -> usize {
 }
 
 /// Checks a pool size and converts it to a mapping length.
+/// The record of a client lock ([`PmRegion::lock_as_client`]) of type `kind`: the pool file's
+/// first byte, which the owner's exclusive `flock` (another kind of lock) leaves alone.
+fn client_lock(kind: libc::c_int) -> libc::flock {
+    // SAFETY: a plain C struct, for which zero bytes are a valid value.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = kind as libc::c_short;
+    l.l_whence = libc::SEEK_SET as libc::c_short;
+    l.l_start = 0;
+    l.l_len = 1;
+    l
+}
+
 fn check_size(size: u64) -> Result<usize> {
     if size < MIN_POOL_SIZE {
         return Err(Error::PoolTooSmall {
@@ -463,6 +475,24 @@ impl PmRegion {
             map_sync,
             huge_pages,
         })
+    }
+
+    /// Marks the process as a data-only client of the pool for as long as this region's
+    /// descriptor stays open: a shared open-file-description lock (`F_OFD_SETLK`) on the pool
+    /// file's first byte, which the owner asks about
+    /// ([`client_locks_elsewhere`](crate::pm::Media::client_locks_elsewhere)) before it takes
+    /// the pins on a log for those of dead processes. It goes with the descriptor: when the
+    /// process ends, or earlier if a program closes the descriptor's number.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the file system refuses the lock.
+    pub fn lock_as_client(&self) -> Result<()> {
+        let l = client_lock(libc::F_RDLCK);
+        // SAFETY: a descriptor the region owns and a flock record.
+        if unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_OFD_SETLK, &l) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        Ok(())
     }
 
     /// Grows the pool file to `new_size` bytes and maps it again (the region may move; the
@@ -733,6 +763,13 @@ impl super::Media for PmRegion {
 
     fn file_id(&self) -> Option<DevIno> {
         Some(self.id)
+    }
+
+    fn client_locks_elsewhere(&self) -> Option<bool> {
+        let mut l = client_lock(libc::F_WRLCK);
+        // SAFETY: a descriptor the region owns and a flock record to fill.
+        let r = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_OFD_GETLK, &mut l) };
+        (r == 0).then_some(l.l_type != libc::F_UNLCK as libc::c_short)
     }
 
     fn persist(&self, off: PmOff, len: u64) -> Result<()> {

@@ -21,6 +21,18 @@ fn deps_dir() -> PathBuf {
         .to_owned()
 }
 
+/// Free 4 KiB blocks of the file system at `p`. (Asking also makes the daemon free the files
+/// whose release it deferred.)
+pub fn free_blocks(p: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path and a zeroed statvfs to fill.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st.f_bavail * st.f_frsize / 4096
+}
+
 /// The library under test, built by cargo next to the test binary.
 pub fn library() -> PathBuf {
     let so = deps_dir().join("libpmfs_preload.so");

@@ -42,9 +42,13 @@ impl Volume {
     ///   returned in any process.
     /// - A client killed at any instruction blocks nobody and corrupts nothing: it leaves at
     ///   worst staged slots (dropped at the owner's next mount), a digest cursor held by a dead
-    ///   process id (taken over by the next digest), and a pin on the log (which only delays
-    ///   the reclamation of compacted log blocks, and the freeing of an unlinked file, until
-    ///   the next mount).
+    ///   process id (taken over by the next digest), and a pin on the log, which delays the
+    ///   reclamation of compacted log blocks, and the freeing of the file once unlinked, until
+    ///   the next mount, but only while other clients are attached. With none (no client lock
+    ///   on the pool file, no other process mapping it), the owner takes the pins for dead at
+    ///   its last close of the file and when it frees the file.
+    /// - Attaching takes a shared lock on the pool file's first byte
+    ///   ([`PmRegion::lock_as_client`]), held as long as the client's descriptor is open.
     ///
     /// # Limits
     ///
@@ -80,6 +84,7 @@ impl Volume {
     }
 
     fn attach_region(region: PmRegion) -> Result<Client> {
+        region.lock_as_client()?;
         Ok(Client {
             fs: Arc::new(Fs::attach(Arc::new(region))?),
         })

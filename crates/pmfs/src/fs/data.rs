@@ -825,14 +825,39 @@ impl Fs {
             // Every other node of the inode gave its reference back at its release.
             self.digest_and_close(n, s)?;
         }
-        if !orphan || self.read_only {
+        if self.read_only {
             return Ok(());
         }
         let rec = self.inodes.read(self.m(), n.h.ino)?;
-        if rec.state == n.h.live_state() && rec.nlink == 0 {
-            self.free_inode(n.h, n.map.get(), false)?;
+        if rec.state != n.h.live_state() {
+            return Ok(());
+        }
+        if orphan {
+            if rec.nlink == 0 {
+                self.free_inode(n.h, n.map.get(), false)?;
+            }
+            return Ok(());
+        }
+        if !self.client && rec.kind() == Some(Kind::File) {
+            self.drop_dead_pins(n.h.ino)?;
         }
         Ok(())
+    }
+
+    /// After the owner's last close of regular file `ino`: if its log is still pinned, and
+    /// only by processes that died ([`clear_dead_pins`](Fs::clear_dead_pins)), clears the
+    /// pins and sets the orphans flag. A program killed under the preload library leaves its
+    /// pins behind, and whoever has the file open next is never alone with the log, so none
+    /// of the blocks its compactions retire came back before the next mount; now the next
+    /// process alone with the log frees them, and sweeps those the dead one left (see
+    /// `pmfs_core::log`, "Across processes").
+    fn drop_dead_pins(&self, ino: u32) -> Result<()> {
+        let root = self.inodes.field(ino, field::LOG);
+        let hw = HeadWord(self.m().load_u64(root)?);
+        if hw.head().is_none() || hw.pins() == 0 {
+            return Ok(());
+        }
+        self.clear_dead_pins(root, hw).map(drop)
     }
 
     /// The mapping handle of `n`, opened on first use.

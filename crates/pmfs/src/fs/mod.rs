@@ -821,13 +821,55 @@ impl Fs {
         self.free_inode(h, map, false)
     }
 
+    /// Clears the open-handle pins of head word `hw`, read at `root` after this process let
+    /// go of its own handles of the log, if only processes that died can have left them. A
+    /// program killed under the preload library leaves its pins on the files it had open;
+    /// without this, deleting such a file freed nothing until the next mount. The pins are
+    /// taken to be dead when
+    /// - this process holds none ([`held_here`](pmfs_core::log::held_here));
+    /// - none is a mapping's ([`pin_mapping`](pmfs_core::log::pin_mapping)): a mapping may
+    ///   outlive every descriptor of its process;
+    /// - no other open file description of the pool holds a client lock (every data-only
+    ///   client takes one when it attaches,
+    ///   [`lock_as_client`](pmfs_core::pm::PmRegion::lock_as_client)), and no other process
+    ///   whose mappings can be read maps the pool: a live client whose pin is in `hw` still
+    ///   holds its lock, unless its program closed that descriptor, and still maps the pool
+    ///   then.
+    ///
+    /// Only a client that is not a preload client (which reaches a file through a kernel
+    /// descriptor, which keeps the file here), whose program closed the pool descriptor and
+    /// hides its mappings (not dumpable), escapes all three. Returns the word without the pins
+    /// if it cleared them, by a CAS from `hw`: a pin taken since (by a client that attached
+    /// after the look, or a thread of this process) makes it fail, and the pins stay. The
+    /// word gets the orphans flag too: the next handle alone with the log sweeps the blocks
+    /// the dead processes' compactions retired.
+    pub(crate) fn clear_dead_pins(
+        &self,
+        root: PmOff,
+        hw: pmfs_core::log::HeadWord,
+    ) -> Result<Option<pmfs_core::log::HeadWord>> {
+        let m = self.m();
+        if pmfs_core::log::held_here(root)
+            || hw.map_pins() != 0
+            || m.client_locks_elsewhere() != Some(false)
+            || m.file_id()
+                .is_none_or(pmfs_core::pm::procs::mapped_elsewhere)
+        {
+            return Ok(None);
+        }
+        let cleared = hw.with_opens(0).with_orphans();
+        Ok(m.cas_u64(root, hw.0, cleared.0)?.is_ok().then_some(cleared))
+    }
+
     /// Frees the blocks of incarnation `h` and makes its record free. A no-op if `h` is not
     /// live. `thorough` releases everything the mapping holds for the inode (recovery, where
     /// blocks beyond the end of file may exist); otherwise only the blocks below end of file.
     ///
     /// A regular file's log is digested first; if another process still has the log open
     /// (its pin count in the head word), nothing is freed: the inode stays an orphan, which
-    /// the next mount frees.
+    /// the next mount frees. Pins that only dead processes can have left are cleared instead
+    /// ([`clear_dead_pins`](Fs::clear_dead_pins)); a handle opened in this process after
+    /// the look keeps it too.
     pub fn free_inode(&self, h: Handle, map: Option<&MapFile>, thorough: bool) -> Result<()> {
         let m = self.m();
         let rec = self.inodes.read(m, h.ino)?;
@@ -852,8 +894,12 @@ impl Fs {
             let digested = self.digest(h.ino, &shared, f);
             shared.log.close()?;
             digested?;
-            if pmfs_core::log::HeadWord(m.load_u64(root)?).pins() != 0 {
-                return Ok(());
+            let mut hw = pmfs_core::log::HeadWord(m.load_u64(root)?);
+            if hw.pins() != 0 {
+                match self.clear_dead_pins(root, hw)? {
+                    Some(cleared) => hw = cleared,
+                    None => return Ok(()),
+                }
             }
             if matches!(self.stage, Stager::Alloc(_)) {
                 pmfs_core::log::owned_blocks(m, root, &mut |b| log_blocks.push(Extent::new(b, 1)))?;
@@ -861,8 +907,13 @@ impl Fs {
             held = self.block_span(h.ino, self.inodes.load(m, h.ino, field::SIZE)?)?;
             // The log words go first: a crash after this leaks the log blocks until the
             // allocator is rebuilt (HashFS: remove_file below frees them), never a log whose
-            // blocks were reused.
-            for w in [field::LOG, field::DIGEST, field::MAPPED_END] {
+            // blocks were reused. The head word by a CAS from the unpinned word: a handle
+            // opened meanwhile (a thread of this process reading the log) keeps the file.
+            if m.cas_u64(root, hw.0, 0)?.is_err() {
+                return Ok(());
+            }
+            m.flush(root, 8)?;
+            for w in [field::DIGEST, field::MAPPED_END] {
                 self.inodes.store(m, h.ino, w, 0)?;
             }
             m.fence();

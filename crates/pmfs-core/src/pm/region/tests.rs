@@ -531,3 +531,22 @@ fn a_pool_on_a_huge_page_tmpfs_is_mapped_with_huge_pages() {
         assert_eq!(mapped, 0);
     }
 }
+
+#[test]
+fn the_owner_sees_the_client_locks_of_other_descriptors() {
+    let pool = TempPool::new();
+    let owner = PmRegion::create(&pool.0, 2 * MIB).unwrap();
+    assert_eq!(owner.client_locks_elsewhere(), Some(false));
+    let client = PmRegion::open(&pool.0).unwrap();
+    assert_eq!(owner.client_locks_elsewhere(), Some(false));
+    client.lock_as_client().unwrap();
+    assert_eq!(owner.client_locks_elsewhere(), Some(true));
+    // A second client's shared lock goes beside the first.
+    let second = PmRegion::open(&pool.0).unwrap();
+    second.lock_as_client().unwrap();
+    drop(client);
+    assert_eq!(owner.client_locks_elsewhere(), Some(true));
+    // The lock goes with the descriptor.
+    drop(second);
+    assert_eq!(owner.client_locks_elsewhere(), Some(false));
+}
