@@ -219,6 +219,27 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
     Ok(())
 }
 
+/// "clean", with what the next mount frees: orphans, and blocks staged by writes that never
+/// committed.
+fn clean_with(r: &pmfs::fsck::Report) -> String {
+    let mut left = Vec::new();
+    match r.orphans.len() {
+        0 => {}
+        1 => left.push("1 orphan".to_owned()),
+        n => left.push(format!("{n} orphans")),
+    }
+    match r.staged_blocks {
+        0 => {}
+        1 => left.push("1 block staged by a write that never committed".to_owned()),
+        n => left.push(format!("{n} blocks staged by writes that never committed")),
+    }
+    if left.is_empty() {
+        "clean".to_owned()
+    } else {
+        format!("clean; {}, which the next mount frees", left.join(" and "))
+    }
+}
+
 fn fsck_cmd(a: FsckArgs) -> Result<()> {
     let pool = Pool::open(&a.pool)?;
     let media = pool.media()?;
@@ -238,11 +259,10 @@ fn fsck_cmd(a: FsckArgs) -> Result<()> {
             r.entries,
             r.used_blocks,
             r.free_blocks,
-            match (r.is_clean(), r.orphans.len()) {
-                (true, 0) => "clean".to_owned(),
-                (true, 1) => "clean; 1 orphan, which the next mount frees".to_owned(),
-                (true, n) => format!("clean; {n} orphans, which the next mount frees"),
-                (false, _) => format!("{} problems", r.problems.len()),
+            if r.is_clean() {
+                clean_with(&r)
+            } else {
+                format!("{} problems", r.problems.len())
             }
         ));
         return if r.is_clean() {

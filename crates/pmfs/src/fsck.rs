@@ -124,6 +124,12 @@ pub struct Report {
     /// run, or by a data-only client when the owner closed the volume). They are not damage:
     /// the next read-write mount frees them, and their blocks count as used until then.
     pub orphans: Vec<u64>,
+    /// HashFS blocks staged by copy-on-write writes that never committed: a crash leaves them,
+    /// and so does a data-only client killed in the middle of a write, on a volume its owner
+    /// then closed cleanly (the owner cannot tell them from the staged blocks of live clients'
+    /// writes). Not damage either: the next read-write mount frees them, and they count as
+    /// neither used nor free until then.
+    pub staged_blocks: u64,
     /// Blocks owned by files (data and mapping nodes).
     pub used_blocks: u64,
     /// Free blocks as the allocator (or HashFS table) counts them.
@@ -633,14 +639,17 @@ impl Checker<'_> {
         let free = fs.free_blocks()?;
         self.report.free_blocks = free;
         let accountable = fs.alloc.is_none() || crate::parts::alloc_is_persistent(fs.geo.allocator);
-        if accountable && used + free != data.len {
+        if let crate::parts::Stager::Hash(t) = &fs.stage {
+            self.report.staged_blocks = t.count_staged()?;
+        }
+        if accountable && used + free + self.report.staged_blocks != data.len {
             self.problem(
                 ProblemKind::FreeSpace,
                 data.start.offset(),
                 None,
                 format!(
-                    "{used} used + {free} free blocks but the data region has {}",
-                    data.len
+                    "{used} used + {free} free + {} staged blocks but the data region has {}",
+                    self.report.staged_blocks, data.len
                 ),
             );
         }
@@ -746,7 +755,7 @@ pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
         }
         before
     };
-    if before.is_clean() && before.orphans.is_empty() {
+    if before.is_clean() && before.orphans.is_empty() && before.staged_blocks == 0 {
         return Ok(Repair {
             after: before.clone(),
             before,
@@ -757,20 +766,15 @@ pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
         let fs = Fs::mount(media.clone(), false)?;
         let r = fs.report;
         if !r.clean {
-            actions.push(format!(
-                "recovered: {} journal rollbacks, {} undone inserts, {} completed removals, \
-                 {} dropped entries, {} orphans freed",
-                r.journal_rolled_back,
-                r.undone_inserts,
-                r.redone_removes,
-                r.dropped_entries,
-                r.orphans_freed
-            ));
-        } else if r.orphans_freed > 0 {
-            actions.push(format!("freed orphan inodes: {}", r.orphans_freed));
+            actions.push(format!("recovered: {r}"));
+        } else if r.did_anything() {
+            actions.push(format!("mounted: {r}"));
         }
-        if r.used_backup_superblock {
-            actions.push("restored the primary superblock from the backup".into());
+        if before.staged_blocks > 0 {
+            actions.push(format!(
+                "dropped {} blocks staged by writes that never committed",
+                before.staged_blocks
+            ));
         }
         let m = fs.m();
         if !format::backup_matches(m, &fs.geo)? {

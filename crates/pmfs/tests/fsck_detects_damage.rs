@@ -56,6 +56,45 @@ fn a_clean_volume_checks_clean() {
 }
 
 #[test]
+fn blocks_staged_by_a_write_that_never_committed_are_not_damage() {
+    use pmfs_core::layout::BlockNo;
+    use pmfs_core::traits::{Extent, FileId, FileMapping};
+    let (media, info) = populated(pmfs::MappingKind::HashFs);
+    let ino = ino_of(&media, "/d/e/file");
+    // What a data-only client killed in the middle of a write leaves in the table of a
+    // volume its owner then closed cleanly: blocks staged for the file, never committed. The
+    // table's header names its extents (words 2 to 5).
+    let word = |k: u64| media.load_u64(PmOff(info.mapping_offset + 8 * k)).unwrap();
+    let t = pmfs_mapping::hashfs::HashFs::open(
+        media.clone(),
+        Extent::new(BlockNo(word(2)), word(3)),
+        Extent::new(BlockNo(word(4)), word(5)),
+    )
+    .unwrap();
+    let f = t
+        .open_file(FileId {
+            ino,
+            root: PmOff(0),
+        })
+        .unwrap();
+    let mut runs = Vec::new();
+    t.stage(&f, 0, 2, &mut runs).unwrap();
+    drop(t);
+    let r = fsck::check(media.clone()).unwrap();
+    assert!(r.is_clean(), "{:#?}", r.problems);
+    assert_eq!(r.staged_blocks, 2);
+    // The repair (a mount) drops them.
+    let fixed = fsck::repair(media.clone()).unwrap();
+    assert!(
+        fixed.actions.iter().any(|a| a.contains("2 blocks staged")),
+        "{:?}",
+        fixed.actions
+    );
+    assert!(fixed.after.is_clean(), "{:#?}", fixed.after.problems);
+    assert_eq!(fixed.after.staged_blocks, 0);
+}
+
+#[test]
 fn damaged_primary_superblock_is_reported_and_restored() {
     for kind in KINDS {
         let (media, _) = populated(kind);

@@ -141,6 +141,18 @@ impl<M: Media> HashFs<M> {
         self.tombstone_where(|_, s| matches!(s, Slot::Staged(_)))
     }
 
+    /// How many slots are staged: what [`sweep_staged`](Self::sweep_staged) would tombstone.
+    /// On a volume closed cleanly, the writes of data-only clients that were killed before
+    /// they committed (or gave their staged blocks back). Reads only.
+    pub fn count_staged(&self) -> Result<u64> {
+        let mut n = 0;
+        self.for_each_slot(false, |_, _, s| {
+            n += u64::from(matches!(s, Slot::Staged(_)));
+            Ok(())
+        })?;
+        Ok(n)
+    }
+
     /// [`FileMapping::insert_at`]: makes the staged slots of `run` the current version of
     /// `(file, run.lblk + k)`.
     ///
@@ -502,7 +514,9 @@ mod tests {
             t.insert_at(&f, *r).unwrap();
         }
         assert_eq!(blocks(&mapped(&t, &f, 0, 3)), by);
+        assert_eq!(t.count_staged().unwrap(), 3);
         assert_eq!(t.sweep_staged().unwrap(), 3);
+        assert_eq!(t.count_staged().unwrap(), 0);
         assert_eq!(blocks(&mapped(&t, &f, 0, 3)), by);
         assert_eq!(t.occupancy().unwrap().staged, 0);
     }
