@@ -68,6 +68,21 @@ impl Setup {
     }
 }
 
+/// Has the writer write step `k` (its number in 8 digits) `times` times at the start of
+/// block `k % blocks`, then reads it back through the kernel from `reader`.
+fn write_then_read(ask: &mut impl FnMut(String), reader: &File, k: u32, blocks: u32, times: u32) {
+    let text = format!("{k:08}");
+    let at = 4096 * u64::from(k % blocks);
+    ask(format!("again {times} {at} {text}"));
+    let mut word = [0u8; 8];
+    reader.read_exact_at(&mut word, at).unwrap();
+    assert_eq!(
+        std::str::from_utf8(&word).unwrap(),
+        text,
+        "read {k} through the kernel"
+    );
+}
+
 #[test]
 fn reads_through_the_kernel_see_each_write_served_in_userspace() {
     let s = Setup::new("kernel-readers");
@@ -80,16 +95,7 @@ fn reads_through_the_kernel_see_each_write_served_in_userspace() {
     let (mut child, mut ask) = s.writer();
 
     for k in 0..300u32 {
-        let text = format!("{k:08}");
-        ask(format!("{} {text}", 4096 * (k % 2)));
-        reader
-            .read_exact_at(&mut word, 4096 * u64::from(k % 2))
-            .unwrap();
-        assert_eq!(
-            std::str::from_utf8(&word).unwrap(),
-            text,
-            "read {k} through the kernel"
-        );
+        write_then_read(&mut ask, &reader, k, 2, 1);
     }
     ask("punch 0 8192".to_owned());
     let mut back = vec![1u8; 3 * 4096];
@@ -130,12 +136,7 @@ fn a_reader_through_the_kernel_leaves_the_log_to_the_writer() {
     let (mut child, mut ask) = s.writer();
     let before = free_blocks(s.m.path());
     for k in 0..40u32 {
-        let text = format!("{k:08}");
-        ask(format!("again 5000 {} {text}", 4096 * (k % 3)));
-        reader
-            .read_exact_at(&mut word, 4096 * u64::from(k % 3))
-            .unwrap();
-        assert_eq!(std::str::from_utf8(&word).unwrap(), text, "read {k}");
+        write_then_read(&mut ask, &reader, k, 3, 5000);
     }
     let held = before.saturating_sub(free_blocks(s.m.path()));
     drop(ask);

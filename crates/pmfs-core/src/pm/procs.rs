@@ -47,7 +47,7 @@ pub fn maps_file(pid: u32, id: DevIno) -> Option<bool> {
 /// Whether a process other than this one whose mappings this process may read maps file
 /// `id` (processes it may not read, such as ones that are not dumpable, are passed over; `true`
 /// if `/proc` cannot be listed). Reads the mappings of every process in `/proc` (of this PID
-/// namespace), a few milliseconds on a machine with a few hundred processes.
+/// namespace): a cost for rare events, not for every call.
 pub fn mapped_elsewhere(id: DevIno) -> bool {
     let me = std::process::id();
     let Ok(dir) = std::fs::read_dir("/proc") else {

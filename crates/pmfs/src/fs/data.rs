@@ -825,7 +825,9 @@ impl Fs {
             // Every other node of the inode gave its reference back at its release.
             self.digest_and_close(n, s)?;
         }
-        if self.read_only {
+        // A client's last close of a file it did not unlink is done: only the owner looks
+        // for pins of dead processes (see drop_dead_pins).
+        if self.read_only || (self.client && !orphan) {
             return Ok(());
         }
         let rec = self.inodes.read(self.m(), n.h.ino)?;
@@ -838,7 +840,7 @@ impl Fs {
             }
             return Ok(());
         }
-        if !self.client && rec.kind() == Some(Kind::File) {
+        if rec.kind() == Some(Kind::File) {
             self.drop_dead_pins(n.h.ino)?;
         }
         Ok(())
