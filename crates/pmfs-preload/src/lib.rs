@@ -183,11 +183,12 @@
 //! - A buffer the kernel would answer `EFAULT` for crashes the caller instead (`SIGSEGV`),
 //!   unless it lies in the first 64 KiB of the address space (a null or small bogus pointer),
 //!   where nothing is mapped: those calls are forwarded.
-//! - A process that ends by `exit_group` without libc, or by a signal, leaves its files' log
-//!   and mapping pins in the pool until the owner's next mount (files unlinked meanwhile stay
-//!   orphans until then, mapped ones stay in mapped mode; see `Volume::attach`); so does
-//!   `exec` through `execl*` on architectures other than x86-64 (not interposed there). A
-//!   failed exec leaves its pmfs descriptors on the kernel path and its served mappings
+//! - A process that ends by `exit_group` without libc or by a signal, or that execs through
+//!   `execl*` on architectures other than x86-64 (not interposed there), leaves its files'
+//!   log and mapping pins in the pool. The daemon takes them for dead at its last close of
+//!   each file if no data client is attached then; otherwise they stay until the owner's
+//!   next mount (files unlinked meanwhile stay orphans until then, mapped ones stay in mapped
+//!   mode; see `Volume::attach`). A failed exec leaves its pmfs descriptors on the kernel path and its served mappings
 //!   private copies.
 //! - Signal handlers installed with `sigset`, `sysv_signal`, `bsd_signal` or a raw
 //!   `rt_sigaction` are not deferred: one that calls the library while its thread is in the

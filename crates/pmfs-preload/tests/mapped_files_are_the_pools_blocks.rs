@@ -7,9 +7,11 @@
 //! behind a mapping; other processes' writes (served in userspace or through the daemon) appear
 //! in it at once and its stores in their reads; the file is written in place while mapped (a
 //! fork child that inherited the mapping and left changes nothing) and relocated by
-//! copy-on-write again once the mapping is gone (its pin released by `munmap` or at exit); once
-//! the mount is gone the mapping no longer reaches the pool; sqlite3 in WAL mode (its `-shm`
-//! index is mapped) works across processes. `pmfs fsck` is clean after every run.
+//! copy-on-write again once the mapping is gone (its pin released by `munmap` or at exit, or
+//! taken for dead by the daemon once its program was killed, which also frees the file once
+//! deleted); once the mount is gone the mapping no longer reaches the pool; sqlite3 in WAL
+//! mode (its `-shm` index is mapped) works across processes. `pmfs fsck` is clean after every
+//! run.
 
 mod common;
 
@@ -18,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use common::{Mounted, TempDir, With, compile, counters, library, runs_agree, sh_ok};
+use common::{Mounted, TempDir, With, compile, counters, free_blocks, library, runs_agree, sh_ok};
 
 #[test]
 fn mapped_files_give_the_same_bytes_with_and_without_the_library() {
@@ -94,6 +96,12 @@ impl Holder {
         u64::from_str_radix(rest.split(' ').next().unwrap(), 16).unwrap()
     }
 
+    /// Kills the holder (`SIGKILL`, its mapping and pins in place) and reaps it.
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
     /// Unmaps and exits (end of input), or exits with the mapping in place (`quit`).
     fn finish(mut self, unmap: bool) {
         if !unmap {
@@ -143,15 +151,38 @@ fn a_mapping_is_the_pools_blocks_and_coherent_with_other_processes() {
     m.unmount_and_fsck();
 }
 
+/// Overwrites the first block of `f` in `m` with `fill` under the library.
+fn overwrite_first_block(m: &Mounted, stats: &Path, fill: char) {
+    let cmd = format!(
+        "printf '{fill}%.0s' $(seq 4096) | dd of=f bs=4096 iflag=fullblock conv=notrunc status=none"
+    );
+    sh_ok(m.path(), &cmd, With::Library(stats));
+}
+
+/// Overwrites the first block of `f` with `fill`, then maps the file in a new holder and
+/// checks that the write copied on write: the block is no longer at pool offset `was` (where
+/// a mapping kept it until `gone`) and holds the new bytes. Returns the holder and the
+/// block's new offset.
+fn relocated(
+    exe: &Path,
+    m: &Mounted,
+    stats: &Path,
+    fill: char,
+    was: u64,
+    gone: &str,
+) -> (Holder, u64) {
+    overwrite_first_block(m, stats, fill);
+    let mut h = Holder::start(exe, m.path(), "f", Some(stats));
+    let now = h.pool_offset(m.pool());
+    assert_ne!(now, was, "written in place after {gone}");
+    assert_eq!(h.ask("show 0 3"), fill.to_string().repeat(3));
+    (h, now)
+}
+
 #[test]
 fn files_are_written_in_place_while_mapped_and_relocated_after() {
     let (_work, exe, m, stats) = with_file("mapped-pin", "256M", 2);
-    let overwrite = |fill: char| {
-        let cmd = format!(
-            "printf '{fill}%.0s' $(seq 4096) | dd of=f bs=4096 iflag=fullblock conv=notrunc status=none"
-        );
-        sh_ok(m.path(), &cmd, With::Library(&stats));
-    };
+    let overwrite = |fill: char| overwrite_first_block(&m, &stats, fill);
 
     let mut a = Holder::start(&exe, m.path(), "f", Some(&stats));
     let first = a.pool_offset(m.pool());
@@ -175,26 +206,41 @@ fn files_are_written_in_place_while_mapped_and_relocated_after() {
     // Gone at exit, its mapping still in place: the pin goes with it.
     a.finish(false);
 
-    overwrite('b');
-    let mut b = Holder::start(&exe, m.path(), "f", Some(&stats));
-    let second = b.pool_offset(m.pool());
-    assert_ne!(
-        second, first,
-        "written in place after the mapping's process exited"
-    );
-    assert_eq!(b.ask("show 0 3"), "bbb");
+    let (b, second) = relocated(&exe, &m, &stats, 'b', first, "the process exited");
     // Unmapped: the pin goes with the last segment.
     b.finish(true);
+    relocated(&exe, &m, &stats, 'c', second, "munmap")
+        .0
+        .finish(true);
+    m.unmount_and_fsck();
+}
 
-    overwrite('c');
-    let mut c = Holder::start(&exe, m.path(), "f", Some(&stats));
-    assert_ne!(
-        c.pool_offset(m.pool()),
-        second,
-        "written in place after munmap"
+/// A program killed while it maps a file leaves its pin on the file's log and its share of
+/// mapped mode behind. The daemon takes both for dead at its last close of the file when no
+/// data client is attached (the kernel keeps the file open while a mapping of it lives):
+/// the next write copies on write again instead of writing in place without atomicity until
+/// the next mount, and deleting the file frees it.
+#[test]
+fn a_file_a_killed_program_mapped_leaves_mapped_mode_and_is_freed_once_deleted() {
+    let (_work, exe, m, stats) = with_file("mapped-killed", "256M", 64);
+
+    let mut a = Holder::start(&exe, m.path(), "f", Some(&stats));
+    let first = a.pool_offset(m.pool());
+    a.kill();
+    // The kernel tells the daemon of the last close in the background.
+    std::thread::sleep(Duration::from_secs(1));
+    relocated(&exe, &m, &stats, 'k', first, "its program was killed")
+        .0
+        .kill();
+    std::thread::sleep(Duration::from_secs(1));
+
+    let before = free_blocks(m.path());
+    std::fs::remove_file(m.path().join("f")).unwrap();
+    let after = free_blocks(m.path());
+    assert!(
+        after >= before + 64,
+        "{before} blocks free before the deletion, {after} after"
     );
-    assert_eq!(c.ask("show 0 3"), "ccc");
-    c.finish(true);
     m.unmount_and_fsck();
 }
 

@@ -44,9 +44,10 @@ impl Volume {
     ///   worst staged slots (dropped at the owner's next mount), a digest cursor held by a dead
     ///   process id (taken over by the next digest), and a pin on the log, which delays the
     ///   reclamation of compacted log blocks, and the freeing of the file once unlinked, until
-    ///   the next mount, but only while other clients are attached. With none (no client lock
-    ///   on the pool file, no other process mapping it), the owner takes the pins for dead at
-    ///   its last close of the file and when it frees the file.
+    ///   the next mount, but only while other clients are attached; a mapping's share of the
+    ///   file's mapped mode likewise. With none (no client lock on the pool file, no other
+    ///   process mapping it), the owner takes the pins and shares for dead at its last close
+    ///   of the file, and the pins when it frees the file.
     /// - Attaching takes a shared lock on the pool file's first byte
     ///   ([`PmRegion::lock_as_client`]), held as long as the client's descriptor is open.
     ///

@@ -129,6 +129,9 @@
 //!
 //! The pin ([`MapPin`]) also holds a pin on the log, so the owner does not free an unlinked
 //! file while it is mapped. Mount resets every `MAPS` count: no mapping survives the owner.
+//! A mapper killed before it gave its share back leaves the file in mapped mode until then,
+//! unless the owner finds, at its last close of the file, that no process but dead ones can
+//! hold a share ([`Fs::clear_dead_pins`]).
 //!
 //! In mapped mode updates are neither atomic nor isolated: a reader may see a write half
 //! done, and a crash may leave one torn (as with `mmap` on any file system), and a size
@@ -513,6 +516,17 @@ fn count_step(m: &Pm, at: PmOff, up: bool, from_nonzero: bool) -> Result<bool> {
     }
 }
 
+/// The [`MapHold`]s this process holds, on any file of any pool: counted before the hold's
+/// step of the `MAPS` count and given back after it, so that a process that read a count
+/// including a hold of its own, then looks here, sees it (see
+/// [`clear_dead_pins`](Fs::clear_dead_pins)).
+static MAP_HOLDS_HERE: AtomicU64 = AtomicU64::new(0);
+
+/// Whether a thread of this process holds a share of some file's mapped mode.
+pub(super) fn map_holds_here() -> bool {
+    MAP_HOLDS_HERE.load(Ordering::SeqCst) != 0
+}
+
 /// A writer's share of a file's mapped mode (see the module documentation), taken before its
 /// snapshot and given back once its bytes are in place.
 struct MapHold<'f> {
@@ -522,13 +536,15 @@ struct MapHold<'f> {
 
 impl Drop for MapHold<'_> {
     fn drop(&mut self) {
-        // A count left behind only keeps the file in mapped mode until the next mount.
+        // A count left behind only keeps the file in mapped mode until the next mount, or
+        // until the owner finds every process that could hold it gone.
         let _ = count_step(
             self.fs.media(),
             self.fs.inodes.field(self.ino, field::MAPS),
             false,
             false,
         );
+        MAP_HOLDS_HERE.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -846,20 +862,23 @@ impl Fs {
         Ok(())
     }
 
-    /// After the owner's last close of regular file `ino`: if its log is still pinned, and
-    /// only by processes that died ([`clear_dead_pins`](Fs::clear_dead_pins)), clears the
-    /// pins and sets the orphans flag. A program killed under the preload library leaves its
-    /// pins behind, and whoever has the file open next is never alone with the log, so none
-    /// of the blocks its compactions retire came back before the next mount; now the next
-    /// process alone with the log frees them, and sweeps those the dead one left (see
-    /// `pmfs_core::log`, "Across processes").
+    /// After the owner's last close of regular file `ino`: if its log is still pinned, or the
+    /// file still in mapped mode, and only by processes that died
+    /// ([`clear_dead_pins`](Fs::clear_dead_pins)), clears the pins (setting the orphans flag)
+    /// and the mapped-mode count. A program killed under the preload library leaves its pins
+    /// behind, and whoever has the file open next is never alone with the log, so none of the
+    /// blocks its compactions retire came back before the next mount; now the next process
+    /// alone with the log frees them, and sweeps those the dead one left (see
+    /// `pmfs_core::log`, "Across processes"). One killed while it mapped the file left it in
+    /// mapped mode, where writes are not atomic, until the next mount; now the next write
+    /// copies on write again.
     fn drop_dead_pins(&self, ino: u32) -> Result<()> {
         let root = self.inodes.field(ino, field::LOG);
         let hw = HeadWord(self.m().load_u64(root)?);
-        if hw.head().is_none() || hw.pins() == 0 {
+        if hw.head().is_none() || (hw.pins() == 0 && self.maps(ino)? == 0) {
             return Ok(());
         }
-        self.clear_dead_pins(root, hw).map(drop)
+        self.clear_dead_pins(ino, hw).map(drop)
     }
 
     /// The mapping handle of `n`, opened on first use.
@@ -1537,7 +1556,12 @@ impl Fs {
     /// The hold exists only once the count was taken: dropping one gives a share back.
     fn map_hold(&self, ino: u32) -> Result<Option<MapHold<'_>>> {
         let at = self.inodes.field(ino, field::MAPS);
-        Ok(count_step(self.media(), at, true, true)?.then(|| MapHold { fs: self, ino }))
+        MAP_HOLDS_HERE.fetch_add(1, Ordering::SeqCst);
+        let held = count_step(self.media(), at, true, true);
+        if !matches!(held, Ok(true)) {
+            MAP_HOLDS_HERE.fetch_sub(1, Ordering::SeqCst);
+        }
+        Ok(held?.then(|| MapHold { fs: self, ino }))
     }
 
     /// Splits the segments of a mapped-mode update: the blocks the file maps now become

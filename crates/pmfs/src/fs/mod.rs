@@ -821,44 +821,63 @@ impl Fs {
         self.free_inode(h, map, false)
     }
 
-    /// Clears the open-handle pins of head word `hw`, read at `root` after this process let
-    /// go of its own handles of the log, if only processes that died can have left them. A
-    /// program killed under the preload library leaves its pins on the files it had open;
-    /// without this, deleting such a file freed nothing until the next mount. The pins are
-    /// taken to be dead when
-    /// - this process holds none ([`held_here`](pmfs_core::log::held_here));
-    /// - none is a mapping's ([`pin_mapping`](pmfs_core::log::pin_mapping)): a mapping may
-    ///   outlive every descriptor of its process;
+    /// Clears the pins of head word `hw`, read from the log of inode `ino` after this
+    /// process let go of its own handles of the log, and the file's mapped-mode count, if
+    /// only processes that died can have left them. A program killed under the preload
+    /// library leaves its pins on the files it had open, and its mappings' share of mapped
+    /// mode on the files it mapped; without this, deleting such a file freed nothing, and a
+    /// mapped one stayed in mapped mode (its writes not atomic), until the next mount. They
+    /// are taken to be dead when
+    /// - this process holds none ([`held_here`](pmfs_core::log::held_here)), and no share of
+    ///   mapped mode for a write in progress either;
     /// - no other open file description of the pool holds a client lock (every data-only
     ///   client takes one when it attaches,
     ///   [`lock_as_client`](pmfs_core::pm::PmRegion::lock_as_client)), and no other process
     ///   whose mappings can be read maps the pool: a live client whose pin is in `hw` still
     ///   holds its lock, unless its program closed that descriptor, and still maps the pool
-    ///   then.
+    ///   then, and a live mapper maps the pool as long as its pin lasts.
     ///
     /// Only a client that is not a preload client (which reaches a file through a kernel
-    /// descriptor, which keeps the file here), whose program closed the pool descriptor and
-    /// hides its mappings (not dumpable), escapes all three. Returns the word without the pins
-    /// if it cleared them, by a CAS from `hw`: a pin taken since (by a client that attached
-    /// after the look, or a thread of this process) makes it fail, and the pins stay. The
-    /// word gets the orphans flag too: the next handle alone with the log sweeps the blocks
-    /// the dead processes' compactions retired.
+    /// descriptor, and maps it through one first, which keeps the file open here while it is
+    /// mapped), whose program closed the pool descriptor and hides its mappings (not
+    /// dumpable), escapes all three. Returns the word without the pins if it cleared them, by
+    /// a CAS from `hw`: a pin taken since (by a client that attached after the look, or a
+    /// thread of this process) makes it fail, and everything stays. The word gets the orphans
+    /// flag too: the next handle alone with the log sweeps the blocks the dead processes'
+    /// compactions retired. The count goes to zero by a CAS from the value read after the
+    /// pins were cleared, and only if this process holds no pin and no share then: a mapper
+    /// or writer of this process counts itself here before it raises the count, and one of
+    /// another process would have had to attach after the look, and so pin the log after
+    /// the clearing, which the value read then would include.
     pub(crate) fn clear_dead_pins(
         &self,
-        root: PmOff,
+        ino: u32,
         hw: pmfs_core::log::HeadWord,
     ) -> Result<Option<pmfs_core::log::HeadWord>> {
         let m = self.m();
-        if pmfs_core::log::held_here(root)
-            || hw.map_pins() != 0
+        let root = self.inodes.field(ino, field::LOG);
+        let held_here = || pmfs_core::log::held_here(root) || data::map_holds_here();
+        if held_here()
             || m.client_locks_elsewhere() != Some(false)
             || m.file_id()
                 .is_none_or(pmfs_core::pm::procs::mapped_elsewhere)
         {
             return Ok(None);
         }
-        let cleared = hw.with_opens(0).with_orphans();
-        Ok(m.cas_u64(root, hw.0, cleared.0)?.is_ok().then_some(cleared))
+        let cleared = match hw.pins() {
+            0 => hw,
+            _ => hw.with_opens(0).with_map_pins(0).with_orphans(),
+        };
+        if m.cas_u64(root, hw.0, cleared.0)?.is_err() {
+            return Ok(None);
+        }
+        let maps = self.inodes.field(ino, field::MAPS);
+        let count = m.load_u64(maps)?;
+        if count != 0 && !held_here() {
+            // Like every change of the count, not flushed: mount resets it.
+            let _ = m.cas_u64(maps, count, 0)?;
+        }
+        Ok(Some(cleared))
     }
 
     /// Frees the blocks of incarnation `h` and makes its record free. A no-op if `h` is not
@@ -896,7 +915,7 @@ impl Fs {
             digested?;
             let mut hw = pmfs_core::log::HeadWord(m.load_u64(root)?);
             if hw.pins() != 0 {
-                match self.clear_dead_pins(root, hw)? {
+                match self.clear_dead_pins(h.ino, hw)? {
                     Some(cleared) => hw = cleared,
                     None => return Ok(()),
                 }
