@@ -107,6 +107,29 @@ fn a_deleted_file_a_killed_client_had_open_is_freed() {
     m.unmount_and_fsck();
 }
 
+/// The pins a killed client left were all that told the daemon its log held writes nobody
+/// had digested yet: taking them for dead must not hide those writes from the kernel's view
+/// of the file (its size and bytes), nor from programs that open it later. (A file created
+/// empty through the kernel gets its log from its first writer, the client: the daemon has
+/// no handle of it that would digest the writes at its last close.)
+#[test]
+fn what_a_killed_client_wrote_stays_once_its_pins_are_taken_for_dead() {
+    let (work, writer, m) = setup("killed-pins-data");
+    let path = m.path().join("f");
+    std::fs::File::create(&path).unwrap();
+    let mut c = start(&writer, &work, &path);
+    ask(&mut c, "0 at-the-start");
+    ask(&mut c, "5000 further-on");
+    kill(c);
+    // The kernel tells the daemon of the last close in the background.
+    std::thread::sleep(Duration::from_secs(1));
+    let f = std::fs::read(&path).unwrap();
+    assert_eq!(f.len(), 5010, "the size the killed client left");
+    assert_eq!(&f[..12], b"at-the-start");
+    assert_eq!(&f[5000..], b"further-on");
+    m.unmount_and_fsck();
+}
+
 #[test]
 fn the_next_writer_frees_its_retired_log_blocks_after_a_client_was_killed() {
     let (work, writer, m) = setup("killed-pins-log");

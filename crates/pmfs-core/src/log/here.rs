@@ -1,5 +1,5 @@
-//! The pins this process holds on each log, so that a process that finds a log still pinned
-//! after it let go of its own handles can tell whether any pin is its own ([`held_here`]).
+//! The pins this process holds on each log, so that a process that finds a log pinned can
+//! tell how many of the pins are its own ([`pins_here`]).
 //!
 //! [`pin`](super::pin), [`pin_mapping`](super::pin_mapping) and every handle count themselves
 //! here before their CAS on the head word, and [`unpin`](super::unpin) and
@@ -12,8 +12,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use crate::layout::PmOff;
 
 /// Pins held by this process, by the offset of the log's head word. Logs of different pools
-/// at the same offset share an entry: a count may be another pool's, which only makes
-/// [`held_here`] answer "held" where it was not.
+/// at the same offset share an entry: a count may include another pool's pins, which only
+/// makes [`pins_here`] answer more than there are.
 static HERE: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
 
 fn here() -> MutexGuard<'static, BTreeMap<u64, u64>> {
@@ -36,10 +36,10 @@ pub(super) fn sub(root: PmOff) {
     }
 }
 
-/// Whether this process holds a pin (an open handle, a [`pin`](super::pin) or a
-/// [`pin_mapping`](super::pin_mapping)) on the log whose head word is at `root`, or on a log
-/// of another pool at the same offset. Every pin this process had counted in a head word read
-/// before this call is seen, unless it was given back since.
-pub fn held_here(root: PmOff) -> bool {
-    here().contains_key(&root.0)
+/// How many pins (open handles, [`pin`](super::pin)s and
+/// [`pin_mapping`](super::pin_mapping)s) this process holds on the log whose head word is at
+/// `root`, and on logs of other pools at the same offset. Every pin this process had counted
+/// in a head word read before this call is seen, unless it was given back since.
+pub fn pins_here(root: PmOff) -> u64 {
+    here().get(&root.0).copied().unwrap_or(0)
 }

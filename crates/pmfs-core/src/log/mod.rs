@@ -169,9 +169,9 @@
 //! until the next mount frees every block the log does not own ([`owned_blocks`] reports those
 //! it does). A process killed while open leaves its pin behind, which only delays reclamation:
 //! [`recover()`], run once at mount before any handle opens, resets the counts and the flags.
-//! Each process also counts the pins it holds itself ([`held_here`]), so that a caller who
-//! knows that no other process can hold one (the engine, before it frees a file whose log is
-//! still pinned) can tell the pins that dead processes left.
+//! Each process also counts the pins it holds itself ([`pins_here`]), so that a caller who
+//! knows that no other process can hold one (the engine, after its last close of a file whose
+//! log is still pinned) can tell the pins that dead processes left.
 //! This is coarser than MadFS's per-thread registry of the log block being read (in shared
 //! memory, with robust mutexes for liveness): reclamation waits for every other opener rather
 //! than for readers of the old blocks only.
@@ -307,7 +307,7 @@ pub use format::{
     ENTRIES_PER_BLOCK, HeadWord, INLINE_MAX_LEN, LOG_VERSION, MAX_MAP_PINS, MAX_PINS,
 };
 pub use gc::Compaction;
-pub use here::held_here;
+pub use here::pins_here;
 pub use recover::{Recovery, inspect, owned_blocks, recover};
 pub use replay::Replay;
 

@@ -528,19 +528,21 @@ fn this_process_knows_the_pins_it_holds() {
     // An offset no other test of this process uses: the count is per process.
     const MINE: PmOff = PmOff(200);
     let (r, a) = setup();
-    assert!(!held_here(MINE));
+    assert_eq!(pins_here(MINE), 0);
     let log = TestLog::create(r.clone(), MINE, a.clone()).unwrap();
-    assert!(held_here(MINE));
+    assert_eq!(pins_here(MINE), 1);
     let other = TestLog::open(r.clone(), MINE, a.clone()).unwrap();
+    assert_eq!(pins_here(MINE), 2);
     log.close().unwrap();
-    assert!(held_here(MINE));
+    assert_eq!(pins_here(MINE), 1);
     let how = pin_mapping(&*r, MINE).unwrap();
+    assert_eq!(pins_here(MINE), 2);
     drop(other);
-    assert!(held_here(MINE));
+    assert_eq!(pins_here(MINE), 1);
     unpin_mapping(&*r, MINE, how).unwrap();
-    assert!(!held_here(MINE));
+    assert_eq!(pins_here(MINE), 0);
     // Creating a log over it fails and counts nothing.
     assert!(TestLog::create(r.clone(), MINE, a.clone()).is_err());
-    assert!(!held_here(MINE));
+    assert_eq!(pins_here(MINE), 0);
     assert_eq!(HeadWord(r.load_u64(MINE).unwrap()).pins(), 0);
 }

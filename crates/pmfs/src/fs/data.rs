@@ -857,7 +857,7 @@ impl Fs {
             return Ok(());
         }
         if rec.kind() == Some(Kind::File) {
-            self.drop_dead_pins(n.h.ino)?;
+            self.drop_dead_pins(n)?;
         }
         Ok(())
     }
@@ -872,13 +872,14 @@ impl Fs {
     /// `pmfs_core::log`, "Across processes"). One killed while it mapped the file left it in
     /// mapped mode, where writes are not atomic, until the next mount; now the next write
     /// copies on write again.
-    fn drop_dead_pins(&self, ino: u32) -> Result<()> {
+    fn drop_dead_pins(&self, n: &Node) -> Result<()> {
+        let ino = n.h.ino;
         let root = self.inodes.field(ino, field::LOG);
         let hw = HeadWord(self.m().load_u64(root)?);
         if hw.head().is_none() || (hw.pins() == 0 && self.maps(ino)? == 0) {
             return Ok(());
         }
-        self.clear_dead_pins(ino, hw).map(drop)
+        self.clear_dead_pins(ino, self.node_map(n)?).map(drop)
     }
 
     /// The mapping handle of `n`, opened on first use.
@@ -1155,7 +1156,9 @@ impl Fs {
     /// The size of regular file `ino` whose size word reads `digested`, with the writes its
     /// log has not digested yet. Writes are digested in batches, so while some process has
     /// the file open the size word may lag; a log that nobody has open (no pins) is digested
-    /// (every process digests at its last close, and mount digests what a crash left).
+    /// (every process digests at its last close, mount digests what a crash left, and the
+    /// owner what killed processes left before it takes their pins for dead,
+    /// [`clear_dead_pins`](Fs::clear_dead_pins)).
     pub fn live_size(&self, ino: u32, digested: u64) -> Result<u64> {
         Ok(self
             .with_live_log(ino, |s| self.folded_size(ino, s))?

@@ -821,63 +821,100 @@ impl Fs {
         self.free_inode(h, map, false)
     }
 
-    /// Clears the pins of head word `hw`, read from the log of inode `ino` after this
-    /// process let go of its own handles of the log, and the file's mapped-mode count, if
-    /// only processes that died can have left them. A program killed under the preload
-    /// library leaves its pins on the files it had open, and its mappings' share of mapped
-    /// mode on the files it mapped; without this, deleting such a file freed nothing, and a
-    /// mapped one stayed in mapped mode (its writes not atomic), until the next mount. They
-    /// are taken to be dead when
-    /// - this process holds none ([`held_here`](pmfs_core::log::held_here)), and no share of
-    ///   mapped mode for a write in progress either;
+    /// Clears the pins on the log of regular file `ino` and its mapped-mode count, if only
+    /// processes that died can have left them, after this process let go of its own handles
+    /// of the log. A program killed under the preload library leaves its pins on the files it
+    /// had open, and its mappings' shares of mapped mode on the files it mapped; without this,
+    /// the blocks a later writer's compactions retire, and the file once deleted, stayed
+    /// allocated, and a mapped file stayed in mapped mode (its writes not atomic), until the
+    /// next mount. They are taken to be dead when
+    /// - this process holds none ([`pins_here`](pmfs_core::log::pins_here)) but the handle
+    ///   this takes, and no share of mapped mode for a write in progress;
     /// - no other open file description of the pool holds a client lock (every data-only
     ///   client takes one when it attaches,
     ///   [`lock_as_client`](pmfs_core::pm::PmRegion::lock_as_client)), and no other process
-    ///   whose mappings can be read maps the pool: a live client whose pin is in `hw` still
-    ///   holds its lock, unless its program closed that descriptor, and still maps the pool
-    ///   then, and a live mapper maps the pool as long as its pin lasts.
+    ///   whose mappings can be read maps the pool: a live client whose pin is in the head word
+    ///   still holds its lock, unless its program closed that descriptor, and still maps the
+    ///   pool then, and a live mapper maps the pool as long as its pin lasts.
     ///
     /// Only a client that is not a preload client (which reaches a file through a kernel
     /// descriptor, and maps it through one first, which keeps the file open here while it is
     /// mapped), whose program closed the pool descriptor and hides its mappings (not
-    /// dumpable), escapes all three. Returns the word without the pins if it cleared them, by
-    /// a CAS from `hw`: a pin taken since (by a client that attached after the look, or a
-    /// thread of this process) makes it fail, and everything stays. The word gets the orphans
-    /// flag too: the next handle alone with the log sweeps the blocks the dead processes'
-    /// compactions retired. The count goes to zero by a CAS from the value read after the
-    /// pins were cleared, and only if this process holds no pin and no share then: a mapper
-    /// or writer of this process counts itself here before it raises the count, and one of
-    /// another process would have had to attach after the look, and so pin the log after
-    /// the clearing, which the value read then would include.
+    /// dumpable), escapes all three.
+    ///
+    /// The look and the clearing run with a handle of the log open, which the clearing keeps
+    /// (its pin stays, the others go, by a CAS from the head word read before the look: a pin
+    /// taken since, by a client that attached after the look or a thread of this process,
+    /// makes it fail, and everything stays), and the log is digested before the handle closes.
+    /// A log without pins is taken to be digested (see [`Fs::live_size`]), and the pins were
+    /// what kept the writes the dead processes committed and never digested in view. The word
+    /// gets the orphans flag too: the next handle alone with the log sweeps the blocks the
+    /// dead processes' compactions retired. The count goes to zero by a CAS from the value
+    /// read after the pins were cleared, and only if this process holds no other pin and no
+    /// share then: a mapper or writer of this process counts itself before it raises the
+    /// count, and one of another process would have had to attach after the look, and so
+    /// pin the log after the clearing, which the value read then would include.
+    ///
+    /// Returns the head word left once the handle closed, if the pins were cleared and none
+    /// was taken since.
     pub(crate) fn clear_dead_pins(
         &self,
         ino: u32,
-        hw: pmfs_core::log::HeadWord,
+        f: &MapFile,
     ) -> Result<Option<pmfs_core::log::HeadWord>> {
         let m = self.m();
         let root = self.inodes.field(ino, field::LOG);
-        let held_here = || pmfs_core::log::held_here(root) || data::map_holds_here();
-        if held_here()
+        // Nothing to look at while another client is attached (the common case): spare the
+        // handle and the scan of other processes' mappings.
+        if pmfs_core::log::pins_here(root) != 0 || m.client_locks_elsewhere() != Some(false) {
+            return Ok(None);
+        }
+        let shared = data::Shared::new(self.open_log(ino)?, 0, 0);
+        let cleared = self.clear_dead_pins_holding(ino, root, f, &shared);
+        let closed = shared.log.close();
+        let cleared = cleared?;
+        closed?;
+        if !cleared {
+            return Ok(None);
+        }
+        let hw = pmfs_core::log::HeadWord(m.load_u64(root)?);
+        Ok((hw.pins() == 0).then_some(hw))
+    }
+
+    /// [`clear_dead_pins`](Fs::clear_dead_pins) while this process holds `s`, its handle of
+    /// the log at `root`; returns whether it cleared the pins.
+    fn clear_dead_pins_holding(
+        &self,
+        ino: u32,
+        root: PmOff,
+        f: &MapFile,
+        s: &data::Shared,
+    ) -> Result<bool> {
+        let m = self.m();
+        let hw = pmfs_core::log::HeadWord(m.load_u64(root)?);
+        let others_here = || pmfs_core::log::pins_here(root) > 1 || data::map_holds_here();
+        if others_here()
             || m.client_locks_elsewhere() != Some(false)
             || m.file_id()
                 .is_none_or(pmfs_core::pm::procs::mapped_elsewhere)
         {
-            return Ok(None);
+            return Ok(false);
         }
-        let cleared = match hw.pins() {
-            0 => hw,
-            _ => hw.with_opens(0).with_map_pins(0).with_orphans(),
+        let cleared = match (hw.opens(), hw.map_pins()) {
+            (1, 0) => hw,
+            _ => hw.with_opens(1).with_map_pins(0).with_orphans(),
         };
         if m.cas_u64(root, hw.0, cleared.0)?.is_err() {
-            return Ok(None);
+            return Ok(false);
         }
         let maps = self.inodes.field(ino, field::MAPS);
         let count = m.load_u64(maps)?;
-        if count != 0 && !held_here() {
+        if count != 0 && !others_here() {
             // Like every change of the count, not flushed: mount resets it.
             let _ = m.cas_u64(maps, count, 0)?;
         }
-        Ok(Some(cleared))
+        self.digest(ino, s, f)?;
+        Ok(true)
     }
 
     /// Frees the blocks of incarnation `h` and makes its record free. A no-op if `h` is not
@@ -915,7 +952,7 @@ impl Fs {
             digested?;
             let mut hw = pmfs_core::log::HeadWord(m.load_u64(root)?);
             if hw.pins() != 0 {
-                match self.clear_dead_pins(h.ino, hw)? {
+                match self.clear_dead_pins(h.ino, f)? {
                     Some(cleared) => hw = cleared,
                     None => return Ok(()),
                 }
