@@ -17,6 +17,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -396,7 +397,17 @@ pub fn serve(
             let _ = nix::unistd::dup2_stderr(&null);
         }
     }
+    let collector = if opts.read_only {
+        None
+    } else {
+        Some(collect_dead_pins(vol.clone())?)
+    };
     let served = session.run();
+    if let Some((stop, thread)) = collector {
+        // Its handle of the volume goes with it, as the kernel-pages thread's below.
+        drop(stop);
+        let _ = thread.join();
+    }
     if let Some((stop, thread)) = kernel_pages {
         // Its handle of the volume goes with it, before the close below, which is clean only
         // for the last handle.
@@ -408,6 +419,32 @@ pub fn serve(
     drop(pool);
     served.map_err(|e| Error::new(format!("{}: {e}", mountpoint.display())))?;
     closed
+}
+
+/// How often the daemon looks again at pins data clients left ([`collect_dead_pins`]).
+const DEAD_PINS_EVERY: Duration = Duration::from_secs(1);
+
+/// Starts the thread that clears, every [`DEAD_PINS_EVERY`], the pins that killed data
+/// clients left on files while other clients were attached, once those left too
+/// ([`pmfs::Volume::collect_dead_pins`]). Dropping the sender stops it. An error (of the
+/// media) is reported once, and stops it too: the next mount clears the pins anyway.
+fn collect_dead_pins(vol: pmfs::Volume) -> Result<(Sender<()>, JoinHandle<()>)> {
+    let (stop, stopped) = mpsc::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("pmfs-dead-pins".into())
+        .spawn(move || {
+            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(DEAD_PINS_EVERY) {
+                if let Err(e) = vol.collect_dead_pins() {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "pmfs: cannot clear the pins of killed clients: {e}; the next mount will"
+                    );
+                    break;
+                }
+            }
+        })
+        .map_err(|e| Error::new(format!("cannot start the dead-pins thread: {e}")))?;
+    Ok((stop, thread))
 }
 
 /// Starts the thread that has the kernel drop its pages of a file when a data client (the

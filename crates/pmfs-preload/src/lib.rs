@@ -186,9 +186,9 @@
 //! - A process that ends by `exit_group` without libc or by a signal, or that execs through
 //!   `execl*` on architectures other than x86-64 (not interposed there), leaves its files'
 //!   log and mapping pins in the pool. The daemon takes them for dead at its last close of
-//!   each file if no data client is attached then; otherwise they stay until the owner's
-//!   next mount (files unlinked meanwhile stay orphans until then, mapped ones stay in mapped
-//!   mode; see `Volume::attach`). A failed exec leaves its pmfs descriptors on the kernel path and its served mappings
+//!   each file if no data client is attached then, and otherwise within a second of the last
+//!   client leaving (`Volume::collect_dead_pins`); until then, files unlinked meanwhile stay
+//!   allocated and mapped ones stay in mapped mode. A failed exec leaves its pmfs descriptors on the kernel path and its served mappings
 //!   private copies.
 //! - Signal handlers installed with `sigset`, `sysv_signal`, `bsd_signal` or a raw
 //!   `rt_sigaction` are not deferred: one that calls the library while its thread is in the

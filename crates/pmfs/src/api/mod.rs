@@ -172,6 +172,23 @@ impl Volume {
         }
     }
 
+    /// Looks again at the pins that data clients ([`Volume::attach`]) left on files this
+    /// owner has closed or unlinked since, and clears those only processes that died can
+    /// have left: once no client is attached any more, they are all dead. A client killed
+    /// (`SIGKILL`, a crash) never gives back its pins on the logs of the files it had open;
+    /// the owner takes them for dead by itself at its last close of such a file, or when it
+    /// frees it, if no other client is attached then. If one is, the pins stay, and so do the
+    /// log blocks that later writers of the file retire, and the file itself once unlinked,
+    /// until the next mount, unless the owner calls this after the other clients left (the
+    /// FUSE daemon does every second). Returns how many files it cleared (freeing those that
+    /// were unlinked). Cheap while there is nothing to look at or a client is attached.
+    ///
+    /// # Errors
+    /// Media errors.
+    pub fn collect_dead_pins(&self) -> Result<usize> {
+        self.fs.collect_dead_pins()
+    }
+
     /// The rendezvous word of this mount: a random word stored in the pool at each
     /// read-write mount, with which the owner names its socket for data clients
     /// ([`crate::kernel_pages::owner_address`]), so that only processes that may read the

@@ -879,7 +879,10 @@ impl Fs {
         if hw.head().is_none() || (hw.pins() == 0 && self.maps(ino)? == 0) {
             return Ok(());
         }
-        self.clear_dead_pins(ino, self.node_map(n)?).map(drop)
+        if self.clear_dead_pins(ino, self.node_map(n)?)?.is_none() {
+            self.pend_dead_pins(n.h);
+        }
+        Ok(())
     }
 
     /// The mapping handle of `n`, opened on first use.

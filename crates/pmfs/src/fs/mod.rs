@@ -212,6 +212,10 @@ pub(crate) struct Fs {
     root_dir: OnceLock<Arc<Dir>>,
     /// Open handles per inode, and whether the inode lost its last link while open.
     opens: Mutex<FastMap<u32, (u32, bool)>>,
+    /// Files whose log pins (or mapped-mode count) outlived this owner's last close, or kept
+    /// them from being freed once unlinked, while other processes were attached: they may be
+    /// dead processes' ([`Fs::collect_dead_pins`]).
+    dead_pins_pending: Mutex<FastMap<u32, Handle>>,
     pub(crate) ilocks: Box<[RwLock<()>]>,
     /// Serialises operations that change the shape of the tree (rename, rmdir), so loops
     /// cannot be created and directory locks are always taken in a consistent order.
@@ -370,6 +374,7 @@ impl Fs {
             dirs: RwLock::new(FastMap::default()),
             root_dir: OnceLock::new(),
             opens: Mutex::new(FastMap::default()),
+            dead_pins_pending: Mutex::new(FastMap::default()),
             ilocks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             tree_lock: Mutex::new(()),
             clock: AtomicI64::new(0),
@@ -917,6 +922,96 @@ impl Fs {
         Ok(true)
     }
 
+    /// Notes incarnation `h` for [`collect_dead_pins`](Fs::collect_dead_pins): the pins on its
+    /// log kept the owner from clearing them at its last close, or from freeing it.
+    pub(crate) fn pend_dead_pins(&self, h: Handle) {
+        if !self.client {
+            self.dead_pins_pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(h.ino, h);
+        }
+    }
+
+    /// Clears the pins the files noted by [`pend_dead_pins`](Fs::pend_dead_pins) still have,
+    /// and frees those of them that were unlinked, once no data client is attached any more
+    /// (see [`clear_dead_pins`](Fs::clear_dead_pins)): a program killed while another one
+    /// ran under the library left pins that nothing else looks at again before the next
+    /// mount. Files this process has open again are left to their last close. Returns how
+    /// many files it cleared. Cheap while nothing is noted or a client is attached.
+    pub fn collect_dead_pins(&self) -> Result<usize> {
+        let pending: Vec<Handle> = {
+            let p = self
+                .dead_pins_pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if p.is_empty() {
+                return Ok(0);
+            }
+            p.values().copied().collect()
+        };
+        if self.m().client_locks_elsewhere() != Some(false) {
+            return Ok(0);
+        }
+        let mut cleared = 0;
+        for h in pending {
+            let settled = {
+                let _il = self.ilock(h.ino).write().unwrap_or_else(|e| e.into_inner());
+                self.collect_dead_pins_of(h)?
+            };
+            match settled {
+                Collected::Cleared | Collected::Nothing => {
+                    cleared += usize::from(matches!(settled, Collected::Cleared));
+                    let mut p = self
+                        .dead_pins_pending
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    if p.get(&h.ino) == Some(&h) {
+                        p.remove(&h.ino);
+                    }
+                }
+                Collected::Kept => {}
+            }
+        }
+        Ok(cleared)
+    }
+
+    /// [`collect_dead_pins`](Fs::collect_dead_pins) for incarnation `h`, under its inode lock.
+    fn collect_dead_pins_of(&self, h: Handle) -> Result<Collected> {
+        let m = self.m();
+        if self.is_open(h.ino) {
+            return Ok(Collected::Nothing);
+        }
+        let rec = self.inodes.read(m, h.ino)?;
+        if rec.state != h.live_state() || rec.kind() != Some(Kind::File) {
+            return Ok(Collected::Nothing);
+        }
+        let root = self.inodes.field(h.ino, field::LOG);
+        let hw = pmfs_core::log::HeadWord(m.load_u64(root)?);
+        // No log: nothing pins it (an unlinked file whose log words are cleared is freed, or
+        // waits in the batch of deferred releases).
+        if hw.head().is_none() {
+            return Ok(Collected::Nothing);
+        }
+        if rec.nlink == 0 {
+            // Freed (its log words cleared first) if no live process can have it open, and
+            // noted again otherwise.
+            self.free_inode(h, None, false)?;
+            return Ok(match m.load_u64(root)? {
+                0 => Collected::Cleared,
+                _ => Collected::Kept,
+            });
+        }
+        if hw.pins() == 0 && self.inodes.load(m, h.ino, field::MAPS)? == 0 {
+            return Ok(Collected::Nothing);
+        }
+        let f = self.map.open_file(self.file_id(h.ino))?;
+        if self.clear_dead_pins(h.ino, &f)?.is_none() {
+            return Ok(Collected::Kept);
+        }
+        Ok(Collected::Cleared)
+    }
+
     /// Frees the blocks of incarnation `h` and makes its record free. A no-op if `h` is not
     /// live. `thorough` releases everything the mapping holds for the inode (recovery, where
     /// blocks beyond the end of file may exist); otherwise only the blocks below end of file.
@@ -954,7 +1049,10 @@ impl Fs {
             if hw.pins() != 0 {
                 match self.clear_dead_pins(h.ino, f)? {
                     Some(cleared) => hw = cleared,
-                    None => return Ok(()),
+                    None => {
+                        self.pend_dead_pins(h);
+                        return Ok(());
+                    }
                 }
             }
             if matches!(self.stage, Stager::Alloc(_)) {
@@ -1218,6 +1316,16 @@ impl Fs {
         m.persist(MOUNT_STATE_OFF, 8)?;
         Ok(())
     }
+}
+
+/// What [`Fs::collect_dead_pins`] did with one file.
+enum Collected {
+    /// Its pins were cleared (and it was freed if unlinked).
+    Cleared,
+    /// It needs nothing any more, or is left to the owner's last close of it.
+    Nothing,
+    /// Its pins may still be a live process's: looked at again next time.
+    Kept,
 }
 
 impl Drop for Fs {
