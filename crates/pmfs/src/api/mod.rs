@@ -172,16 +172,18 @@ impl Volume {
         }
     }
 
-    /// Looks again at the pins that data clients ([`Volume::attach`]) left on files this
-    /// owner has closed or unlinked since, and clears those only processes that died can
-    /// have left: once no client is attached any more, they are all dead. A client killed
-    /// (`SIGKILL`, a crash) never gives back its pins on the logs of the files it had open;
-    /// the owner takes them for dead by itself at its last close of such a file, or when it
-    /// frees it, if no other client is attached then. If one is, the pins stay, and so do the
-    /// log blocks that later writers of the file retire, and the file itself once unlinked,
-    /// until the next mount, unless the owner calls this after the other clients left (the
-    /// FUSE daemon does every second). Returns how many files it cleared (freeing those that
-    /// were unlinked). Cheap while there is nothing to look at or a client is attached.
+    /// Looks again at the files whose log pins, held by data clients ([`Volume::attach`]),
+    /// kept this owner from clearing them at its last close of the file or from freeing the
+    /// file once unlinked. It frees such an unlinked file once no client has its log open any
+    /// more (the client closed it: before, it stayed allocated until the next mount), and
+    /// clears the pins killed clients left once no client is attached at all (then they are
+    /// all dead). A client killed (`SIGKILL`, a crash) never gives back its pins; the owner
+    /// takes them for dead by itself at its last close of such a file, or when it frees it,
+    /// if no other client is attached then. If one is, the pins stay, and so do the log
+    /// blocks that later writers of the file retire, and the file itself once unlinked, until
+    /// the next mount, unless the owner calls this later (the FUSE daemon does every second).
+    /// Returns how many files it cleared or freed. Cheap while there is nothing to look at or
+    /// a client is attached.
     ///
     /// # Errors
     /// Media errors.

@@ -933,12 +933,14 @@ impl Fs {
         }
     }
 
-    /// Clears the pins the files noted by [`pend_dead_pins`](Fs::pend_dead_pins) still have,
-    /// and frees those of them that were unlinked, once no data client is attached any more
-    /// (see [`clear_dead_pins`](Fs::clear_dead_pins)): a program killed while another one
-    /// ran under the library left pins that nothing else looks at again before the next
-    /// mount. Files this process has open again are left to their last close. Returns how
-    /// many files it cleared. Cheap while nothing is noted or a client is attached.
+    /// Clears the pins the files noted by [`pend_dead_pins`](Fs::pend_dead_pins) still have
+    /// once no data client is attached any more (see
+    /// [`clear_dead_pins`](Fs::clear_dead_pins)), and frees those of them that were unlinked
+    /// once their log has no pin (a client that kept one past its unlink closed it) or only
+    /// dead ones: a program killed while another one ran under the library left pins that
+    /// nothing else looks at again before the next mount. Files this process has open again
+    /// are left to their last close. Returns how many files it cleared or freed. Cheap while
+    /// nothing is noted or a client is attached.
     pub fn collect_dead_pins(&self) -> Result<usize> {
         let pending: Vec<Handle> = {
             let p = self
@@ -950,9 +952,6 @@ impl Fs {
             }
             p.values().copied().collect()
         };
-        if self.m().client_locks_elsewhere() != Some(false) {
-            return Ok(0);
-        }
         let mut cleared = 0;
         for h in pending {
             let settled = {
@@ -993,16 +992,20 @@ impl Fs {
         if hw.head().is_none() {
             return Ok(Collected::Nothing);
         }
+        let pinned = hw.pins() != 0 || self.inodes.load(m, h.ino, field::MAPS)? != 0;
+        if pinned && m.client_locks_elsewhere() != Some(false) {
+            return Ok(Collected::Kept);
+        }
         if rec.nlink == 0 {
-            // Freed (its log words cleared first) if no live process can have it open, and
-            // noted again otherwise.
+            // Freed (its log words cleared first) unless a live process can have it open
+            // (then noted again).
             self.free_inode(h, None, false)?;
             return Ok(match m.load_u64(root)? {
                 0 => Collected::Cleared,
                 _ => Collected::Kept,
             });
         }
-        if hw.pins() == 0 && self.inodes.load(m, h.ino, field::MAPS)? == 0 {
+        if !pinned {
             return Ok(Collected::Nothing);
         }
         let f = self.map.open_file(self.file_id(h.ino))?;
