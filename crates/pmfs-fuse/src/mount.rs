@@ -437,7 +437,7 @@ fn collect_dead_pins(vol: pmfs::Volume) -> Result<(Sender<()>, JoinHandle<()>)> 
                 if let Err(e) = vol.collect_dead_pins() {
                     let _ = writeln!(
                         std::io::stderr(),
-                        "pmfs: cannot clear the pins of killed clients: {e}; the next mount will"
+                        "pmfs: cannot clear the pins of killed clients: {e}; the next mount clears them"
                     );
                     break;
                 }

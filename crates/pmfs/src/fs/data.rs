@@ -130,8 +130,8 @@
 //! The pin ([`MapPin`]) also holds a pin on the log, so the owner does not free an unlinked
 //! file while it is mapped. Mount resets every `MAPS` count: no mapping survives the owner.
 //! A mapper killed before it gave its share back leaves the file in mapped mode until then,
-//! unless the owner finds, at its last close of the file, that no process but dead ones can
-//! hold a share ([`Fs::clear_dead_pins`]).
+//! unless the owner finds, at its last close of the file or a later look, that no process but
+//! dead ones can hold a share ([`Fs::clear_dead_pins`], [`Fs::collect_dead_pins`]).
 //!
 //! In mapped mode updates are neither atomic nor isolated: a reader may see a write half
 //! done, and a crash may leave one torn (as with `mmap` on any file system), and a size
@@ -862,7 +862,7 @@ impl Fs {
         Ok(())
     }
 
-    /// After the owner's last close of regular file `ino`: if its log is still pinned, or the
+    /// After the owner's last close of `n`'s regular file: if its log is still pinned, or the
     /// file still in mapped mode, and only by processes that died
     /// ([`clear_dead_pins`](Fs::clear_dead_pins)), clears the pins (setting the orphans flag)
     /// and the mapped-mode count. A program killed under the preload library leaves its pins
@@ -871,7 +871,8 @@ impl Fs {
     /// alone with the log frees them, and sweeps those the dead one left (see
     /// `pmfs_core::log`, "Across processes"). One killed while it mapped the file left it in
     /// mapped mode, where writes are not atomic, until the next mount; now the next write
-    /// copies on write again.
+    /// copies on write again. A file this cannot clear (another client is attached) is noted
+    /// for [`collect_dead_pins`](Fs::collect_dead_pins).
     fn drop_dead_pins(&self, n: &Node) -> Result<()> {
         let ino = n.h.ino;
         let root = self.inodes.field(ino, field::LOG);
