@@ -877,7 +877,7 @@ impl Fs {
         let ino = n.h.ino;
         let root = self.inodes.field(ino, field::LOG);
         let hw = HeadWord(self.m().load_u64(root)?);
-        if hw.head().is_none() || (hw.pins() == 0 && self.maps(ino)? == 0) {
+        if hw.head().is_none() || !self.held_by_others(ino, hw)? {
             return Ok(());
         }
         if self.clear_dead_pins(ino, self.node_map(n)?)?.is_none() {
@@ -1557,6 +1557,13 @@ impl Fs {
     /// The file's mapped-mode count.
     fn maps(&self, ino: u32) -> Result<u64> {
         self.inodes.load(self.m(), ino, field::MAPS)
+    }
+
+    /// Whether the log of file `ino` (head word `hw`) is pinned or the file is in mapped mode.
+    /// Asked once this process has the file closed, it tells whether other processes hold
+    /// it; what dead ones hold, [`clear_dead_pins`](Fs::clear_dead_pins) clears.
+    pub(crate) fn held_by_others(&self, ino: u32, hw: HeadWord) -> Result<bool> {
+        Ok(hw.pins() != 0 || self.maps(ino)? != 0)
     }
 
     /// Joins the file's mapped mode if it is in it (a count taken only from a nonzero one).

@@ -992,7 +992,7 @@ impl Fs {
         if hw.head().is_none() {
             return Ok(Collected::Nothing);
         }
-        let pinned = hw.pins() != 0 || self.inodes.load(m, h.ino, field::MAPS)? != 0;
+        let pinned = self.held_by_others(h.ino, hw)?;
         if pinned && m.client_locks_elsewhere() != Some(false) {
             return Ok(Collected::Kept);
         }
@@ -1043,12 +1043,15 @@ impl Fs {
         let mut log_blocks: Vec<Extent> = Vec::new();
         let mut held = 0;
         if has_log {
-            let log = self.open_log(h.ino)?;
-            let shared = data::Shared::new(log, 0, 0);
-            let digested = self.digest(h.ino, &shared, f);
-            shared.log.close()?;
-            digested?;
             let mut hw = pmfs_core::log::HeadWord(m.load_u64(root)?);
+            // A pinned log is digested by the clearing below, if it clears.
+            if hw.pins() == 0 {
+                let shared = data::Shared::new(self.open_log(h.ino)?, 0, 0);
+                let digested = self.digest(h.ino, &shared, f);
+                shared.log.close()?;
+                digested?;
+                hw = pmfs_core::log::HeadWord(m.load_u64(root)?);
+            }
             if hw.pins() != 0 {
                 match self.clear_dead_pins(h.ino, f)? {
                     Some(cleared) => hw = cleared,
