@@ -8,8 +8,8 @@
 //! ([`std::os::unix::fs::FileExt`]). Both sides therefore live in DRAM; pmfs makes every
 //! write atomic and durable before it returns, tmpfs neither.
 //!
-//! Knobs (environment variables, read once per call of [`Timing::from_env`] or
-//! [`allocator`]):
+//! Knobs (environment variables, read once per call of [`Timing::from_env`], [`allocator`]
+//! or [`Subject::all`]):
 //!
 //! | variable | default | meaning |
 //! |---|---|---|
@@ -19,6 +19,7 @@
 //! | `PMFS_BENCH_SAMPLES` | 20 | criterion samples per benchmark (at least 10) |
 //! | `PMFS_BENCH_ALLOC` | `cffs` | block allocator of the pmfs volumes (`simple`, `baseline`, `cffs`) |
 //! | `PMFS_BENCH_FIG8_MIB` | 256 | size of the file `data_fig8` shares between its threads |
+//! | `PMFS_BENCH_ROTATE` | 0 | subjects move this many places forward in the run order (4: tmpfs first) |
 
 use std::fs;
 use std::os::unix::fs::FileExt;
@@ -126,13 +127,17 @@ impl Subject {
     }
 
     /// The subjects of one run: a pmfs volume of `size` bytes per mapping structure, then
-    /// tmpfs.
+    /// tmpfs; with `PMFS_BENCH_ROTATE=k`, the list rotated left by `k`, so that a comparison
+    /// can be checked for a bias of the order in which criterion measures the subjects (each
+    /// group measures them one after another, always in this order).
     pub fn all(size: u64, tag: &str) -> Vec<Subject> {
         let mut s: Vec<Subject> = MAPPINGS
             .into_iter()
             .map(|k| Subject::pmfs(k, size, tag))
             .collect();
         s.push(Subject::tmpfs(tag));
+        let by = env_u64("PMFS_BENCH_ROTATE", 0) % s.len() as u64;
+        s.rotate_left(by as usize);
         s
     }
 
