@@ -1021,9 +1021,11 @@ impl Fs {
     ///
     /// A regular file's log is digested first; if another process still has the log open
     /// (its pin count in the head word), nothing is freed: the inode stays an orphan, which
-    /// the next mount frees. Pins that only dead processes can have left are cleared instead
-    /// ([`clear_dead_pins`](Fs::clear_dead_pins)); a handle opened in this process after
-    /// the look keeps it too.
+    /// the owner's next look frees once the pins are gone
+    /// ([`collect_dead_pins`](Fs::collect_dead_pins)), or else the next mount, and whoever
+    /// holds the log digests it. Pins that only dead processes can have left are cleared
+    /// instead, and the log digested then ([`clear_dead_pins`](Fs::clear_dead_pins)); a
+    /// handle opened in this process after the look keeps it too.
     pub fn free_inode(&self, h: Handle, map: Option<&MapFile>, thorough: bool) -> Result<()> {
         let m = self.m();
         let rec = self.inodes.read(m, h.ino)?;
