@@ -366,6 +366,10 @@ impl<A: BlockAllocator> BlockAllocator for ThreadCached<A> {
         self.drain_all();
         self.inner.flush_caches();
     }
+
+    fn sync(&self) -> Result<()> {
+        self.inner.sync()
+    }
 }
 
 #[cfg(test)]

@@ -1,11 +1,12 @@
 //! The baseline allocator's persistent bitmap under the crash simulator: a crash at any point
 //! of an `alloc` or `free` leaves, after `open`, exactly the allocated set from before the call
-//! or from after it, and every call that returned is durable.
+//! or from after it, and every call that returned is durable. With `Durability::AtSync` the
+//! calls fence nothing, and `sync` makes them all durable at once.
 
 use std::cell::RefCell;
 
 use pmfs_alloc::FreeExtentAllocator;
-use pmfs_alloc::baseline::bitmap_area_size;
+use pmfs_alloc::baseline::{Durability, bitmap_area_size};
 use pmfs_core::layout::{BlockNo, PmOff};
 use pmfs_core::pm::HeapRegion;
 use pmfs_core::sim::{Explorer, SimRegion};
@@ -182,4 +183,36 @@ fn the_checker_rejects_a_bitmap_written_without_the_intent() {
         torn.is_err(),
         "two unordered word stores must be able to tear"
     );
+}
+
+#[test]
+fn deferred_changes_are_durable_at_sync_and_not_before() {
+    let region = SimRegion::new(4096).expect("sim region");
+    FreeExtentAllocator::format(&region, AREA, Extent::new(BlockNo(FIRST), COUNT)).expect("format");
+    region.persist_all();
+    let a = FreeExtentAllocator::open(&region, AREA)
+        .and_then(|a| a.with_durability(Durability::AtSync))
+        .expect("open");
+    let ops = workload(7, 40);
+    let stats = Explorer::new(7)
+        .run(
+            &region,
+            |_| ops.iter().for_each(|&op| apply(&a, op)),
+            |_| Ok(()),
+        )
+        .expect("no checker to fail");
+    assert_eq!(stats.fences, 0, "calls under AtSync must not fence");
+    let used = a.used_extents();
+    assert!(!used.is_empty());
+    // Nothing was flushed: the durable bitmap is still the formatted, empty one.
+    assert_eq!(recovered(&region.durable_image()), Ok(Vec::new()));
+    a.sync().expect("sync");
+    assert_eq!(recovered(&region.durable_image()), Ok(used.clone()));
+    // A sync with nothing new to flush changes nothing, and so does going back to
+    // per-call durability (which syncs first).
+    a.sync().expect("sync");
+    let a = a.with_durability(Durability::EachCall).expect("each call");
+    assert_eq!(recovered(&region.durable_image()), Ok(used));
+    a.free(a.used_extents()[0]).expect("free");
+    assert_eq!(recovered(&region.durable_image()), Ok(a.used_extents()));
 }

@@ -16,8 +16,11 @@
 //! - blocks: every block a mapping or a file's log reports lies in the data region and is
 //!   owned once, each log's chain and entries are readable as mount's recovery reads them and
 //!   its digest cursor lies within it, no file maps blocks past both its end and its
-//!   `MAPPED_END` word, and used + free equals the data region (no leak). A cleanly closed
-//!   volume has every log digested, so the blocks of undigested entries are not counted.
+//!   `MAPPED_END` word, and used + free equals the data region (no leak) where the free count
+//!   is the allocator's persistent state (the baseline bitmap) or the HashFS table, the
+//!   bitmap only on a cleanly closed volume (it is synced at the clean close, and rebuilt by
+//!   the mount after any other end). A cleanly closed volume has every log digested, so the
+//!   blocks of undigested entries are not counted.
 //!
 //! [`repair`] mounts the volume (which runs crash recovery when needed), then fixes what can
 //! be fixed without guessing: it restores a damaged superblock copy, drops entries naming
@@ -188,6 +191,8 @@ struct Model {
 
 struct Checker<'a> {
     fs: &'a Fs,
+    /// The volume was closed cleanly.
+    clean: bool,
     report: Report,
     model: Model,
 }
@@ -638,7 +643,8 @@ impl Checker<'_> {
         self.report.used_blocks = used;
         let free = fs.free_blocks()?;
         self.report.free_blocks = free;
-        let accountable = fs.alloc.is_none() || crate::parts::alloc_is_persistent(fs.geo.allocator);
+        let accountable =
+            fs.alloc.is_none() || self.clean && crate::parts::alloc_is_persistent(fs.geo.allocator);
         if let crate::parts::Stager::Hash(t) = &fs.stage {
             self.report.staged_blocks = t.count_staged()?;
         }
@@ -660,6 +666,7 @@ impl Checker<'_> {
 fn examine(fs: &Fs, src: SbSource, clean: bool) -> Result<(Report, Model)> {
     let mut c = Checker {
         fs,
+        clean,
         report: Report::default(),
         model: Model::default(),
     };

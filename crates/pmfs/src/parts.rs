@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use pmfs_alloc::baseline::bitmap_area_size;
+use pmfs_alloc::baseline::{Durability, bitmap_area_size};
 use pmfs_alloc::{CffsAllocator, FreeExtentAllocator};
 use pmfs_core::layout::BLOCK_SIZE;
 use pmfs_core::pm::Media;
@@ -82,11 +82,16 @@ fn build_alloc(media: &Pm, g: &Geometry, fresh: bool) -> Result<Arc<dyn BlockAll
         AllocatorKind::Cffs => Arc::new(CffsAllocator::new(g.data_start, g.data_blocks)),
         AllocatorKind::Baseline => {
             let area = g.alloc_start.offset();
-            Arc::new(if fresh {
+            let a = if fresh {
                 FreeExtentAllocator::format(media.clone(), area, g.data_extent())?
             } else {
                 FreeExtentAllocator::open(media.clone(), area)?
-            })
+            };
+            // The bitmap is trusted only after a clean close, which syncs it first
+            // (`Fs::shutdown`); any other mount rebuilds it from the volume's structures,
+            // as it rebuilds the allocators that keep nothing on media. Per-call flushes
+            // and fences would buy nothing.
+            Arc::new(a.with_durability(Durability::AtSync)?)
         }
     })
 }

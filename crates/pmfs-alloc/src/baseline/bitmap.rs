@@ -21,6 +21,8 @@
 //!   intent (setting or clearing bits is idempotent), so a crash after the commit point yields
 //!   the new bitmap and a crash before it the old one.
 
+use std::ops::Range;
+
 use pmfs_core::layout::{CACHE_LINE, Le64, PmOff, crc32c};
 use pmfs_core::pm::Media;
 use pmfs_core::{Error, Result};
@@ -65,6 +67,24 @@ pub struct PersistentBitmap<M> {
     first: u64,
     count: u64,
     seq: u64,
+    durability: Durability,
+    /// The words stored since the last [`sync`](PersistentBitmap::sync) and not yet flushed
+    /// (indices; empty unless [`Durability::AtSync`]).
+    dirty: Range<u64>,
+}
+
+/// When a bitmap's changes reach the media.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Every [`set_range`](PersistentBitmap::set_range) is crash-atomic and durable when it
+    /// returns (see the module documentation).
+    #[default]
+    EachCall,
+    /// Changes are stored and flushed only by [`sync`](PersistentBitmap::sync), with one
+    /// fence. For an owner that trusts the bitmap only after a clean close, having synced it
+    /// before, and rebuilds it after any other end: a crash in between may leave any mix of
+    /// old and new words.
+    AtSync,
 }
 
 impl<M: Media> PersistentBitmap<M> {
@@ -112,6 +132,8 @@ impl<M: Media> PersistentBitmap<M> {
             first,
             count,
             seq: 0,
+            durability: Durability::EachCall,
+            dirty: 0..0,
         })
     }
 
@@ -152,6 +174,8 @@ impl<M: Media> PersistentBitmap<M> {
             first,
             count,
             seq: 0,
+            durability: Durability::EachCall,
+            dirty: 0..0,
         };
         bm.recover()?;
         let words = bm.read_words()?;
@@ -225,6 +249,16 @@ impl<M: Media> PersistentBitmap<M> {
     /// Stores the new values of the words covering `[start, start + len)` and persists them
     /// (flush of the range, one fence).
     fn write_bits(&self, start: u64, len: u64, value: bool) -> Result<()> {
+        let words = self.store_bits(start, len, value)?;
+        self.media
+            .flush(self.word_off(words.start), (words.end - words.start) * 8)?;
+        self.media.fence();
+        Ok(())
+    }
+
+    /// Stores the new values of the words covering `[start, start + len)`; returns their
+    /// indices.
+    fn store_bits(&self, start: u64, len: u64, value: bool) -> Result<Range<u64>> {
         let rel = start - self.first;
         let (w0, w1) = (rel / 64, (rel + len - 1) / 64);
         for w in w0..=w1 {
@@ -238,13 +272,33 @@ impl<M: Media> PersistentBitmap<M> {
                 self.media.store_u64(off, new)?;
             }
         }
-        self.media.flush(self.word_off(w0), (w1 - w0 + 1) * 8)?;
-        self.media.fence();
+        Ok(w0..w1 + 1)
+    }
+
+    /// Chooses when changes reach the media; leaving [`Durability::AtSync`] syncs first.
+    pub fn set_durability(&mut self, durability: Durability) -> Result<()> {
+        if durability == Durability::EachCall {
+            self.sync()?;
+        }
+        self.durability = durability;
+        Ok(())
+    }
+
+    /// Makes every change so far durable: flushes the words stored since the last sync and
+    /// fences. Nothing to do under [`Durability::EachCall`].
+    pub fn sync(&mut self) -> Result<()> {
+        let dirty = std::mem::replace(&mut self.dirty, 0..0);
+        if !dirty.is_empty() {
+            self.media
+                .flush(self.word_off(dirty.start), (dirty.end - dirty.start) * 8)?;
+            self.media.fence();
+        }
         Ok(())
     }
 
     /// Sets (`value`) or clears the bits of blocks `[start, start + len)`, crash-atomically and
-    /// durably (see the module documentation). The range must lie in the managed range.
+    /// durably (see the module documentation), or under [`Durability::AtSync`] stores them
+    /// only. The range must lie in the managed range.
     pub fn set_range(&mut self, start: u64, len: u64, value: bool) -> Result<()> {
         if len == 0
             || start < self.first
@@ -255,6 +309,15 @@ impl<M: Media> PersistentBitmap<M> {
             return Err(Error::InvalidArgument(
                 "bitmap range outside the managed range",
             ));
+        }
+        if self.durability == Durability::AtSync {
+            let words = self.store_bits(start, len, value)?;
+            self.dirty = if self.dirty.is_empty() {
+                words
+            } else {
+                self.dirty.start.min(words.start)..self.dirty.end.max(words.end)
+            };
+            return Ok(());
         }
         let rel = start - self.first;
         if rel / 64 == (rel + len - 1) / 64 {
@@ -285,6 +348,7 @@ impl<M: Media> PersistentBitmap<M> {
         }
         self.media.write_nt(self.word_off(0), &bytes)?;
         self.media.fence();
+        self.dirty = 0..0;
         Ok(())
     }
 }

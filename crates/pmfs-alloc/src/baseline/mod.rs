@@ -19,7 +19,12 @@
 //!
 //! # Durability
 //! An allocation or free updates the bitmap (crash-atomically, see [`bitmap`]) before the DRAM
-//! map, under the allocator's mutex, and is durable when the call returns.
+//! map, under the allocator's mutex, and is durable when the call returns. An owner that
+//! rebuilds the allocator after a crash and trusts the bitmap only after a clean close can
+//! choose [`Durability::AtSync`] ([`with_durability`](FreeExtentAllocator::with_durability)):
+//! calls then only store the bitmap's words, and [`sync`](BlockAllocator::sync) flushes them
+//! with one fence, which saves a flush and a fence (three of each for an update spanning
+//! several words) per call.
 
 pub mod bitmap;
 
@@ -30,7 +35,7 @@ use pmfs_core::pm::Media;
 use pmfs_core::traits::{AllocHint, BlockAllocator, Extent};
 use pmfs_core::{Error, Result};
 
-pub use bitmap::{PersistentBitmap, bitmap_area_size};
+pub use bitmap::{Durability, PersistentBitmap, bitmap_area_size};
 
 use crate::runs::RunSet;
 
@@ -93,6 +98,14 @@ impl<M: Media> FreeExtentAllocator<M> {
             count,
             state: Mutex::new(State { free, bitmap }),
         })
+    }
+
+    /// The allocator with its changes reaching the media as `durability` says; leaving
+    /// [`Durability::AtSync`] syncs first.
+    pub fn with_durability(mut self, durability: Durability) -> Result<Self> {
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        st.bitmap.set_durability(durability)?;
+        Ok(self)
     }
 
     /// The managed range.
@@ -220,6 +233,10 @@ impl<M: Media> BlockAllocator for FreeExtentAllocator<M> {
         st.bitmap.rewrite(&words)?;
         st.free = free;
         Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.lock().bitmap.sync()
     }
 }
 

@@ -93,6 +93,14 @@ pub trait BlockAllocator: Send + Sync {
     /// Returns blocks held in per-thread or per-file caches to the shared pool.
     fn flush_caches(&self) {}
 
+    /// Makes every allocation and free so far durable, for allocators whose persistent state
+    /// may lag their calls (an owner that rebuilds the state after a crash anyway can defer
+    /// it to a clean close). A no-op, the default, for those whose calls are durable on
+    /// return or that keep nothing on media.
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Every block handed out and not taken back, if this allocator serves one owner alone
     /// (such as the allocator of one file's log blocks), so that the owner can find and free
     /// blocks it lost track of; `None`, the default, if it cannot tell or serves several.
@@ -119,6 +127,9 @@ impl<A: BlockAllocator + ?Sized> BlockAllocator for std::sync::Arc<A> {
     }
     fn flush_caches(&self) {
         (**self).flush_caches()
+    }
+    fn sync(&self) -> Result<()> {
+        (**self).sync()
     }
     fn outstanding(&self) -> Result<Option<Vec<BlockNo>>> {
         (**self).outstanding()

@@ -1317,6 +1317,7 @@ impl Fs {
         self.sync_metadata()?;
         if let Some(a) = &self.alloc {
             a.flush_caches();
+            a.sync()?;
         }
         let m = self.m();
         m.fence();
