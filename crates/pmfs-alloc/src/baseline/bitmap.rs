@@ -250,6 +250,11 @@ impl<M: Media> PersistentBitmap<M> {
     /// (flush of the range, one fence).
     fn write_bits(&self, start: u64, len: u64, value: bool) -> Result<()> {
         let words = self.store_bits(start, len, value)?;
+        self.persist_words(words)
+    }
+
+    /// Flushes the words with indices `words` and fences.
+    fn persist_words(&self, words: Range<u64>) -> Result<()> {
         self.media
             .flush(self.word_off(words.start), (words.end - words.start) * 8)?;
         self.media.fence();
@@ -288,12 +293,10 @@ impl<M: Media> PersistentBitmap<M> {
     /// fences. Nothing to do under [`Durability::EachCall`].
     pub fn sync(&mut self) -> Result<()> {
         let dirty = std::mem::replace(&mut self.dirty, 0..0);
-        if !dirty.is_empty() {
-            self.media
-                .flush(self.word_off(dirty.start), (dirty.end - dirty.start) * 8)?;
-            self.media.fence();
+        if dirty.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.persist_words(dirty)
     }
 
     /// Sets (`value`) or clears the bits of blocks `[start, start + len)`, crash-atomically and
