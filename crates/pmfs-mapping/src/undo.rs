@@ -639,6 +639,11 @@ impl<'a, M: Media + ?Sized> Tx<'a, M> {
         self.records.len()
     }
 
+    /// Bytes of the slot still free for records.
+    pub fn room(&self) -> u64 {
+        self.end.0 - self.next.0
+    }
+
     fn flush_dirty(&mut self) -> Result<()> {
         self.dirty.sort_unstable();
         let mut cur: Option<(u64, u64)> = None;
@@ -805,25 +810,22 @@ impl Ledger {
 /// The `replace_many` of the trees: `in_place` stores, under the file lock, the runs it can
 /// overwrite word by word (flushed, their old blocks released to the ledger) and hands back
 /// the others; one fence makes the stores durable before their old blocks are freed (also
-/// when `in_place` failed partway); then each other run is a `replace`. Returns the blocks
-/// freed.
+/// when `in_place` failed partway); then `replace_rest` replaces the others, in order, with
+/// the contract of `replace_many`. Returns the blocks freed.
 pub(crate) fn replace_many_in_place<M: Media + ?Sized, A: BlockAllocator + ?Sized>(
     media: &M,
     alloc: &A,
     in_place: impl FnOnce(&mut Ledger, &mut Vec<Run>) -> Result<()>,
-    mut replace: impl FnMut(Run) -> Result<u64>,
+    replace_rest: impl FnOnce(&[Run]) -> Result<u64>,
 ) -> Result<u64> {
     let mut ledger = Ledger::new();
     let mut rest = Vec::new();
     let stored = in_place(&mut ledger, &mut rest);
     media.fence();
-    let mut freed = ledger.released_blocks();
+    let freed = ledger.released_blocks();
     ledger.finish_committed(alloc)?;
     stored?;
-    for run in rest {
-        freed += replace(run)?;
-    }
-    Ok(freed)
+    Ok(freed + replace_rest(&rest)?)
 }
 
 /// Frees extents, merging neighbours first; reports the first failure after trying all.

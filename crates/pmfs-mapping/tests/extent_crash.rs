@@ -189,6 +189,7 @@ fn replace_many_rewrites_whole_entries_in_place_and_stops_only_between_them() {
         many(0, 1, 2, 10, 2),  // parts of entries: replaces
         many(0, 20, 14, 0, 1), // two entries and the hole between them: a replace
         many(0, 0, 1, 1, 4),   // the entries the cuts left, one block each
+        many(0, 31, 1, 3, 6),  // cuts and holes, the leaf splitting: one transaction
     ];
     assert!(height_after(false, &setup) > 1);
     run(Explorer::new(19), 1, false, &setup, &ops);

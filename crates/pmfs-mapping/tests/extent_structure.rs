@@ -358,3 +358,54 @@ fn a_second_handle_sees_leaf_splits_made_through_the_first() {
     second.reverse();
     assert_eq!(second, first);
 }
+
+/// Runs of one `replace_many` that are not rewrites in place share a transaction. One that
+/// fails rolls its batch back; the runs before it are then replaced one by one, and the call
+/// fails at the bad run as a `replace` of it would, with the runs after it untouched.
+#[test]
+fn replace_many_stopped_by_a_bad_run_keeps_the_runs_before_it() {
+    let f = fixture(4, 16);
+    f.tree.insert(&f.file, 0, 10, &mut Vec::new()).unwrap();
+    let fresh = |lblk| Run {
+        lblk,
+        pblk: f.alloc.alloc(1, AllocHint::default()).unwrap().start,
+        len: 1,
+    };
+    let (a, b) = (fresh(20), fresh(22));
+    let bad = Run {
+        lblk: 24,
+        pblk: f.meta.start + 1,
+        len: 1,
+    };
+    let after = fresh(26);
+    let before = all_runs(&f).unwrap();
+    let r = f.tree.replace_many(&f.file, &[a, b, bad, after]);
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    let mut want = before;
+    want.extend([a, b]);
+    assert_eq!(all_runs(&f).unwrap(), want);
+}
+
+/// A run whose undo records do not fit in what its batch left of the undo slot gets a
+/// transaction of its own. One-block slots: the first run, into a hole with 89 entries after
+/// it, logs about 1.4 KiB and leaves more than half of the slot; the second, with 215 after
+/// it, needs about 3.4 KiB.
+#[test]
+fn replace_many_gives_a_run_the_slot_cannot_hold_its_own_transaction() {
+    let f = fixture(252, 1);
+    for i in 0..230 {
+        f.tree.insert(&f.file, 2 * i, 1, &mut Vec::new()).unwrap();
+    }
+    let fresh = |lblk| Run {
+        lblk,
+        pblk: f.alloc.alloc(1, AllocHint::default()).unwrap().start,
+        len: 1,
+    };
+    let runs = [fresh(281), fresh(31)];
+    assert_eq!(f.tree.replace_many(&f.file, &runs).unwrap(), 0);
+    let got = all_runs(&f).unwrap();
+    assert_eq!(got.len(), 232);
+    for r in runs {
+        assert!(got.contains(&r), "{r:?} is mapped");
+    }
+}

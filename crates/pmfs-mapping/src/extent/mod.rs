@@ -80,8 +80,9 @@
 //!   word, with no undo record (the call may stop after any entry, see
 //!   [`FileMapping::replace_many`]), and one fence covers the whole batch before the replaced
 //!   blocks go back to the allocator. Neighbours are not merged: random overwrites soon cut a
-//!   file into entries of the size they write, which this then rewrites in place. Any other
-//!   run is a `replace`.
+//!   file into entries of the size they write, which this then rewrites in place. The other
+//!   runs are replaced as `replace` does, but several to a transaction (until half its undo
+//!   slot is used), so that the commit's two fences are paid once per batch.
 //! - remove_file: stores 0 into the root word (one atomic commit), then frees every block.
 //!
 //! # Concurrency
@@ -106,7 +107,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use pmfs_core::layout::{BlockNo, PmOff};
+use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::pm::{Media, MediaExt};
 use pmfs_core::traits::{
     BlockAllocator, Extent, FileId, FileMapping, MappingKind, Run, maps_exactly,
@@ -345,7 +346,7 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         if b >= self.blocks || self.meta.contains(BlockNo(b)) {
             return Err(Error::Corrupt {
                 what: "extent node pointer",
-                at: PmOff(b.saturating_mul(pmfs_core::layout::BLOCK_SIZE)),
+                at: PmOff(b.saturating_mul(BLOCK_SIZE)),
             });
         }
         Ok(BlockNo(b))
@@ -606,6 +607,78 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         // Flushed also after an error: the caller frees the old blocks of what was stored.
         let flushed = dirty.iter().try_for_each(|&at| self.media.flush(at, 8));
         r.and(flushed)
+    }
+
+    /// The end of the logical range of `run`, a replace's argument, once checked.
+    fn replace_end(&self, run: Run) -> Result<u64> {
+        let b = run
+            .lblk
+            .checked_add(run.len)
+            .ok_or(Error::InvalidArgument("logical range overflows"))?;
+        if !self.inside(run.extent()) {
+            return Err(Error::InvalidArgument(
+                "blocks outside the tree's data area",
+            ));
+        }
+        Ok(b)
+    }
+
+    /// The runs of a `replace_many` that are not overwrites, replaced several to a
+    /// transaction: a commit costs two fences (the transaction's stores, then its slot's
+    /// generation), paid here once per [`replace_batch`](Self::replace_batch) instead of once
+    /// per run. On error it keeps `replace_many`'s contract: a batch that fails is rolled back
+    /// whole, then its first run is replaced alone (failing, as `replace` does, if that run
+    /// is the one at fault) and the batches go on after it.
+    fn replace_batched(&self, file: &ExtentFile, runs: &[Run]) -> Result<u64> {
+        let mut freed = 0;
+        let mut at = 0;
+        while at < runs.len() {
+            let mut tried = 0;
+            match self.replace_batch(file, &runs[at..], &mut tried) {
+                Ok((done, n)) => {
+                    freed += n;
+                    at += done;
+                }
+                Err(e) if tried <= 1 => return Err(e),
+                Err(_) => {
+                    freed += self.replace(file, runs[at])?;
+                    at += 1;
+                }
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Replaces a prefix of `runs` (at least one run) in one transaction, which ends before a
+    /// run once less than half of its undo slot is free (a replace logs a few node tails; one
+    /// that does not fit fails the batch, and [`replace_batched`](Self::replace_batched) gives
+    /// the run a transaction of its own); returns how many runs it replaced and the blocks
+    /// they freed. `tried` counts the runs it began.
+    fn replace_batch(
+        &self,
+        file: &ExtentFile,
+        runs: &[Run],
+        tried: &mut usize,
+    ) -> Result<(usize, u64)> {
+        let reserve = u64::from(self.undo.geometry().slot_blocks) * BLOCK_SIZE / 2;
+        let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
+        self.transact(file, OpCtx::default(), |tx, ctx| {
+            let mut freed = 0;
+            for &run in runs {
+                if *tried > 0 && tx.room() < reserve {
+                    break;
+                }
+                *tried += 1;
+                if run.len == 0 {
+                    continue;
+                }
+                let b = self.replace_end(run)?;
+                let root = self.root(file)?;
+                let entries = leaf_entries(run.lblk, &[run.extent()]);
+                freed += self.replace_tx(tx, ctx, file.id.root, root, run.lblk, b, entries)?;
+            }
+            Ok((*tried, freed))
+        })
     }
 
     fn invalidate(&self, file: &ExtentFile) {
@@ -1405,7 +1478,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for ExtentTree<M, A> {
                 let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
                 self.overwrite_in_place(file, runs, ledger, rest)
             },
-            |run| self.replace(file, run),
+            |rest| self.replace_batched(file, rest),
         )
     }
 
@@ -1427,15 +1500,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for ExtentTree<M, A> {
         if run.len == 0 {
             return Ok(0);
         }
-        let b = run
-            .lblk
-            .checked_add(run.len)
-            .ok_or(Error::InvalidArgument("logical range overflows"))?;
-        if !self.inside(run.extent()) {
-            return Err(Error::InvalidArgument(
-                "blocks outside the tree's data area",
-            ));
-        }
+        let b = self.replace_end(run)?;
         let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
         let root = self.root(file)?;
         let entries = leaf_entries(run.lblk, &[run.extent()]);

@@ -870,7 +870,10 @@ impl<M: Media, A: BlockAllocator> FileMapping for RadixTree<M, A> {
                 let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
                 self.overwrite_in_place(file, runs, ledger, rest)
             },
-            |run| self.replace(file, run),
+            |rest| {
+                rest.iter()
+                    .try_fold(0, |freed, &run| Ok(freed + self.replace(file, run)?))
+            },
         )
     }
 
