@@ -4,7 +4,9 @@
 //! apply in one `replace` (inside a leaf, splitting it, across leaves), removes that
 //! merge nodes and shrink the tree, punched holes, truncates and whole-file removal, opening
 //! and recovering yields exactly the state before or after the call in progress (after, once
-//! it returned), with a consistent set of owned blocks and a tree that keeps working.
+//! it returned), with a consistent set of owned blocks and a tree that keeps working. The
+//! simulator's fence count also shows the runs of a `replace_many` batch sharing one
+//! transaction.
 
 mod tree_common;
 
@@ -12,7 +14,7 @@ use std::sync::Arc;
 
 use pmfs_core::pm::HeapRegion;
 use pmfs_core::sim::{Explorer, SimRegion};
-use pmfs_core::traits::{BlockAllocator, FileMapping, SimpleAllocator};
+use pmfs_core::traits::{AllocHint, BlockAllocator, FileMapping, Run, SimpleAllocator};
 use pmfs_mapping::extent::{ExtentOptions, ExtentTree};
 use pmfs_mapping::undo::UndoGeometry;
 use tree_common::{CrashOp, Geometry, apply, crash_check, many};
@@ -369,4 +371,49 @@ fn the_checker_rejects(op: CrashOp) {
         .cloned()
         .unwrap_or_default();
     assert!(text.contains("crash check failed"), "{text}");
+}
+
+/// The runs of a `replace_many` that are not rewrites in place share one transaction: a
+/// record each and the commit's two fences, after the fence of the rewrites in place. Here
+/// the first run fills a hole with the block after the extent before it (that extent grows:
+/// one changed word, which alone would be a transaction's sole store, without a record) and
+/// the second appends an extent: 1 + 2 + 2 fences. Were the first run's change a sole store,
+/// the second's record would fail the batch, and the runs would be done again one by one.
+#[test]
+fn the_runs_of_a_batch_share_one_transaction() {
+    let g = Geometry::new(1, OPTS.meta_blocks(), 256);
+    let region = SimRegion::new(g.bytes()).unwrap();
+    let alloc = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
+    alloc.rebuild(&mut g.odd_blocks().into_iter()).unwrap();
+    let tree = ExtentTree::format_with(&region, g.meta, alloc.clone(), OPTS).unwrap();
+    let h = tree.open_file(g.ids()[0]).unwrap();
+    for lblk in 0..3 {
+        tree.insert(&h, lblk, 1, &mut Vec::new()).unwrap();
+    }
+    let mut got = Vec::new();
+    tree.lookup(&h, 2, 1, &mut got).unwrap();
+    let before = got[0];
+    let grow = Run {
+        lblk: 3,
+        pblk: before.pblk + 1,
+        len: 1,
+    };
+    let append = Run {
+        lblk: 10,
+        pblk: alloc.alloc(1, AllocHint::default()).unwrap().start,
+        len: 1,
+    };
+    let stats = Explorer::new(0)
+        .samples(1)
+        .exhaustive_limit(1)
+        .run(
+            &region,
+            |_| assert_eq!(tree.replace_many(&h, &[grow, append]).unwrap(), 0),
+            |_| Ok(()),
+        )
+        .unwrap();
+    assert_eq!(stats.fences, 5, "{stats:?}");
+    got.clear();
+    tree.lookup(&h, 2, 9, &mut got).unwrap();
+    assert_eq!(got, [Run { len: 2, ..before }, append]);
 }

@@ -260,6 +260,9 @@ struct Cut {
 struct OpCtx {
     ledger: Ledger,
     first_nr: Vec<(BlockNo, usize)>,
+    /// More replaces may follow in this transaction, so a change may not be its sole store
+    /// ([`Tx::store_sole_u64`]), after which every record fails.
+    more_follow: bool,
 }
 
 impl OpCtx {
@@ -664,11 +667,12 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
         self.transact(file, OpCtx::default(), |tx, ctx| {
             let mut freed = 0;
-            for &run in runs {
+            for (i, &run) in runs.iter().enumerate() {
                 if *tried > 0 && tx.room() < reserve {
                     break;
                 }
                 *tried += 1;
+                ctx.more_follow = i + 1 < runs.len();
                 if run.len == 0 {
                     continue;
                 }
@@ -1166,10 +1170,12 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
             None => (j0, j1, merged),
         };
         // One entry rewritten under the same key by a transaction that has written nothing
-        // else changes only the entry's second word: one atomic store, no undo record.
+        // else, and will write nothing else, changes only the entry's second word: one atomic
+        // store, no undo record.
         if let [e] = repl[..]
             && i1 - i0 == 1
             && tx.is_untouched()
+            && !ctx.more_follow
             && node.entry(m, i0)?.key == e.key
         {
             tx.store_sole_u64(node.entry_off(i0) + 8, e.word1())?;
