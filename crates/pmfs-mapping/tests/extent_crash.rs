@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use pmfs_core::pm::HeapRegion;
 use pmfs_core::sim::{Explorer, SimRegion};
-use pmfs_core::traits::{AllocHint, BlockAllocator, FileMapping, Run, SimpleAllocator};
+use pmfs_core::traits::{BlockAllocator, FileMapping, Run, SimpleAllocator};
 use pmfs_mapping::extent::{ExtentOptions, ExtentTree};
 use pmfs_mapping::undo::UndoGeometry;
-use tree_common::{CrashOp, Geometry, apply, crash_check, many};
+use tree_common::{CrashOp, Geometry, apply, crash_check, fresh_runs, many};
 
 const OPTS: ExtentOptions = ExtentOptions {
     fanout: 4,
@@ -191,7 +191,7 @@ fn replace_many_rewrites_whole_entries_in_place_and_stops_only_between_them() {
         many(0, 1, 2, 10, 2),  // parts of entries: replaces
         many(0, 20, 14, 0, 1), // two entries and the hole between them: a replace
         many(0, 0, 1, 1, 4),   // the entries the cuts left, one block each
-        many(0, 31, 1, 3, 6),  // cuts and holes, the leaf splitting: one transaction
+        many(0, 31, 1, 3, 6),  // cuts and holes: six replaces in one transaction
     ];
     assert!(height_after(false, &setup) > 1);
     run(Explorer::new(19), 1, false, &setup, &ops);
@@ -398,11 +398,7 @@ fn the_runs_of_a_batch_share_one_transaction() {
         pblk: before.pblk + 1,
         len: 1,
     };
-    let append = Run {
-        lblk: 10,
-        pblk: alloc.alloc(1, AllocHint::default()).unwrap().start,
-        len: 1,
-    };
+    let append = fresh_runs(&*alloc, 10, 1, 1, 1).unwrap()[0];
     let stats = Explorer::new(0)
         .samples(1)
         .exhaustive_limit(1)

@@ -359,6 +359,15 @@ fn a_second_handle_sees_leaf_splits_made_through_the_first() {
     assert_eq!(second, first);
 }
 
+/// A run of one block at `lblk`, taken from the fixture's allocator.
+fn fresh(f: &Fixture, lblk: u64) -> Run {
+    Run {
+        lblk,
+        pblk: f.alloc.alloc(1, AllocHint::default()).unwrap().start,
+        len: 1,
+    }
+}
+
 /// Runs of one `replace_many` that are not rewrites in place share a transaction. One that
 /// fails rolls its batch back; the runs before it are then replaced one by one, and the call
 /// fails at the bad run as a `replace` of it would, with the runs after it untouched.
@@ -366,18 +375,13 @@ fn a_second_handle_sees_leaf_splits_made_through_the_first() {
 fn replace_many_stopped_by_a_bad_run_keeps_the_runs_before_it() {
     let f = fixture(4, 16);
     f.tree.insert(&f.file, 0, 10, &mut Vec::new()).unwrap();
-    let fresh = |lblk| Run {
-        lblk,
-        pblk: f.alloc.alloc(1, AllocHint::default()).unwrap().start,
-        len: 1,
-    };
-    let (a, b) = (fresh(20), fresh(22));
+    let (a, b) = (fresh(&f, 20), fresh(&f, 22));
     let bad = Run {
         lblk: 24,
         pblk: f.meta.start + 1,
         len: 1,
     };
-    let after = fresh(26);
+    let after = fresh(&f, 26);
     let before = all_runs(&f).unwrap();
     let r = f.tree.replace_many(&f.file, &[a, b, bad, after]);
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
@@ -396,12 +400,7 @@ fn replace_many_gives_a_run_the_slot_cannot_hold_its_own_transaction() {
     for i in 0..230 {
         f.tree.insert(&f.file, 2 * i, 1, &mut Vec::new()).unwrap();
     }
-    let fresh = |lblk| Run {
-        lblk,
-        pblk: f.alloc.alloc(1, AllocHint::default()).unwrap().start,
-        len: 1,
-    };
-    let runs = [fresh(281), fresh(31)];
+    let runs = [fresh(&f, 281), fresh(&f, 31)];
     assert_eq!(f.tree.replace_many(&f.file, &runs).unwrap(), 0);
     let got = all_runs(&f).unwrap();
     assert_eq!(got.len(), 232);

@@ -638,9 +638,9 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         while at < runs.len() {
             let mut tried = 0;
             match self.replace_batch(file, &runs[at..], &mut tried) {
-                Ok((done, n)) => {
+                Ok(n) => {
                     freed += n;
-                    at += done;
+                    at += tried;
                 }
                 Err(e) if tried <= 1 => return Err(e),
                 Err(_) => {
@@ -655,14 +655,9 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
     /// Replaces a prefix of `runs` (at least one run) in one transaction, which ends before a
     /// run once less than half of its undo slot is free (a replace logs a few node tails; one
     /// that does not fit fails the batch, and [`replace_batched`](Self::replace_batched) gives
-    /// the run a transaction of its own); returns how many runs it replaced and the blocks
-    /// they freed. `tried` counts the runs it began.
-    fn replace_batch(
-        &self,
-        file: &ExtentFile,
-        runs: &[Run],
-        tried: &mut usize,
-    ) -> Result<(usize, u64)> {
+    /// the run a transaction of its own); returns the blocks they freed. `tried` counts the
+    /// runs it began: on success, the runs it replaced.
+    fn replace_batch(&self, file: &ExtentFile, runs: &[Run], tried: &mut usize) -> Result<u64> {
         let reserve = u64::from(self.undo.geometry().slot_blocks) * BLOCK_SIZE / 2;
         let _g = file.lock.write().unwrap_or_else(|e| e.into_inner());
         self.transact(file, OpCtx::default(), |tx, ctx| {
@@ -681,7 +676,7 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
                 let entries = leaf_entries(run.lblk, &[run.extent()]);
                 freed += self.replace_tx(tx, ctx, file.id.root, root, run.lblk, b, entries)?;
             }
-            Ok((*tried, freed))
+            Ok(freed)
         })
     }
 
