@@ -65,13 +65,14 @@
 //! (which makes it durable with the data), and only when it moves.
 //!
 //! Reads are optimistic: they take the log's tail, catch the overlay up, read the blocks the
-//! overlay names or else the mapping's, and retry if the tail moved meanwhile. On HashFS,
-//! reads and writes take no lock of the inode: threads of one process race on the log tail
-//! exactly as processes do (a writer whose commit finds newer entries checks them in the log,
-//! whatever other threads folded into the overlay meanwhile). On the other structures a
-//! file's readers share its lock and its writers (and so every digest) hold it alone: their
-//! lookups must not run into a digest restructuring a tree. Size changes, allocation and
-//! punching hold the lock on every structure.
+//! overlay names or else the mapping's, and retry if the tail moved meanwhile. Writers of a
+//! file race on the log tail, threads of one process exactly as processes do (a writer whose
+//! commit finds newer entries checks them in the log, whatever other threads folded into the
+//! overlay meanwhile). On HashFS, reads and writes take no lock of the inode. On the other
+//! structures a file's readers and writers share its lock and every digest holds it alone:
+//! their lookups must not run into a digest restructuring a tree, so a write that fills a
+//! batch digests it after its commit, with the lock taken again alone. Size changes,
+//! allocation and punching hold the lock alone on every structure.
 //!
 //! # The tail
 //!
@@ -82,11 +83,10 @@
 //! and commits an entry that only raises the size for that block: an append of a few bytes
 //! copies no block and stages none. This needs the writer to own those bytes and the block
 //! to stay the file's until the commit, so every update that changes the size or writes the
-//! partial last block holds the file's *tail* from its plan to its commit: on the trees and
-//! the cuckoo hash the inode's lock, which every writer holds alone anyway; on HashFS, where
-//! writers of other blocks run unlocked in several processes, this process's tail mutex and
-//! then the inode's `TAIL` word, which names the holding process (taken by CAS, waited for
-//! while that process lives and maps the pool, taken over once it does not, reset at mount).
+//! partial last block holds the file's *tail* from its plan to its commit: this process's
+//! tail mutex, then the inode's `TAIL` word, which names the holding process (taken by CAS,
+//! waited for while that process lives and maps the pool, taken over once it does not, reset
+//! at mount). The word matters on HashFS, whose files other processes write too.
 //! Under the tail no other entry can move the end of file or supersede the last block, so
 //! the entries that commit meanwhile (writes of other blocks) never conflict with the bytes
 //! written in place.
@@ -203,6 +203,13 @@ struct Underneath {
 const UNDERNEATH_MAX: usize = 4096;
 
 impl Shared {
+    /// Whether the writes this process committed since its last digest fill a batch
+    /// ([`DIGEST_AFTER_ENTRIES`], [`DIGEST_AFTER_BLOCKS`]).
+    fn batch_full(&self) -> bool {
+        self.pending_entries.load(Ordering::Relaxed) >= DIGEST_AFTER_ENTRIES
+            || self.pending_blocks.load(Ordering::Relaxed) >= DIGEST_AFTER_BLOCKS
+    }
+
     /// The state of `log` with an empty overlay starting at LSN `digested`, compacting once a
     /// block of applied entries lies past LSN `gc_from`.
     pub fn new(log: FileLog, digested: u64, gc_from: u64) -> Shared {
@@ -394,6 +401,10 @@ struct Update {
     lazy: bool,
     /// In mapped mode, stage fresh blocks for the holes of the segments (a punch leaves them).
     holes: bool,
+    /// The caller holds the inode's lock shared, not alone (a write on a structure other than
+    /// HashFS, see [`Fs::write_inner`]): the digest, which needs it alone, is left to the
+    /// caller, and staging that finds no space fails with [`Error::NoSpace`] at once.
+    shared: bool,
 }
 
 impl Update {
@@ -401,12 +412,27 @@ impl Update {
         append: false,
         lazy: true,
         holes: true,
+        shared: false,
     };
     const NOW: Update = Update {
         append: false,
         lazy: false,
         holes: true,
+        shared: false,
     };
+}
+
+/// When [`Fs::after_commit`] digests the file's log.
+#[derive(Clone, Copy, Debug)]
+enum DigestWhen {
+    /// At once.
+    Now,
+    /// With a later batch, unless this write of so many blocks fills one
+    /// ([`Shared::batch_full`]).
+    Batched(u64),
+    /// Never: the write of so many blocks is counted in the batch, which the caller digests
+    /// once it holds the inode's lock alone ([`Fs::digest_if_due`]).
+    ByCaller(u64),
 }
 
 /// What [`Fs::fill`] puts over its range.
@@ -419,9 +445,8 @@ enum Fill {
     Zeros,
 }
 
-/// The file's tail held on HashFS ([`Fs::lock_tail`]): this process's lock of it and the
-/// inode's `TAIL` word naming this process. Dropping it frees both. (On the other structures
-/// the inode's lock, which every writer holds alone, does the same.)
+/// The file's tail held ([`Fs::lock_tail`]): this process's lock of it and the inode's `TAIL`
+/// word naming this process. Dropping it frees both.
 struct TailGuard<'a> {
     media: &'a dyn Media,
     at: PmOff,
@@ -1400,17 +1425,17 @@ impl Fs {
         }
     }
 
-    /// On a volume whose mapping structure is not HashFS, a reader of inode `ino` holds its
-    /// lock shared: a lookup in a tree (or a cuckoo bucket) must not run into a digest
-    /// restructuring it, and every digest runs under the lock held exclusively. HashFS
+    /// On a volume whose mapping structure is not HashFS, a reader or writer of inode `ino`
+    /// holds its lock shared: a lookup in a tree (or a cuckoo bucket) must not run into a
+    /// digest restructuring it, and every digest runs under the lock held alone. HashFS
     /// lookups and digests change one slot word at a time, so its readers and writers take
-    /// no lock and race on the log tail, threads as processes do.
+    /// no lock, threads as processes do.
     fn tree_read_lock(&self, ino: u32) -> Option<RwLockReadGuard<'_, ()>> {
         matches!(self.stage, Stager::Alloc(_))
             .then(|| self.ilock(ino).read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// The writer's side of [`tree_read_lock`](Fs::tree_read_lock).
+    /// The digest's side of [`tree_read_lock`](Fs::tree_read_lock).
     fn tree_write_lock(&self, ino: u32) -> Option<RwLockWriteGuard<'_, ()>> {
         matches!(self.stage, Stager::Alloc(_))
             .then(|| self.ilock(ino).write().unwrap_or_else(|e| e.into_inner()))
@@ -1475,11 +1500,8 @@ impl Fs {
     /// Takes the tail of file `ino` ([`TailGuard`]): waits for a live holder, replaces a
     /// dead one. Every update that changes the size or writes the partial last block holds
     /// it from its plan to its commit; it lets the holder write past the end of file in
-    /// place. `None` on the structures other than HashFS.
-    fn lock_tail<'a>(&'a self, ino: u32, s: &'a Shared) -> Result<Option<TailGuard<'a>>> {
-        if !matches!(self.stage, Stager::Hash(_)) {
-            return Ok(None);
-        }
+    /// place. Taken under the inode's lock (shared or alone), never the other way round.
+    fn lock_tail<'a>(&'a self, ino: u32, s: &'a Shared) -> Result<TailGuard<'a>> {
         let local = s.tail.lock().unwrap_or_else(|e| e.into_inner());
         let m = self.m();
         let at = self.inodes.field(ino, field::TAIL);
@@ -1491,11 +1513,11 @@ impl Fs {
             let dead =
                 || cur != me && u32::try_from(cur).map_or(true, |pid| !self.holder_alive(pid));
             if (cur == 0 || (tries % 256 == 255 && dead())) && m.cas_u64(at, cur, me)?.is_ok() {
-                return Ok(Some(TailGuard {
+                return Ok(TailGuard {
                     media: m,
                     at,
                     _local: local,
-                }));
+                });
             }
             tries = tries.wrapping_add(1);
             if tries < 64 {
@@ -1722,7 +1744,7 @@ impl Fs {
             extend_to: 0,
         };
         s.log.prepare(&barrier)?.commit()?;
-        self.after_commit(n, &s, self.node_map(n)?, None, None)?;
+        self.after_commit(n, &s, self.node_map(n)?, None, DigestWhen::Now)?;
         if len > 0 {
             let holes = Fill::Holes {
                 at_most: fill_at_most,
@@ -1822,11 +1844,11 @@ impl Fs {
             let Some((mut segs, extend_to)) = plan(self, Some(&ov), f, size)? else {
                 return Ok(None);
             };
-            let tail_held = tail.is_some() || !matches!(self.stage, Stager::Hash(_));
+            let tail_held = tail.is_some();
             if !tail_held && needs_tail(&segs, extend_to, size) {
                 drop(ov);
                 drop(hold);
-                tail = self.lock_tail(n.h.ino, &s)?;
+                tail = Some(self.lock_tail(n.h.ino, &s)?);
                 continue;
             }
             // Holding the tail, and out of mapped mode, the bytes past the end of file in its
@@ -1961,7 +1983,7 @@ impl Fs {
             });
             if let Err(e) = staged {
                 self.unstage(&runs)?;
-                if matches!(e, Error::NoSpace) && !digested {
+                if matches!(e, Error::NoSpace) && !digested && !how.shared {
                     digested = true;
                     self.digest(n.h.ino, &s, f)?;
                     self.digest_others(n.h.ino)?;
@@ -2000,7 +2022,12 @@ impl Fs {
                         lsn,
                         entry: &entry,
                     };
-                    self.after_commit(n, &s, f, Some(own), how.lazy.then_some(blocks))?;
+                    let when = match (how.lazy, how.shared) {
+                        (false, _) => DigestWhen::Now,
+                        (true, false) => DigestWhen::Batched(blocks),
+                        (true, true) => DigestWhen::ByCaller(blocks),
+                    };
+                    self.after_commit(n, &s, f, Some(own), when)?;
                     return Ok(Some(size));
                 }
                 Ok(Attempt::Replan) => {
@@ -2107,8 +2134,7 @@ impl Fs {
         }
     }
 
-    /// After a commit: fold it, then digest, maybe compact the log. `lazy`: the update was a
-    /// write of that many blocks, digested with a later batch unless this one is full.
+    /// After a commit: fold it, then digest (as `when` says), maybe compact the log.
     /// `own`: the committed entry, folded without reading the log when the overlay has folded
     /// everything before the log position its commit checked from (an extended entry's
     /// reservation, or padding, may lie between that position and the entry: no entry does).
@@ -2118,7 +2144,7 @@ impl Fs {
         s: &Shared,
         f: &MapFile,
         own: Option<Own<'_>>,
-        lazy: Option<u64>,
+        when: DigestWhen,
     ) -> Result<()> {
         {
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
@@ -2129,16 +2155,42 @@ impl Fs {
                 }
             }
         }
-        if let Some(blocks) = lazy {
-            let entries = s.pending_entries.fetch_add(1, Ordering::Relaxed) + 1;
-            let blocks = s.pending_blocks.fetch_add(blocks, Ordering::Relaxed) + blocks;
-            if entries < DIGEST_AFTER_ENTRIES && blocks < DIGEST_AFTER_BLOCKS {
-                return Ok(());
+        match when {
+            DigestWhen::Now => {}
+            DigestWhen::Batched(blocks) | DigestWhen::ByCaller(blocks) => {
+                s.pending_entries.fetch_add(1, Ordering::Relaxed);
+                s.pending_blocks.fetch_add(blocks, Ordering::Relaxed);
+                if matches!(when, DigestWhen::ByCaller(_)) || !s.batch_full() {
+                    return Ok(());
+                }
             }
         }
-        // The update is committed and durable: a digest that cannot get the blocks its
-        // mapping structure needs leaves the entry to the overlay and to the next digest.
-        match self.digest(n.h.ino, s, f) {
+        self.digest_committed(n.h.ino, s, f)
+    }
+
+    /// After a write that held the file's lock shared ([`DigestWhen::ByCaller`]): digests the
+    /// file's log under the lock taken alone if the batch is full ([`Shared::batch_full`]).
+    /// Another writer of the file may have digested it while this one waited for the lock:
+    /// then nothing is left to do.
+    fn digest_if_due(&self, n: &Node) -> Result<()> {
+        let Some(s) = self.shared(n, false)? else {
+            return Ok(());
+        };
+        if !s.batch_full() {
+            return Ok(());
+        }
+        let _il = self.tree_write_lock(n.h.ino);
+        if !s.batch_full() {
+            return Ok(());
+        }
+        self.digest_committed(n.h.ino, &s, self.node_map(n)?)
+    }
+
+    /// [`digest`](Fs::digest) after a committed update: the update is durable, and a digest
+    /// that cannot get the blocks its mapping structure needs leaves the entry to the overlay
+    /// and to the next digest.
+    fn digest_committed(&self, ino: u32, s: &Shared, f: &MapFile) -> Result<()> {
+        match self.digest(ino, s, f) {
             Err(Error::NoSpace) | Ok(()) => Ok(()),
             Err(e) => Err(e),
         }
@@ -2440,11 +2492,40 @@ impl Fs {
         self.write_inner(n, buf, None)
     }
 
+    /// A write ([`write_at`](Fs::write_at), or an append with `at` `None`). On a structure
+    /// other than HashFS it holds the file's lock shared, as readers do: writers of a file
+    /// stage, copy and commit side by side (as on HashFS, racing on the log's tail and taking
+    /// the file's tail to write past the end of file), and only a digest, which changes the
+    /// tree, waits for the lock alone. So the digest of a full batch follows the write, under
+    /// the lock taken alone ([`digest_if_due`](Fs::digest_if_due)), and a write that finds no
+    /// space runs again holding the lock alone, which lets it digest to free the blocks that
+    /// undigested writes replaced.
     fn write_inner(&self, n: &Node, buf: &[u8], at: Option<u64>) -> Result<u64> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        let _il = self.tree_write_lock(n.h.ino);
+        let shared = self.tree_read_lock(n.h.ino);
+        if shared.is_none() {
+            return self.write_locked(n, buf, at, false);
+        }
+        let r = self.write_locked(n, buf, at, true);
+        drop(shared);
+        match r {
+            Err(Error::NoSpace) => {
+                let _il = self.tree_write_lock(n.h.ino);
+                self.write_locked(n, buf, at, false)
+            }
+            Ok(landed) => {
+                self.digest_if_due(n)?;
+                Ok(landed)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`write_inner`](Fs::write_inner) under the file's lock, held `shared` (see
+    /// [`Update::shared`]) or alone (or, on HashFS, not at all).
+    fn write_locked(&self, n: &Node, buf: &[u8], at: Option<u64>, shared: bool) -> Result<u64> {
         if buf.is_empty() {
             return match at {
                 Some(o) => Ok(o),
@@ -2455,6 +2536,7 @@ impl Fs {
         let mut landed = 0;
         let how = Update {
             append: at.is_none(),
+            shared,
             ..Update::WRITE
         };
         self.cow_update(n, how, &mut |fs, ov, f, size| {
@@ -2631,7 +2713,7 @@ impl Fs {
                 }
             } else if self.commit_unless_mapped(ino, &s, &Entry::Truncate { size: len })? {
                 self.reveal_to_kernel(n.h)?;
-                self.after_commit(n, &s, self.node_map(n)?, None, None)?;
+                self.after_commit(n, &s, self.node_map(n)?, None, DigestWhen::Now)?;
                 return self.restore_log_reserve(&s);
             }
         }
@@ -2692,7 +2774,7 @@ impl Fs {
         m.fence();
         drop(hold);
         self.reveal_to_kernel(n.h)?;
-        self.after_commit(n, s, f, None, None)?;
+        self.after_commit(n, s, f, None, DigestWhen::Now)?;
         Ok(true)
     }
 
@@ -2901,7 +2983,7 @@ impl Fs {
             };
             if self.commit_unless_mapped(n.h.ino, &s, &punch)? {
                 self.reveal_to_kernel(n.h)?;
-                self.after_commit(n, &s, self.node_map(n)?, None, None)?;
+                self.after_commit(n, &s, self.node_map(n)?, None, DigestWhen::Now)?;
                 self.restore_log_reserve(&s)?;
             } else {
                 self.zero_mapped(n, whole_from * BS, whole_to * BS)?;
