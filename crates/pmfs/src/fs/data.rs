@@ -308,6 +308,20 @@ const DIGEST_AFTER_ENTRIES: u64 = 128;
 /// See [`DIGEST_AFTER_ENTRIES`].
 const DIGEST_AFTER_BLOCKS: u64 = 2048;
 
+/// The pieces of `[lblk, lblk + len)` as the overlay `ov` has them (all the mapping's
+/// without one), into `out`, cleared first.
+fn overlay_pieces(ov: Option<&Overlay>, lblk: u64, len: u64, out: &mut Vec<crate::overlay::Piece>) {
+    out.clear();
+    match ov {
+        Some(ov) => ov.lookup(lblk, len, out),
+        None => out.push(crate::overlay::Piece {
+            lblk,
+            len,
+            src: Src::Base,
+        }),
+    }
+}
+
 thread_local! {
     /// The runs of this thread's last read (or [`Fs::block_at`]), kept so that a read
     /// allocates nothing once the buffer has grown (a read's only allocations were its two
@@ -1268,16 +1282,24 @@ impl Fs {
         out: &mut Vec<Run>,
     ) -> Result<()> {
         let mut pieces = PIECES.take();
-        pieces.clear();
-        match ov {
-            Some(ov) => ov.lookup(lblk, len, &mut pieces),
-            None => pieces.push(crate::overlay::Piece {
-                lblk,
-                len,
-                src: Src::Base,
-            }),
-        }
-        for &p in &pieces {
+        overlay_pieces(ov, lblk, len, &mut pieces);
+        let r = self.resolve_pieces(f, &pieces, out);
+        PIECES.set(pieces);
+        r
+    }
+
+    /// The runs of `pieces` ([`overlay_pieces`]), in logical order: the overlay's blocks as
+    /// they are, the mapping's looked up. The lookups need no overlay: a digest that
+    /// changed the mapping since the pieces were taken applied only entries the overlay had
+    /// (whose blocks no piece of the mapping's covers) or later ones, which a caller that
+    /// checks the log's tail afterwards sees.
+    fn resolve_pieces(
+        &self,
+        f: &MapFile,
+        pieces: &[crate::overlay::Piece],
+        out: &mut Vec<Run>,
+    ) -> Result<()> {
+        for &p in pieces {
             match p.src {
                 Src::Mapped(b) => out.push(Run {
                     lblk: p.lblk,
@@ -1292,7 +1314,6 @@ impl Fs {
                 }
             }
         }
-        PIECES.set(pieces);
         Ok(())
     }
 
@@ -1325,13 +1346,18 @@ impl Fs {
         // The first block's lookup misses on the hash tables: start it before the log work.
         self.map.prefetch(f, off / BS);
         let s = self.shared(n, false)?;
-        let mut runs = RUNS.take();
-        let r = self.read_runs(n, f, s.as_deref(), buf, off, &mut runs);
+        let (mut runs, mut pieces) = (RUNS.take(), PIECES.take());
+        let r = self.read_runs(n, f, s.as_deref(), buf, off, &mut runs, &mut pieces);
         RUNS.set(runs);
+        PIECES.set(pieces);
         r
     }
 
-    /// [`read_at`](Fs::read_at) with `runs` for the runs it reads.
+    /// [`read_at`](Fs::read_at) with `runs` for the runs it reads and `pieces` for the
+    /// overlay's pieces of them. The overlay's lock covers the catch-up, the size and the
+    /// pieces, not the mapping's lookups: two readers of a file, or a reader and a writer,
+    /// look up its tree side by side.
+    #[allow(clippy::too_many_arguments)]
     fn read_runs(
         &self,
         n: &Node,
@@ -1340,6 +1366,7 @@ impl Fs {
         buf: &mut [u8],
         off: u64,
         runs: &mut Vec<Run>,
+        pieces: &mut Vec<crate::overlay::Piece>,
     ) -> Result<usize> {
         loop {
             let t0 = match &s {
@@ -1365,13 +1392,14 @@ impl Fs {
                     let end = off + (buf.len() as u64).min(size - off);
                     let first = off / BS;
                     let last = (end - 1) / BS;
-                    self.runs_in(ov, f, first, last - first + 1, runs)?;
+                    overlay_pieces(ov, first, last - first + 1, pieces);
                 }
                 size
             };
             if off >= size || buf.is_empty() {
                 return Ok(0);
             }
+            self.resolve_pieces(f, pieces, runs)?;
             let len = (buf.len() as u64).min(size - off);
             let end = off + len;
             let out = &mut buf[..len as usize];
