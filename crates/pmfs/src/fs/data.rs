@@ -322,6 +322,16 @@ fn overlay_pieces(ov: Option<&Overlay>, lblk: u64, len: u64, out: &mut Vec<crate
     }
 }
 
+/// What the overlay `ov` has for logical block `lblk`.
+fn overlay_src(ov: &Overlay, lblk: u64) -> Src {
+    let mut p = PIECES.take();
+    p.clear();
+    ov.lookup(lblk, 1, &mut p);
+    let src = p.first().map_or(Src::Base, |p| p.src);
+    PIECES.set(p);
+    src
+}
+
 thread_local! {
     /// The runs of this thread's last read (or [`Fs::block_at`]), kept so that a read
     /// allocates nothing once the buffer has grown (a read's only allocations were its two
@@ -1251,17 +1261,17 @@ impl Fs {
 
     /// Where logical block `lblk` lives now: `None` for a hole.
     fn block_at(&self, ov: Option<&Overlay>, f: &MapFile, lblk: u64) -> Result<Option<u64>> {
-        if let Some(ov) = ov {
-            let mut p = PIECES.take();
-            p.clear();
-            ov.lookup(lblk, 1, &mut p);
-            let src = p.first().map(|p| p.src);
-            PIECES.set(p);
-            match src {
-                Some(Src::Mapped(b)) => return Ok(Some(b)),
-                Some(Src::Hole) => return Ok(None),
-                _ => {}
-            }
+        let src = ov.map_or(Src::Base, |ov| overlay_src(ov, lblk));
+        self.resolve_block(f, lblk, src)
+    }
+
+    /// Where logical block `lblk`, which the overlay has as `src` ([`overlay_src`]), lives:
+    /// the overlay's block, or the mapping's (see [`resolve_pieces`](Fs::resolve_pieces)).
+    fn resolve_block(&self, f: &MapFile, lblk: u64, src: Src) -> Result<Option<u64>> {
+        match src {
+            Src::Mapped(b) => return Ok(Some(b)),
+            Src::Hole => return Ok(None),
+            Src::Base => {}
         }
         let mut runs = RUNS.take();
         runs.clear();
@@ -1897,34 +1907,50 @@ impl Fs {
             if segs.is_empty() && own.is_empty() && in_place.is_none() && extend_to == 0 {
                 return Ok(None);
             }
+            // What the overlay has for the blocks to be written in part, and (HashFS places
+            // blocks by hash: only the allocator takes a goal) for the block before each
+            // segment, whose successor is the segment's goal.
+            let old_src: Vec<(u64, Src)> = segs
+                .iter()
+                .flat_map(partial_blocks)
+                .map(|b| (b, overlay_src(&ov, b)))
+                .collect();
+            let goal_src: Vec<Option<(u64, Src)>> = match &self.stage {
+                Stager::Alloc(_) => segs
+                    .iter()
+                    .map(|sg| {
+                        sg.lblk
+                            .checked_sub(1)
+                            .map(|prev| (prev, overlay_src(&ov, prev)))
+                    })
+                    .collect(),
+                Stager::Hash(_) => Vec::new(),
+            };
+            // The overlay has every entry below this LSN, and nothing below needs it: the
+            // mapping's lookups and the copies run without its lock, so that readers and other
+            // writers of the file are not held up by them (see `resolve_pieces`). A block they
+            // copy from that a newer entry replaced (and a digest may have freed) is caught by
+            // the commit's check of the entries from here on, as for a writer in another
+            // process.
+            let folded = ov.next_lsn();
+            drop(ov);
             // Where the blocks to be written in part live now, looked up and hinted before
             // the staging, so that their copies find them in the cache.
-            let mut old: Vec<(u64, Option<u64>)> = Vec::new();
-            for b in segs.iter().flat_map(partial_blocks) {
-                let at = self.block_at(Some(&ov), f, b)?;
+            let mut old: Vec<(u64, Option<u64>)> = Vec::with_capacity(old_src.len());
+            for (b, src) in old_src {
+                let at = self.resolve_block(f, b, src)?;
                 if let Some(pblk) = at {
                     self.m().prefetch_range(PmOff(pblk * BS), BS);
                 }
                 old.push((b, at));
             }
-            // HashFS places blocks by hash: only the allocator takes a goal, the block after
-            // the one before each segment (none for HashFS, and no allocation either).
-            let mut goals = Vec::new();
-            if let Stager::Alloc(_) = &self.stage {
-                for sg in &segs {
-                    goals.push(match sg.lblk.checked_sub(1) {
-                        Some(prev) => self.block_at(Some(&ov), f, prev)?.map(|p| p + 1),
-                        None => None,
-                    });
-                }
+            let mut goals = Vec::with_capacity(goal_src.len());
+            for g in goal_src {
+                goals.push(match g {
+                    Some((prev, src)) => self.resolve_block(f, prev, src)?.map(|p| p + 1),
+                    None => None,
+                });
             }
-            // Every lookup above saw the entries below this LSN, and nothing below needs the
-            // overlay: the copies run without its lock, so that readers and other writers of
-            // the file are not held up by them. A block they copy from that a newer entry
-            // replaced (and a digest may have freed) is caught by the commit's check of the
-            // entries from here on, as for a writer in another process.
-            let folded = ov.next_lsn();
-            drop(ov);
             let mut runs: Vec<Run> = Vec::new();
             let mut partials: Vec<Partial> = Vec::new();
             let mut stale = false;
