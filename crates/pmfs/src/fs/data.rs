@@ -325,8 +325,7 @@ fn overlay_pieces(ov: Option<&Overlay>, lblk: u64, len: u64, out: &mut Vec<crate
 /// What the overlay `ov` has for logical block `lblk`.
 fn overlay_src(ov: &Overlay, lblk: u64) -> Src {
     let mut p = PIECES.take();
-    p.clear();
-    ov.lookup(lblk, 1, &mut p);
+    overlay_pieces(Some(ov), lblk, 1, &mut p);
     let src = p.first().map_or(Src::Base, |p| p.src);
     PIECES.set(p);
     src
@@ -1915,14 +1914,10 @@ impl Fs {
                 .flat_map(partial_blocks)
                 .map(|b| (b, overlay_src(&ov, b)))
                 .collect();
-            let goal_src: Vec<Option<(u64, Src)>> = match &self.stage {
+            let goal_src: Vec<Option<Src>> = match &self.stage {
                 Stager::Alloc(_) => segs
                     .iter()
-                    .map(|sg| {
-                        sg.lblk
-                            .checked_sub(1)
-                            .map(|prev| (prev, overlay_src(&ov, prev)))
-                    })
+                    .map(|sg| sg.lblk.checked_sub(1).map(|prev| overlay_src(&ov, prev)))
                     .collect(),
                 Stager::Hash(_) => Vec::new(),
             };
@@ -1945,9 +1940,9 @@ impl Fs {
                 old.push((b, at));
             }
             let mut goals = Vec::with_capacity(goal_src.len());
-            for g in goal_src {
-                goals.push(match g {
-                    Some((prev, src)) => self.resolve_block(f, prev, src)?.map(|p| p + 1),
+            for (sg, src) in segs.iter().zip(goal_src) {
+                goals.push(match src {
+                    Some(src) => self.resolve_block(f, sg.lblk - 1, src)?.map(|p| p + 1),
                     None => None,
                 });
             }
