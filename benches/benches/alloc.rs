@@ -5,6 +5,11 @@
 //!   then sequential 4 KiB allocations, each asking to continue the previous one (growing hint,
 //!   goal = the block after the last allocation), until the free space is used up.
 //! - Group `cffs_fig13b_2m`: the same with 1 GiB of free space and 2 MiB requests.
+//! - Group `churn_4k` (not in the paper): the allocator under random 4 KiB copy-on-write
+//!   overwrites of a full volume, what the data path asks of it in `data_fig6`'s random
+//!   overwrites on the trees: every page split, one block in eight free at random, and each
+//!   measured step allocates one block whose goal is taken (the block after the overwritten
+//!   one's) and frees the block it replaces.
 //!
 //! Functions are the allocators (`baseline`: the free-extent allocator over a persistent
 //! bitmap on a heap region, standing in for ext4-DAX; `cffs`), parameters the fragmentation
@@ -25,6 +30,8 @@ use pmfs_benches::{MEASUREMENT, SAMPLE_SIZE, WARM_UP};
 use pmfs_core::layout::{BlockNo, PmOff};
 use pmfs_core::pm::HeapRegion;
 use pmfs_core::traits::{AllocHint, AllocKind, BlockAllocator, Extent};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 /// Blocks per MiB.
 const MIB: u64 = 256;
@@ -152,12 +159,78 @@ fn fig13b(c: &mut Criterion) {
     fig13(c, "cffs_fig13b_2m", 512, 1, &levels);
 }
 
+/// The random-overwrite steady state of [`churn`]: the blocks in use, to pick from.
+struct Churn {
+    alloc: Box<dyn BlockAllocator>,
+    used: Vec<BlockNo>,
+    rng: SmallRng,
+}
+
+impl Churn {
+    /// One block in `1 / free_one_in` free, at random positions of the range.
+    fn new(alloc: Box<dyn BlockAllocator>, free_one_in: u64) -> Self {
+        let mut rng = SmallRng::seed_from_u64(SEED);
+        let free: Vec<bool> = (0..RANGE.len)
+            .map(|_| rng.gen_range(0..free_one_in) == 0)
+            .collect();
+        let mut runs = Vec::new();
+        let mut b = 0;
+        while b < RANGE.len {
+            let e = (b..RANGE.len)
+                .find(|&i| free[i as usize])
+                .unwrap_or(RANGE.len);
+            if e > b {
+                runs.push(Extent::new(BlockNo(RANGE.start.0 + b), e - b));
+            }
+            b = e + 1;
+        }
+        alloc
+            .rebuild(&mut runs.iter().copied())
+            .expect("rebuild from the random free blocks");
+        let used = (0..RANGE.len)
+            .filter(|&i| !free[i as usize])
+            .map(|i| BlockNo(RANGE.start.0 + i))
+            .collect();
+        Self { alloc, used, rng }
+    }
+
+    /// Runs `iters` overwrites (an allocation and a free each); returns their time.
+    fn run(&mut self, iters: u64) -> Duration {
+        let t = Instant::now();
+        for _ in 0..iters {
+            let i = self.rng.gen_range(0..self.used.len());
+            let old = self.used[i];
+            let hint = AllocHint {
+                kind: AllocKind::Growing,
+                goal: Some(BlockNo(old.0 + 1)),
+            };
+            let new = self.alloc.alloc(1, hint).expect("a block is free");
+            self.alloc
+                .free(Extent::new(old, 1))
+                .expect("free of the replaced block");
+            self.used[i] = black_box(new.start);
+        }
+        t.elapsed()
+    }
+}
+
+fn churn(c: &mut Criterion) {
+    let mut g = c.benchmark_group("churn_4k");
+    for name in ["baseline", "cffs"] {
+        let mut s = Churn::new(make(name), 8);
+        g.bench_function(BenchmarkId::new(name, "1 in 8 free"), |b| {
+            b.iter_custom(|iters| s.run(iters))
+        });
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(WARM_UP)
         .measurement_time(MEASUREMENT)
         .sample_size(SAMPLE_SIZE);
-    targets = fig13a, fig13b
+    targets = fig13a, fig13b, churn
 }
 criterion_main!(benches);

@@ -130,6 +130,29 @@ mod bits {
         })
     }
 
+    /// The start of the first run of at least `len` clear bits inside `[a, b)` (both multiples
+    /// of 64). Up to a word's length, a word and the next at a time: shifting the clear bits
+    /// against themselves (doubling the shift, as [`longest_ones`] does) leaves set the
+    /// positions where `len` clear bits begin.
+    pub(super) fn first_zero_run(w: &[u64], a: u64, b: u64, len: u64) -> Option<u64> {
+        if len > 64 {
+            return zero_runs(w, a, b).find(|&(_, l)| l >= len).map(|(s, _)| s);
+        }
+        let (w0, w1) = ((a / 64) as usize, (b / 64) as usize);
+        (w0..w1).find_map(|i| {
+            let next = if i + 1 < w1 { !w[i + 1] } else { 0 };
+            let mut starts = u128::from(!w[i]) | u128::from(next) << 64;
+            let mut have = 1;
+            while have < len {
+                let step = have.min(len - have);
+                starts &= starts >> step;
+                have += step;
+            }
+            let here = starts as u64;
+            (here != 0).then(|| i as u64 * 64 + u64::from(here.trailing_zeros()))
+        })
+    }
+
     /// Length of the longest run of clear bits in `[a, b)` where both are multiples of 64,
     /// a word at a time: runs across word boundaries from the words' trailing and leading
     /// zeros, runs inside a word by shifting it against itself (only for a word whose clear
@@ -241,6 +264,8 @@ pub(super) struct GroupState {
     dirty: Vec<u32>,
     /// Whether a growing fragment was extended since the last `take_delta`.
     extended: bool,
+    /// The page list of a delta given back by [`recycle`](Self::recycle), for the next one.
+    spare_pages: Vec<(u32, u8)>,
 }
 
 impl GroupState {
@@ -264,6 +289,7 @@ impl GroupState {
             free: 0,
             dirty: Vec::new(),
             extended: false,
+            spare_pages: Vec::new(),
         };
         g.reset(std::iter::empty());
         g
@@ -314,6 +340,11 @@ impl GroupState {
         self.page_largest[p as usize] = largest as u16;
     }
 
+    /// Length of the free chunk of the page `[a, b)` that holds the free block `at`.
+    fn chunk_at(&self, a: u64, b: u64, at: u64) -> u64 {
+        bits::zero_run_back(&self.bits, a, at) + bits::zero_run(&self.bits, at, b)
+    }
+
     /// The bucket a page belongs in: split pages by their largest chunk and class, others
     /// nowhere.
     fn page_bucket_now(&self, p: u32) -> u8 {
@@ -338,6 +369,7 @@ impl GroupState {
     pub(super) fn take_delta(&mut self) -> Delta {
         let mut d = Delta {
             extended: std::mem::take(&mut self.extended),
+            pages: std::mem::take(&mut self.spare_pages),
             ..Delta::default()
         };
         let gb = self.group_bucket_now();
@@ -359,6 +391,13 @@ impl GroupState {
         dirty.clear();
         self.dirty = dirty;
         d
+    }
+
+    /// Takes back a delta's page list once it is filed, so that the next delta reuses it.
+    pub(super) fn recycle(&mut self, d: Delta) {
+        let mut pages = d.pages;
+        pages.clear();
+        self.spare_pages = pages;
     }
 
     fn is_free(&self, rel: u64) -> bool {
@@ -397,9 +436,17 @@ impl GroupState {
                 self.small[p as usize] = small;
             }
         }
-        bits::fill(&mut self.bits, s, s + l, true);
         for p in p0..=p1 {
-            self.recount(p);
+            let (a, b) = (u64::from(p) * PAGE, u64::from(p + 1) * PAGE);
+            let (cs, ce) = (s.max(a), (s + l).min(b));
+            // If a longer chunk than the one that held the blocks is left, it stays the
+            // largest.
+            let chunk = self.chunk_at(a, b, cs);
+            bits::fill(&mut self.bits, cs, ce, true);
+            self.page_free[p as usize] -= (ce - cs) as u16;
+            if chunk >= u64::from(self.page_largest[p as usize]) {
+                self.recount(p);
+            }
             self.dirty.push(p);
         }
         if extends {
@@ -421,7 +468,14 @@ impl GroupState {
         }
         let (p0, p1) = ((s / PAGE) as u32, ((s + l - 1) / PAGE) as u32);
         for p in p0..=p1 {
-            self.recount(p);
+            let (a, b) = (u64::from(p) * PAGE, u64::from(p + 1) * PAGE);
+            let (cs, ce) = (s.max(a), (s + l).min(b));
+            // Freeing only joins chunks: the one holding the freed blocks now is the only
+            // candidate for a new largest.
+            let chunk = self.chunk_at(a, b, cs);
+            self.page_free[p as usize] += (ce - cs) as u16;
+            let largest = &mut self.page_largest[p as usize];
+            *largest = (*largest).max(chunk as u16);
             self.dirty.push(p);
             if u64::from(self.page_free[p as usize]) == PAGE {
                 self.runs.insert(u64::from(p), 1);
@@ -482,7 +536,8 @@ impl GroupState {
         let (a, b) = (u64::from(p) * PAGE, u64::from(p + 1) * PAGE);
         // The first of the page's largest chunks (its length is known).
         let largest = u64::from(self.page_largest[p as usize]);
-        let (s, l) = bits::zero_runs(&self.bits, a, b).find(|&(_, l)| l == largest)?;
+        let s = bits::first_zero_run(&self.bits, a, b, largest)?;
+        let l = largest;
         if want >= l {
             return Some(self.take(s, l, false, false, false));
         }
@@ -689,6 +744,24 @@ mod tests {
             let end = 64 * words.len() as u64;
             let naive = bits::zero_runs(&words, 0, end).map(|(_, l)| l).max().unwrap_or(0);
             prop_assert_eq!(bits::longest_zero_run(&words, 0, end), naive);
+        }
+
+        #[test]
+        fn first_zero_run_is_the_first_run_long_enough(
+            words in proptest::collection::vec(
+                prop_oneof![
+                    Just(0u64),
+                    Just(u64::MAX),
+                    any::<u64>(),
+                    (0..64u32, 0..64u32).prop_map(|(a, b)| !(1u64 << a | 1u64 << b)),
+                ],
+                1..10,
+            ),
+            len in 1..80u64,
+        ) {
+            let end = 64 * words.len() as u64;
+            let naive = bits::zero_runs(&words, 0, end).find(|&(_, l)| l >= len).map(|(s, _)| s);
+            prop_assert_eq!(bits::first_zero_run(&words, 0, end, len), naive);
         }
 
         #[test]

@@ -256,6 +256,7 @@ impl CffsAllocator {
         if !d.is_empty() {
             self.apply_delta(&mut self.lock_index(), g, &d);
         }
+        st.recycle(d);
     }
 
     /// Runs `f` on group `g` under its lock, then files the changes and counts the blocks.
