@@ -838,15 +838,7 @@ fn free_merged<A: BlockAllocator + ?Sized>(alloc: &A, mut extents: Vec<Extent>) 
             _ => merged.push(e),
         }
     }
-    let mut first = Ok(());
-    for e in merged {
-        if let Err(err) = alloc.free(e)
-            && first.is_ok()
-        {
-            first = Err(err);
-        }
-    }
-    first
+    alloc.free_many(&merged)
 }
 
 impl<M: Media + ?Sized> Drop for Tx<'_, M> {

@@ -496,6 +496,15 @@ impl CffsAllocator {
                 .is_some_and(|e| e <= self.first + self.count)
     }
 
+    /// The group that holds all of `ext`, if it is managed and lies in one.
+    fn only_group(&self, ext: Extent) -> Option<usize> {
+        if !self.in_range(ext) {
+            return None;
+        }
+        let g = self.group_of(ext.start.0);
+        (self.group_of(ext.end().0 - 1) == g).then_some(g)
+    }
+
     /// Splits `[s, s + l)` at group boundaries into `(group, start relative to the group's
     /// first page, len)`.
     fn pieces(&self, s: u64, l: u64) -> Vec<(usize, u64, u64)> {
@@ -562,6 +571,50 @@ impl BlockAllocator for CffsAllocator {
             self.publish(g, st);
         }
         Ok(())
+    }
+
+    /// Frees neighbours in the list that lie in one group under one taking of its lock (the
+    /// digest of a batch of copy-on-write writes frees its replaced blocks so, in address
+    /// order), the others one by one.
+    fn free_many(&self, extents: &[Extent]) -> Result<()> {
+        let mut first = Ok(());
+        let mut note = |r: Result<()>| {
+            if let Err(e) = r
+                && first.is_ok()
+            {
+                first = Err(e);
+            }
+        };
+        let mut rest = extents;
+        while let Some(&e) = rest.first() {
+            let Some(g) = self.only_group(e) else {
+                note(self.free(e));
+                rest = &rest[1..];
+                continue;
+            };
+            let base = self.group_base(g);
+            let mut st = self.lock_group(g);
+            let mut freed = 0;
+            let taken = rest
+                .iter()
+                .take_while(|&&e| self.only_group(e) == Some(g))
+                .count();
+            for e in &rest[..taken] {
+                let s = e.start.0 - base;
+                if st.all_allocated(s, e.len) {
+                    st.give(s, e.len);
+                    freed += e.len;
+                } else {
+                    note(Err(Error::InvalidArgument(
+                        "free of blocks that are not allocated",
+                    )));
+                }
+            }
+            self.free.fetch_add(freed, Ordering::SeqCst);
+            self.publish(g, &mut st);
+            rest = &rest[taken..];
+        }
+        first
     }
 
     fn free_blocks(&self) -> u64 {

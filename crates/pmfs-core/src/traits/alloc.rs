@@ -68,7 +68,8 @@ impl AllocHint {
 ///   block that is already allocated; with no free block it returns
 ///   [`Error::NoSpace`](crate::Error::NoSpace) and changes nothing.
 /// - [`free`](BlockAllocator::free) of blocks that are not all allocated returns
-///   [`Error::InvalidArgument`](crate::Error::InvalidArgument) and changes nothing.
+///   [`Error::InvalidArgument`](crate::Error::InvalidArgument) and changes nothing;
+///   [`free_many`](BlockAllocator::free_many) frees all the others of its batch.
 /// - `free_blocks() + allocated == total_blocks()` at every quiescent point (after
 ///   [`flush_caches`](BlockAllocator::flush_caches) for caching allocators).
 /// - [`rebuild`](BlockAllocator::rebuild) makes exactly the given extents allocated and every
@@ -79,6 +80,22 @@ pub trait BlockAllocator: Send + Sync {
 
     /// Returns blocks to the free pool.
     fn free(&self, ext: Extent) -> Result<()>;
+
+    /// Returns several extents (not overlapping) to the free pool: each as
+    /// [`free`](BlockAllocator::free) would, including those after one that is refused; the
+    /// first refusal is the result. The default frees them one at a time; an allocator that
+    /// can take a batch for less overrides it.
+    fn free_many(&self, extents: &[Extent]) -> Result<()> {
+        let mut first = Ok(());
+        for &e in extents {
+            if let Err(err) = self.free(e)
+                && first.is_ok()
+            {
+                first = Err(err);
+            }
+        }
+        first
+    }
 
     /// Number of blocks currently free (including blocks held in caches).
     fn free_blocks(&self) -> u64;
@@ -115,6 +132,9 @@ impl<A: BlockAllocator + ?Sized> BlockAllocator for std::sync::Arc<A> {
     }
     fn free(&self, ext: Extent) -> Result<()> {
         (**self).free(ext)
+    }
+    fn free_many(&self, extents: &[Extent]) -> Result<()> {
+        (**self).free_many(extents)
     }
     fn free_blocks(&self) -> u64 {
         (**self).free_blocks()

@@ -1419,10 +1419,9 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
         let flushed = self.flush_buckets(&mut dirty);
         self.media.fence();
         r = r.and(flushed);
-        for e in replaced {
-            freed += e.len;
-            self.alloc.free(e)?;
-        }
+        replaced.sort_unstable();
+        freed += replaced.iter().map(|e| e.len).sum::<u64>();
+        self.alloc.free_many(&replaced)?;
         r.map(|()| freed)
     }
 

@@ -23,6 +23,8 @@
 //!   back; caching allocators count cached blocks as free).
 //! - `free` of blocks that are not all held (double frees, overlaps with free space, blocks
 //!   outside the range, empty extents) returns [`Error::InvalidArgument`] and changes nothing.
+//!   `free_many` of a batch of held extents, with or without a free block among them, frees
+//!   every held one and refuses the free block the same way.
 //! - `rebuild(used)` leaves exactly `used` allocated: afterwards the allocator hands out every
 //!   other block and nothing else.
 //! - At 100 % use, `alloc` returns `NoSpace` (repeatedly, changing nothing); after frees the
@@ -139,6 +141,17 @@ pub enum Op {
         /// Which part of it.
         part: Part,
     },
+    /// `free_many` of up to `count` held extents in address order, from the picked one on;
+    /// with `stray`, a free block among them too (if one follows the last), which must be
+    /// refused while the others are freed.
+    FreeMany {
+        /// The first held extent.
+        pick: usize,
+        /// How many held extents (1 to 8).
+        count: usize,
+        /// Whether to slip in a free block.
+        stray: bool,
+    },
     /// Free a held extent a second time, after freeing it once: must be refused.
     DoubleFree {
         /// Which held extent.
@@ -193,6 +206,8 @@ fn op_strategy(cfg: &SuiteConfig) -> BoxedStrategy<Op> {
         10 => (want, kind_strategy(), goal)
             .prop_map(|(want, kind, goal)| Op::Alloc { want, kind, goal }),
         5 => (any::<usize>(), part).prop_map(|(pick, part)| Op::Free { pick, part }),
+        2 => (any::<usize>(), 1..=8usize, any::<bool>())
+            .prop_map(|(pick, count, stray)| Op::FreeMany { pick, count, stray }),
         1 => any::<usize>().prop_map(|pick| Op::DoubleFree { pick }),
         1 => any::<usize>().prop_map(|pick| Op::FreeOverlapping { pick }),
         1 => Just(Op::Rebuild),
@@ -361,6 +376,35 @@ impl<A: BlockAllocator> Machine<A> {
         self.check_accounting(&format!("free({e:?})"))
     }
 
+    fn free_many(&mut self, pick: usize, count: usize, stray: bool) -> Result<(), String> {
+        let Some((s, _)) = self.nth_held(pick) else {
+            return Ok(());
+        };
+        let mut batch: Vec<Extent> = self
+            .held
+            .range(s..)
+            .take(count)
+            .map(|(&s, &l)| Extent::new(BlockNo(s), l))
+            .collect();
+        let after = batch.last().map_or(s, |e| e.end().0);
+        let stray = (stray && after < self.end() && !self.overlaps_held(after, 1))
+            .then(|| Extent::new(BlockNo(after), 1));
+        batch.extend(stray);
+        let r = self.a.free_many(&batch);
+        match (stray, &r) {
+            (None, Ok(())) | (Some(_), Err(Error::InvalidArgument(_))) => {}
+            _ => {
+                return Err(format!(
+                    "free_many({batch:?}) (stray block: {stray:?}) returned {r:?}"
+                ));
+            }
+        }
+        for e in batch.iter().filter(|e| Some(**e) != stray) {
+            self.unhold(e.start.0, e.len);
+        }
+        self.check_accounting(&format!("free_many({batch:?})"))
+    }
+
     fn refused_free(&mut self, e: Extent, why: &str) -> Result<(), String> {
         let before = self.a.free_blocks();
         match self.a.free(e) {
@@ -421,6 +465,7 @@ impl<A: BlockAllocator> Machine<A> {
                 };
                 self.free(e)
             }
+            Op::FreeMany { pick, count, stray } => self.free_many(pick, count, stray),
             Op::DoubleFree { pick } => {
                 let Some((s, l)) = self.nth_held(pick) else {
                     return Ok(());
