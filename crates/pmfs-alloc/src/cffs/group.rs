@@ -439,8 +439,7 @@ impl GroupState {
         for p in p0..=p1 {
             let (a, b) = (u64::from(p) * PAGE, u64::from(p + 1) * PAGE);
             let (cs, ce) = (s.max(a), (s + l).min(b));
-            // If a longer chunk than the one that held the blocks is left, it stays the
-            // largest.
+            // The page's largest chunk stays unless the blocks came from one of its length.
             let chunk = self.chunk_at(a, b, cs);
             bits::fill(&mut self.bits, cs, ce, true);
             self.page_free[p as usize] -= (ce - cs) as u16;
