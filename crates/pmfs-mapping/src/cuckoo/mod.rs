@@ -93,6 +93,15 @@
 //! [`FileMapping`] contract), so a key is only ever inserted or removed by one thread at a
 //! time; moves of other files' entries are serialised by the bucket locks.
 //!
+//! An insert writes its entries one by one; when the table runs full partway it deletes
+//! them again and fails with `NoSpace`, having changed nothing, so a lookup must not report
+//! the entries it saw of such an insert. Each file handle counts the inserts made through it
+//! (odd while one runs) and keeps the last one's range: a lookup through the handle that ran
+//! beside exactly one insert reports that range unmapped, as it was before the insert (which
+//! takes effect when it returns), and a lookup beside several looks again. Lookups through
+//! other handles of the file are not covered; the engine keeps its lookups of a file out of
+//! the way of its mutations anyway.
+//!
 //! A range larger than a quarter of the table (a truncate, `remove_file`, a whole-file lookup)
 //! is answered by one pass over all buckets, and bucket seqlocks do not make such a pass a
 //! snapshot: a move running meanwhile can carry an entry from a bucket the pass has not read
@@ -108,8 +117,8 @@ pub mod bucket;
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, CACHE_LINE, Le64, PmOff, Pod, crc32c};
@@ -181,11 +190,89 @@ pub struct CuckooMapping<M, A> {
     epoch: AtomicU64,
 }
 
-/// The DRAM handle of one file: its inode number and its two hash seeds.
-#[derive(Debug, Clone, Copy)]
+/// The DRAM handle of one file: its inode number, its two hash seeds, and the inserts made
+/// through it (shared by its clones).
+#[derive(Debug, Clone)]
 pub struct CuckooFile {
     ino: u64,
     seeds: [u64; 2],
+    inserts: Arc<Inserts>,
+}
+
+/// The inserts made through one file handle, for the lookups beside them (see "Concurrency"
+/// in the module documentation). An insert writes its entries one at a time, and when the
+/// table runs full partway it deletes them again and fails: a lookup through the handle
+/// that ran beside exactly one insert reports the insert's range unmapped, as it was before
+/// (an insert's range is unmapped until it returns), and one that ran beside more retries.
+#[derive(Debug, Default)]
+struct Inserts {
+    /// Odd while an insert runs: bumped when one begins and when it ends.
+    seq: AtomicU64,
+    /// `seq` as the running or last insert set it, and that insert's range; changed with
+    /// `seq`, under this lock.
+    last: Mutex<(u64, u64, u64)>,
+}
+
+/// Ends the insert [`Inserts::begin`] began, when dropped.
+struct InsertRunning<'a>(&'a Inserts);
+
+impl Inserts {
+    /// Marks an insert of `[lblk, end)` running until the guard is dropped.
+    fn begin(&self, lblk: u64, end: u64) -> InsertRunning<'_> {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = self.seq.fetch_add(1, Ordering::AcqRel) + 1;
+        *last = (seq, lblk, end);
+        InsertRunning(self)
+    }
+
+    /// The range to report unmapped for a lookup that read `before` and `after` from `seq`
+    /// around its reads: `Ok(None)` if no insert ran beside it, `Ok(Some(range))` if exactly
+    /// one did, `Err(())` if it must look again.
+    fn beside(&self, before: u64, after: u64) -> std::result::Result<Option<(u64, u64)>, ()> {
+        // Insert `i` runs while `seq` is `2i - 1`: those beside the lookup are the odd values
+        // in `before..=after`.
+        let beside = after.div_ceil(2) - before / 2;
+        if beside == 0 {
+            return Ok(None);
+        }
+        let (seq, lblk, end) = *self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if beside == 1 && seq == after {
+            Ok(Some((lblk, end)))
+        } else {
+            Err(())
+        }
+    }
+}
+
+impl Drop for InsertRunning<'_> {
+    fn drop(&mut self) {
+        let mut last = self.0.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.0 = self.0.seq.fetch_add(1, Ordering::AcqRel) + 1;
+    }
+}
+
+/// Removes `[lblk, end)` from the runs `out[first..]`, splitting the runs it cuts.
+fn cut_out(out: &mut Vec<Run>, first: usize, lblk: u64, end: u64) {
+    let kept: Vec<Run> = out
+        .drain(first..)
+        .flat_map(|r| {
+            let (a, b) = (r.lblk, r.lblk + r.len);
+            let left = (a < lblk).then(|| Run {
+                len: b.min(lblk) - a,
+                ..r
+            });
+            let right = (b > end).then(|| {
+                let s = a.max(end);
+                Run {
+                    lblk: s,
+                    pblk: BlockNo(r.pblk.0 + (s - a)),
+                    len: b - s,
+                }
+            });
+            left.into_iter().chain(right)
+        })
+        .collect();
+    out.extend(kept);
 }
 
 impl<M, A> std::fmt::Debug for CuckooMapping<M, A> {
@@ -1284,12 +1371,27 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
         Ok(CuckooFile {
             ino: id.ino,
             seeds: seeds(id.ino, self.salt),
+            inserts: Arc::default(),
         })
     }
 
     fn lookup(&self, file: &CuckooFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
         let end = lblk.saturating_add(len).min(LBLK_LIMIT);
-        self.lookup_range(file, lblk, end, out)
+        let first = out.len();
+        loop {
+            let before = file.inserts.seq.load(Ordering::Acquire);
+            self.lookup_range(file, lblk, end, out)?;
+            fence(Ordering::Acquire);
+            let after = file.inserts.seq.load(Ordering::Relaxed);
+            match file.inserts.beside(before, after) {
+                Ok(None) => return Ok(()),
+                Ok(Some((a, b))) => {
+                    cut_out(out, first, a, b);
+                    return Ok(());
+                }
+                Err(()) => out.truncate(first),
+            }
+        }
     }
 
     fn prefetch(&self, file: &CuckooFile, lblk: u64) {
@@ -1304,6 +1406,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
         }
         let end = self.check_insert(file, lblk, len)?;
         let runs = self.allocate(len)?;
+        let _running = file.inserts.begin(lblk, end);
         self.map_runs(file, lblk, end, &runs, |runs| {
             runs.iter().try_for_each(|&e| self.alloc.free(e))
         })?;
@@ -1335,6 +1438,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
             ));
         }
         let end = self.check_insert(file, run.lblk, run.len)?;
+        let _running = file.inserts.begin(run.lblk, end);
         self.map_run(file, run, end)
     }
 
@@ -1388,7 +1492,9 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
                 // Nothing is mapped there (an append, a hole filled): an insert, without the
                 // two more lookups of the same range that `replace` makes (its remove, and
                 // `insert_at`'s check).
-                return self.map_run(file, *run, run.lblk + run.len);
+                let end = run.lblk + run.len;
+                let _running = file.inserts.begin(run.lblk, end);
+                return self.map_run(file, *run, end);
             }
             if !self.mappable(run) || got.iter().map(|g| g.len).sum::<u64>() != run.len {
                 freed += self.replace(file, *run)?;
@@ -1621,6 +1727,48 @@ mod tests {
         assert_eq!(t.verify().unwrap(), 1500);
         assert_eq!(t.remove(&f, 100, 1000).unwrap(), 1000);
         assert_eq!(t.verify().unwrap(), 500);
+    }
+
+    #[test]
+    fn cut_out_splits_the_runs_it_cuts() {
+        let run = |lblk, pblk, len| Run {
+            lblk,
+            pblk: BlockNo(pblk),
+            len,
+        };
+        let mut out = vec![run(90, 9, 1), run(0, 100, 10), run(20, 300, 4)];
+        cut_out(&mut out, 1, 3, 21);
+        assert_eq!(
+            out,
+            [run(90, 9, 1), run(0, 100, 3), run(21, 301, 3)],
+            "runs before `first` stay, cut runs keep their outer parts"
+        );
+        cut_out(&mut out, 1, 0, 100);
+        assert_eq!(out, [run(90, 9, 1)]);
+    }
+
+    #[test]
+    fn lookups_beside_one_insert_learn_its_range_and_beside_two_look_again() {
+        let ins = Inserts::default();
+        let seq = || ins.seq.load(Ordering::SeqCst);
+        assert_eq!(ins.beside(seq(), seq()), Ok(None));
+        let idle = seq();
+        let running = ins.begin(5, 9);
+        assert_eq!(ins.beside(idle, seq()), Ok(Some((5, 9))), "begun during");
+        assert_eq!(
+            ins.beside(seq(), seq()),
+            Ok(Some((5, 9))),
+            "running throughout"
+        );
+        let during = seq();
+        drop(running);
+        assert_eq!(ins.beside(during, seq()), Ok(Some((5, 9))), "ended during");
+        assert_eq!(ins.beside(idle, seq()), Ok(Some((5, 9))), "begun and ended");
+        assert_eq!(ins.beside(seq(), seq()), Ok(None));
+        let second = ins.begin(20, 30);
+        assert_eq!(ins.beside(idle, seq()), Err(()), "two inserts");
+        assert_eq!(ins.beside(during, seq()), Err(()), "one ended, one begun");
+        drop(second);
     }
 
     #[test]
