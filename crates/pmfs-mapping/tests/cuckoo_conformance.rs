@@ -35,6 +35,14 @@ fn subject(files: usize, capacity: u64, data: u64) -> Subject<Table> {
         .with_block_source(source)
 }
 
+/// The default stress shape with another seed.
+fn seeded(seed: u64) -> StressConfig {
+    StressConfig {
+        seed,
+        ..StressConfig::default()
+    }
+}
+
 #[test]
 fn cuckoo_passes_the_suite() {
     let cfg = SuiteConfig {
@@ -75,13 +83,7 @@ fn cuckoo_survives_concurrent_writers_in_a_nearly_full_table() {
     // Several seeds: a scan racing a move is a narrow window.
     for seed in 0..4 {
         let s = subject(4, 2000, 1 << 15);
-        stress_files(
-            &s,
-            &StressConfig {
-                seed,
-                ..StressConfig::default()
-            },
-        );
+        stress_files(&s, &seeded(seed));
     }
 }
 
@@ -99,13 +101,6 @@ fn cuckoo_readers_that_scan_the_table_beside_a_writer_see_consistent_blocks() {
     // an insert, one seed in a few dozen saw its entries.
     for seed in 0..64 {
         let s = subject(1, 150, 1 << 15);
-        stress_one_writer(
-            &s,
-            2,
-            &StressConfig {
-                seed,
-                ..StressConfig::default()
-            },
-        );
+        stress_one_writer(&s, 2, &seeded(seed));
     }
 }

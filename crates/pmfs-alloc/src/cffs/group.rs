@@ -439,11 +439,15 @@ impl GroupState {
         for p in p0..=p1 {
             let (a, b) = (u64::from(p) * PAGE, u64::from(p + 1) * PAGE);
             let (cs, ce) = (s.max(a), (s + l).min(b));
+            let whole = ce - cs == PAGE;
             // The page's largest chunk stays unless the blocks came from one of its length.
-            let chunk = self.chunk_at(a, b, cs);
+            let from_largest =
+                !whole && self.chunk_at(a, b, cs) >= u64::from(self.page_largest[p as usize]);
             bits::fill(&mut self.bits, cs, ce, true);
             self.page_free[p as usize] -= (ce - cs) as u16;
-            if chunk >= u64::from(self.page_largest[p as usize]) {
+            if whole {
+                self.page_largest[p as usize] = 0;
+            } else if from_largest {
                 self.recount(p);
             }
             self.dirty.push(p);
@@ -471,7 +475,11 @@ impl GroupState {
             let (cs, ce) = (s.max(a), (s + l).min(b));
             // Freeing only joins chunks: the one holding the freed blocks now is the only
             // candidate for a new largest.
-            let chunk = self.chunk_at(a, b, cs);
+            let chunk = if ce - cs == PAGE {
+                PAGE
+            } else {
+                self.chunk_at(a, b, cs)
+            };
             self.page_free[p as usize] += (ce - cs) as u16;
             let largest = &mut self.page_largest[p as usize];
             *largest = (*largest).max(chunk as u16);
@@ -727,18 +735,26 @@ mod tests {
         assert_eq!(bits::longest_zero_run(&w, 128, 256), 128);
     }
 
+    /// Bitmaps of up to ten words: empty, full, random, and words with two bits set or two
+    /// clear (long runs with short interruptions).
+    fn bitmap_words() -> impl Strategy<Value = Vec<u64>> {
+        let two = (0..64u32, 0..64u32).prop_map(|(a, b)| 1u64 << a | 1u64 << b);
+        proptest::collection::vec(
+            prop_oneof![
+                Just(0u64),
+                Just(u64::MAX),
+                any::<u64>(),
+                two.clone(),
+                two.prop_map(|w| !w),
+            ],
+            1..10,
+        )
+    }
+
     proptest! {
         #[test]
         fn longest_zero_run_is_the_longest_of_the_runs(
-            words in proptest::collection::vec(
-                prop_oneof![
-                    Just(0u64),
-                    Just(u64::MAX),
-                    any::<u64>(),
-                    (0..64u32, 0..64u32).prop_map(|(a, b)| 1u64 << a | 1u64 << b),
-                ],
-                1..10,
-            )
+            words in bitmap_words()
         ) {
             let end = 64 * words.len() as u64;
             let naive = bits::zero_runs(&words, 0, end).map(|(_, l)| l).max().unwrap_or(0);
@@ -747,15 +763,7 @@ mod tests {
 
         #[test]
         fn first_zero_run_is_the_first_run_long_enough(
-            words in proptest::collection::vec(
-                prop_oneof![
-                    Just(0u64),
-                    Just(u64::MAX),
-                    any::<u64>(),
-                    (0..64u32, 0..64u32).prop_map(|(a, b)| !(1u64 << a | 1u64 << b)),
-                ],
-                1..10,
-            ),
+            words in bitmap_words(),
             len in 1..80u64,
         ) {
             let end = 64 * words.len() as u64;
