@@ -523,6 +523,32 @@ impl CffsAllocator {
     fn group_base(&self, g: usize) -> u64 {
         (self.page0 + u64::from(self.page_base[g])) * PAGE_BLOCKS
     }
+
+    /// Frees `extents`, all inside group `g`, under one taking of its lock. An extent that is
+    /// not wholly allocated is left as it is; the others are freed, and the result reports
+    /// the first such extent.
+    fn free_in_group(&self, g: usize, extents: &[Extent]) -> Result<()> {
+        let base = self.group_base(g);
+        let mut st = self.lock_group(g);
+        let mut r = Ok(());
+        let mut freed = 0;
+        for e in extents {
+            let s = e.start.0 - base;
+            if st.all_allocated(s, e.len) {
+                st.give(s, e.len);
+                freed += e.len;
+            } else if r.is_ok() {
+                r = Err(Error::InvalidArgument(
+                    "free of blocks that are not allocated",
+                ));
+            }
+        }
+        if freed > 0 {
+            self.free.fetch_add(freed, Ordering::SeqCst);
+            self.publish(g, &mut st);
+        }
+        r
+    }
 }
 
 impl BlockAllocator for CffsAllocator {
@@ -548,11 +574,16 @@ impl BlockAllocator for CffsAllocator {
     }
 
     fn free(&self, ext: Extent) -> Result<()> {
+        if let Some(g) = self.only_group(ext) {
+            return self.free_in_group(g, &[ext]);
+        }
         if !self.in_range(ext) {
             return Err(Error::InvalidArgument(
                 "free of blocks outside the managed range",
             ));
         }
+        // An extent across groups is freed whole or not at all: every group it touches is
+        // locked and checked before any gives.
         let pieces = self.pieces(ext.start.0, ext.len);
         let mut guards: Vec<MutexGuard<'_, GroupState>> =
             pieces.iter().map(|&(g, _, _)| self.lock_group(g)).collect();
@@ -578,40 +609,21 @@ impl BlockAllocator for CffsAllocator {
     /// order), the others one by one.
     fn free_many(&self, extents: &[Extent]) -> Result<()> {
         let mut first = Ok(());
-        let mut note = |r: Result<()>| {
-            if let Err(e) = r
-                && first.is_ok()
-            {
-                first = Err(e);
-            }
-        };
         let mut rest = extents;
         while let Some(&e) = rest.first() {
-            let Some(g) = self.only_group(e) else {
-                note(self.free(e));
-                rest = &rest[1..];
-                continue;
-            };
-            let base = self.group_base(g);
-            let mut st = self.lock_group(g);
-            let mut freed = 0;
-            let taken = rest
-                .iter()
-                .take_while(|&&e| self.only_group(e) == Some(g))
-                .count();
-            for e in &rest[..taken] {
-                let s = e.start.0 - base;
-                if st.all_allocated(s, e.len) {
-                    st.give(s, e.len);
-                    freed += e.len;
-                } else {
-                    note(Err(Error::InvalidArgument(
-                        "free of blocks that are not allocated",
-                    )));
+            let (r, taken) = match self.only_group(e) {
+                Some(g) => {
+                    let taken = rest
+                        .iter()
+                        .take_while(|&&e| self.only_group(e) == Some(g))
+                        .count();
+                    (self.free_in_group(g, &rest[..taken]), taken)
                 }
+                None => (self.free(e), 1),
+            };
+            if first.is_ok() {
+                first = r;
             }
-            self.free.fetch_add(freed, Ordering::SeqCst);
-            self.publish(g, &mut st);
             rest = &rest[taken..];
         }
         first
