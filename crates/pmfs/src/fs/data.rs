@@ -2553,6 +2553,12 @@ impl Fs {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
+        if let Some(off) = at {
+            // On the hash tables, the line of the first block is read by the staging (cuckoo's
+            // goal lookup, HashFS's slot claim) and the digest: start its miss before the log
+            // work (the trees do nothing with the hint).
+            self.map.prefetch(self.node_map(n)?, off / BS);
+        }
         let shared = self.tree_read_lock(n.h.ino);
         if shared.is_none() {
             return self.write_locked(n, buf, at, false);
