@@ -30,7 +30,7 @@ const DRY: usize = 1200;
 const SLOTS: usize = 504;
 /// Writes the crash sweep covers.
 const WINDOW: usize = 12;
-/// The engine's digest batch (`DIGEST_AFTER_ENTRIES` in `fs/data.rs`): writes a process
+/// The engine's digest batch (`DIGEST_AFTER_ENTRIES` in `fs/data/mod.rs`): writes a process
 /// commits before it digests them.
 const DIGEST_BATCH: u64 = 128;
 
