@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 
 use pmfs_core::layout::{BlockNo, PmOff};
 use pmfs_core::log::{Commit, Entry, Position};
-use pmfs_core::pm::Media;
-use pmfs_core::pm::procs;
+use pmfs_core::pm::{Media, procs};
 use pmfs_core::traits::{AllocHint, AllocKind, Extent, Run};
 use pmfs_mapping::hashfs::HashFsFile;
 
