@@ -6,13 +6,16 @@
 //! more arguments than the C calling convention passes in registers). An image that execs
 //! reports no counters; the same program ending with `exit` shows its writes are served in
 //! userspace (which is what pins the file: through the kernel, the test passes trivially).
+//! Another client of the library stays attached throughout: with none, the daemon would take
+//! pins left behind for dead at its last close of the file and free it anyway.
 
 mod common;
 
+use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Mounted, TempDir, With, compile, counters, sh_ok};
+use common::{Mounted, TempDir, With, compile, counters, sh_ok, stepped};
 
 fn free_bytes(dir: &Path) -> u64 {
     let out = sh_ok(dir, "stat -f -c '%f %S' .", With::Kernel);
@@ -42,6 +45,18 @@ fn exec_through_every_function_releases_the_files_and_passes_the_arguments() {
     let stats = work.path().join("stats");
     // An empty file first: the directory keeps the block its first entry needed.
     sh_ok(m.path(), "touch keep", With::Kernel);
+    let mut other = stepped(
+        &compile("writer", work.path()),
+        &work.path().join("other-stats"),
+    )
+    .arg(m.path().join("keep"))
+    .spawn()
+    .unwrap();
+    let mut out = other.stdout.take().unwrap();
+    writeln!(other.stdin.as_mut().unwrap(), "0 attached").unwrap();
+    let mut answer = [0u8; 9];
+    out.read_exact(&mut answer).unwrap();
+    assert_eq!(&answer, b"ready\nok\n", "the other client");
     let before = free_bytes(m.path());
     for (how, env) in [
         ("execl", "unset"),
@@ -66,8 +81,11 @@ fn exec_through_every_function_releases_the_files_and_passes_the_arguments() {
             "{how}: the unlinked file was not freed"
         );
     }
+    drop(other.stdin.take());
+    assert!(other.wait().unwrap().success());
     let c = counters(&stats);
     assert_eq!(c.processes, 1, "{c:?}");
     assert!(c.served >= 4, "{c:?}");
+    assert!(counters(&work.path().join("other-stats")).served >= 1);
     m.unmount_and_fsck();
 }
