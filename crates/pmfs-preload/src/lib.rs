@@ -369,7 +369,7 @@ fn kind(fd: c_int) -> Kind {
 /// Classifies `fd` and records the answer, unless the descriptor was closed or classified
 /// on another thread meanwhile (errno kept as it was).
 fn learn(fd: c_int) -> Kind {
-    let seen = fdtable::entry(fd);
+    let seen = fdtable::for_classifying(fd);
     let (k, ino) = classify_keeping_errno(fd);
     if owns_table()
         && let Some(now) = fdtable::publish(fd, seen, k)

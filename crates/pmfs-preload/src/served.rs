@@ -151,6 +151,15 @@ static SLOTS: [Atomic<Served>; TABLE_FDS] = [const { Atomic::null() }; TABLE_FDS
 /// shell's redirections) never pin anything.
 static PENDING: [AtomicU64; TABLE_FDS] = [const { AtomicU64::new(0) }; TABLE_FDS];
 static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// The highest slot ever given an object or a pending inode: where loops over the slots stop
+/// ([`forget_range`] for `closefrom`, exit and exec, which would otherwise touch every page
+/// of the tables; in a fork child each is a copy-on-write fault).
+static HIGHEST: AtomicUsize = AtomicUsize::new(0);
+
+/// Slot `i` is about to hold an object or a pending inode.
+fn used(i: usize) {
+    HIGHEST.fetch_max(i, Ordering::SeqCst);
+}
 /// Whether this process ever installed an object (what the exit handler must release).
 static ANY: AtomicBool = AtomicBool::new(false);
 
@@ -228,6 +237,7 @@ pub(crate) fn pending(fd: c_int, ino: u64, entry: fdtable::Entry) {
     let _inside = Inside::enter();
     let guard = epoch::pin();
     forget_with(i, &guard);
+    used(i);
     PENDING[i].store(ino, Ordering::SeqCst);
     if !fdtable::unchanged(fd, entry) {
         let _ = PENDING[i].compare_exchange(ino, 0, Ordering::SeqCst, Ordering::SeqCst);
@@ -247,6 +257,7 @@ fn install(i: usize, fd: c_int, m: usize, ino: u64, entry: fdtable::Entry) {
         }
         None => Shared::null(),
     };
+    used(i);
     let old = SLOTS[i].swap(new, Ordering::SeqCst, &guard);
     release(old, &guard);
     if !new.is_null()
@@ -344,7 +355,8 @@ pub(crate) fn forget_range(first: usize, last: usize) {
     }
     let _inside = Inside::enter();
     let guard = epoch::pin();
-    for i in first..=last.min(TABLE_FDS - 1) {
+    // The slots above `HIGHEST` hold nothing.
+    for i in first..=last.min(HIGHEST.load(Ordering::SeqCst)) {
         forget_with(i, &guard);
     }
 }
@@ -384,6 +396,7 @@ pub(crate) fn share(old: c_int, new: c_int) {
         }
         _ => Shared::null(),
     };
+    used(n);
     let prev = SLOTS[n].swap(shared, Ordering::AcqRel, &guard);
     release(prev, &guard);
     PENDING[n].store(
