@@ -125,18 +125,19 @@
 //!   `served`): lock-free, `dup` shares, every close path resets, before the real call and
 //!   after it (a number another thread's call has closed, and the kernel has given to another
 //!   file, is not served as the old file even before that call returns; see `fdtable` for the
-//!   one narrow exception); safe across `fork` (the child keeps its inherited descriptors on
-//!   the kernel path and attaches afresh for files it opens itself; a `pthread_atfork` handler
-//!   resets its counters) and `exec` (rebuilt in the new image). A `vfork` child (shared
-//!   memory) never writes the table.
+//!   one narrow exception); safe across `fork` (the child attaches afresh and opens the
+//!   descriptions it inherited again on their first call, duplicates still sharing one
+//!   object; a `pthread_atfork` handler resets its counters) and `exec` (rebuilt in the new
+//!   image). A `vfork` child (shared memory) never writes the table.
 //! - `PMFS_PRELOAD=off` (or `0`) turns all of it off: every call is forwarded, nothing is
 //!   recorded or counted.
 //! - `PMFS_PRELOAD_STATS=1` prints one line to standard error at exit, and at `_exit` if the
-//!   process had pmfs files (the library's only output): `pmfs-preload: pid P: F pmfs fds, C
-//!   calls on them, S served in userspace`; `PMFS_PRELOAD_STATS=/absolute/path` appends that
-//!   line to the file instead (one `write` per process, `O_APPEND`), for programs that close
-//!   standard error before they exit (coreutils do) and for collecting the lines of every
-//!   process of a pipeline.
+//!   process had pmfs files, its own or inherited (the library's only output): `pmfs-preload:
+//!   pid P: F pmfs fds, C calls on them, S served in userspace` (F counts the descriptors
+//!   this process classified, which a `fork` child's inherited ones are not);
+//!   `PMFS_PRELOAD_STATS=/absolute/path` appends that line to the file instead (one `write`
+//!   per process, `O_APPEND`), for programs that close standard error before they exit
+//!   (coreutils do) and for collecting the lines of every process of a pipeline.
 //!
 //! ## What does not work yet
 //! - Mapped files: a mapping that reaches past the end of file takes the kernel path for its
@@ -488,14 +489,15 @@ fn leaving() {
 }
 
 /// The process ends without running its exit handlers (`_exit`, `_Exit`): as [`leaving`], and
-/// the counters reported as at exit if it had pmfs files (shells leave this way after every
-/// command, and a `vfork` child, whose counters are its parent's, always does).
+/// the counters reported as at exit if it had pmfs files, its own or inherited (shells leave
+/// this way after every command, and a `vfork` child, whose counters are its parent's,
+/// always does).
 fn ending() {
     leaving();
     if STATE.load(Ordering::Acquire) == ON
         && STATS.load(Ordering::Acquire)
         && owns_table()
-        && PMFS_FDS.load(Ordering::Relaxed) > 0
+        && (PMFS_FDS.load(Ordering::Relaxed) > 0 || PMFS_CALLS.load(Ordering::Relaxed) > 0)
     {
         report();
     }

@@ -36,9 +36,12 @@
 //!   and at once when its own update finds no space. So the daemon frees them, does the
 //!   update, or answers `ENOSPC` itself when the pool is full.
 //! - **fork**: the child must not use the parent's objects (their DRAM locks may be held by
-//!   parent threads that do not exist in the child), so the child starts a new generation:
-//!   inherited descriptors take the kernel path, files it opens get a client of its own. The
-//!   parent's objects are never dropped in the child (that would release the parent's pins).
+//!   parent threads that do not exist in the child), so the child starts a new generation
+//!   and attaches a client of its own. A descriptor it inherited still points at the
+//!   parent's object; its first call opens the description afresh by the inode number the
+//!   object names ([`adopt`]) and puts the new object in every slot that shares the old one,
+//!   so the parent's duplicates stay one object in the child too. The parent's objects are
+//!   never dropped in the child (that would release the parent's pins).
 //! - **The mount going away**: calls on a file of a mount that is gone (module `liveness`)
 //!   fail with `EIO`, and its nodes are never dropped (no write to a pool that may have a new
 //!   owner); mounts whose daemon cannot be found are not attached.
@@ -72,6 +75,8 @@ use crate::signals::Inside;
 /// matters: the owner frees a file unlinked after its close only if no pin is left.
 pub(crate) struct Served {
     node: UnsafeCell<ManuallyDrop<OpenNode>>,
+    /// The file's inode number (what a fork child opens again, see [`adopt`]).
+    ino: u64,
     read: bool,
     write: bool,
     /// `O_APPEND` (kept up to date by `F_SETFL` through any of its descriptors).
@@ -114,10 +119,12 @@ impl Served {
         }
     }
 
-    /// No new calls; the node is dropped now if none is in flight, else by the last one.
+    /// No new calls; the node is dropped now if none is in flight, else by the last one. An
+    /// object of the parent's image (after fork) only stops being used: its node is the
+    /// parent's.
     fn retire(&self) {
         self.closing.store(true, Ordering::SeqCst);
-        if self.active.load(Ordering::SeqCst) == 0 {
+        if self.generation == generation() && self.active.load(Ordering::SeqCst) == 0 {
             self.drop_node();
         }
     }
@@ -152,8 +159,8 @@ static SLOTS: [Atomic<Served>; TABLE_FDS] = [const { Atomic::null() }; TABLE_FDS
 static PENDING: [AtomicU64; TABLE_FDS] = [const { AtomicU64::new(0) }; TABLE_FDS];
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 /// The highest slot ever given an object or a pending inode: where loops over the slots stop
-/// ([`forget_range`] for `closefrom`, exit and exec, which would otherwise touch every page
-/// of the tables; in a fork child each is a copy-on-write fault).
+/// ([`adopt`], and [`forget_range`] for `closefrom`, exit and exec, which would otherwise
+/// touch every page of the tables; in a fork child each is a copy-on-write fault).
 static HIGHEST: AtomicUsize = AtomicUsize::new(0);
 
 /// Slot `i` is about to hold an object or a pending inode.
@@ -309,6 +316,7 @@ fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
     crate::set_errno(saved);
     Some(Served {
         node: UnsafeCell::new(ManuallyDrop::new(node.ok()?)),
+        ino,
         read,
         write,
         append: AtomicBool::new(flags & libc::O_APPEND != 0),
@@ -384,13 +392,15 @@ pub(crate) fn share(old: c_int, new: c_int) {
     let pending = PENDING[o].load(Ordering::Acquire);
     // SAFETY: loaded under `guard`: not freed before the guard is dropped.
     let shared = match unsafe { p.as_ref() } {
+        // The parent's object (after fork), which counts no references here: both slots are
+        // given this process's object at the first call on either ([`adopt`]).
+        Some(s) if s.generation != generation() => p,
         Some(s)
-            if s.generation == generation()
-                && s.refs
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
-                        (r > 0).then_some(r + 1)
-                    })
-                    .is_ok() =>
+            if s.refs
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                    (r > 0).then_some(r + 1)
+                })
+                .is_ok() =>
         {
             p
         }
@@ -455,13 +465,100 @@ fn use_object<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option<R> {
         p = SLOTS[i].load(Ordering::Acquire, &guard);
     }
     // SAFETY: loaded under `guard`, which lives until `f` returned.
-    let s = unsafe { p.as_ref() }?;
-    if s.generation != generation() || !s.enter() {
+    let mut s = unsafe { p.as_ref() }?;
+    if s.generation != generation() {
+        // SAFETY: as above.
+        s = unsafe { adopt(i, fd, p, &guard).as_ref() }?;
+    }
+    if !s.enter() {
         return None;
     }
     let r = f(s);
     s.leave();
     r
+}
+
+/// In a fork child, descriptor `fd` (slot `i`) points at `old`, the parent's object for its
+/// description: opens the description afresh with this process's client and gives the new
+/// object to every slot that shares `old` (the parent's duplicates of `fd`, and the child's
+/// made since), so they stay one object, as they are one description. The parent's object
+/// is only marked closing, never dropped (see [`release`]): it is what a description this
+/// process cannot open (the file gone, the pool not attachable) leaves its slots pointing at,
+/// and every later call on them takes the kernel path at once. Returns this process's object
+/// for `fd`, or null for the kernel path.
+fn adopt<'g>(i: usize, fd: c_int, old: Shared<'g, Served>, guard: &'g Guard) -> Shared<'g, Served> {
+    // SAFETY: loaded under `guard` by the caller; the parent's objects are never freed here.
+    let Some(o) = (unsafe { old.as_ref() }) else {
+        return Shared::null();
+    };
+    if o.closing.load(Ordering::SeqCst) {
+        return Shared::null();
+    }
+    let entry = fdtable::entry(fd);
+    let fdtable::Kind::Pmfs(m) = entry.kind() else {
+        return Shared::null();
+    };
+    let Some(obj) = open(fd, m, o.ino) else {
+        // While another thread attaches the client, this call takes the kernel path and the
+        // next one tries again.
+        if CLIENT_STATE[m].load(Ordering::Acquire) != ATTACHING {
+            o.closing.store(true, Ordering::SeqCst);
+        }
+        return Shared::null();
+    };
+    let new = Owned::new(obj).into_shared(guard);
+    if let Err(e) = SLOTS[i].compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst, guard) {
+        // Another thread adopted it first, or the descriptor was closed or replaced.
+        // SAFETY: `new` was never published.
+        drop(unsafe { e.new.into_owned() });
+        let now = SLOTS[i].load(Ordering::Acquire, guard);
+        // SAFETY: loaded under `guard`.
+        return match unsafe { now.as_ref() } {
+            Some(s) if s.generation == generation() => now,
+            _ => Shared::null(),
+        };
+    }
+    if !fdtable::unchanged(fd, entry) {
+        if SLOTS[i]
+            .compare_exchange(
+                new,
+                Shared::null(),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+                guard,
+            )
+            .is_ok()
+        {
+            release(new, guard);
+        }
+        return Shared::null();
+    }
+    // SAFETY: published under `guard`: not freed before the guard is dropped.
+    let n = unsafe { new.deref() };
+    let last = HIGHEST.load(Ordering::SeqCst);
+    for (k, slot) in SLOTS[..=last].iter().enumerate() {
+        if k == i || slot.load(Ordering::Acquire, guard) != old {
+            continue;
+        }
+        // The reference is counted before the slot shows it, so that a close of `k` racing
+        // with this never frees the object under the others; once every slot holding it was
+        // closed meanwhile, the rest keep `old` and adopt on their own.
+        if n.refs
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                (r > 0).then_some(r + 1)
+            })
+            .is_err()
+        {
+            break;
+        }
+        if slot
+            .compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst, guard)
+            .is_err()
+        {
+            release(new, guard);
+        }
+    }
+    new
 }
 
 /// As [`with`], without counting a served call (the call itself went to the kernel), and

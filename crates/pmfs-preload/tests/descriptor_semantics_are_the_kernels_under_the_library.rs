@@ -17,6 +17,10 @@
 //! kernel must copy up to the size the file has, not the one it last saw, and append there,
 //! also on a mount that caches attributes (`-o attr_timeout=`).
 //!
+//! Another (`programs/inherited.c`) has a fork child, and its fork child, write through
+//! descriptors the parent used before the fork (a duplicate among them, one of a file unlinked
+//! before it): served in userspace there too, with the same results.
+//!
 //! A third (`programs/limits.c`) sets a file size limit (`RLIMIT_FSIZE`) and writes, appends,
 //! truncates and allocates across it, then has an exec'd image inherit it: short writes,
 //! `EFBIG` and `SIGXFSZ` as the kernel gives them.
@@ -29,9 +33,9 @@ use common::{runs_agree, runs_agree_on};
 fn descriptor_calls_give_the_same_results_with_and_without_the_library() {
     let ((_, files), c, m) = runs_agree("descriptors", str::to_owned);
     assert_eq!(files.len(), 4);
-    // The program and its exec'd image report; fork children open no pmfs file and leave
-    // with _exit.
-    assert_eq!(c.processes, 2, "{c:?}");
+    // The program, its exec'd image and the fork child that writes through an inherited
+    // descriptor report; the vfork child's counters are the parent's.
+    assert_eq!(c.processes, 3, "{c:?}");
     // Opened with open(): f, f again with O_APPEND, threads, records, stream, bad, f at the
     // end; plus the descriptor the exec'd image inherited, classified on its first read.
     // Duplicates are not new files, fopen opens inside libc, out of the library's sight, and
@@ -40,6 +44,25 @@ fn descriptor_calls_give_the_same_results_with_and_without_the_library() {
     assert_eq!(c.pmfs_fds, 8, "{c:?}");
     assert!(c.pmfs_calls >= 60, "{c:?}");
     assert!(c.served >= 40, "{c:?}");
+    m.unmount_and_fsck();
+}
+
+#[test]
+fn fork_children_serve_the_descriptors_they_inherit() {
+    let ((transcript, files), c, m) = runs_agree("inherited", str::to_owned);
+    assert!(!transcript.contains("errno"), "{transcript}");
+    assert!(
+        transcript.contains("child status                 = 0\n"),
+        "{transcript}"
+    );
+    assert_eq!(files.len(), 1, "{transcript}");
+    // The parent, the child and the grandchild report (the children leave with _exit and
+    // classified no descriptor of their own).
+    assert_eq!(c.processes, 3, "{c:?}");
+    assert_eq!(c.pmfs_fds, 2, "{c:?}");
+    // The children's 100 writes, append, 100 pwrites and 50 writes (half of them through a
+    // duplicate the grandchild made) are served in userspace, with the parent's few.
+    assert!(c.served >= 251, "{c:?}");
     m.unmount_and_fsck();
 }
 
