@@ -19,7 +19,8 @@
 //!
 //! Another (`programs/inherited.c`) has a fork child, and its fork child, write through
 //! descriptors the parent used before the fork (a duplicate among them, one of a file unlinked
-//! before it): served in userspace there too, with the same results.
+//! before it), and a fork child's threads start at once on four duplicates of one: served in
+//! userspace there too, with the same results.
 //!
 //! A third (`programs/limits.c`) sets a file size limit (`RLIMIT_FSIZE`) and writes, appends,
 //! truncates and allocates across it, then has an exec'd image inherit it: short writes,
@@ -55,14 +56,20 @@ fn fork_children_serve_the_descriptors_they_inherit() {
         transcript.contains("child status                 = 0\n"),
         "{transcript}"
     );
+    assert!(
+        transcript.contains("threads child status         = 0\n"),
+        "{transcript}"
+    );
     assert_eq!(files.len(), 1, "{transcript}");
-    // The parent, the child and the grandchild report (the children leave with _exit and
+    // The parent, the children and the grandchild report (the children leave with _exit and
     // classified no descriptor of their own).
-    assert_eq!(c.processes, 3, "{c:?}");
+    assert_eq!(c.processes, 4, "{c:?}");
     assert_eq!(c.pmfs_fds, 2, "{c:?}");
-    // The children's 100 writes, append, 100 pwrites and 50 writes (half of them through a
-    // duplicate the grandchild made) are served in userspace, with the parent's few.
-    assert!(c.served >= 251, "{c:?}");
+    // The first child's 100 writes, append and 100 pwrites, the grandchild's 50 writes (half
+    // of them through a duplicate it made) and the parent's few are served in userspace, and
+    // so are most of the threads' 400: calls made while another thread attaches the child to
+    // the pool go to the kernel (up to 20 in 30 runs).
+    assert!(c.served >= 251 + 300, "{c:?}");
     m.unmount_and_fsck();
 }
 

@@ -1,9 +1,11 @@
 /* A fork child (and its own fork child) using descriptors it inherited, which the parent had
  * used before the fork: writes at the shared offset, a duplicate made in the child sharing
  * the description's O_APPEND, a duplicate the parent made, and a file unlinked before the
- * fork. Prints a transcript that must not depend on whether the library is loaded. */
+ * fork; then a fork child whose threads start at once on four duplicates of one description.
+ * Prints a transcript that must not depend on whether the library is loaded. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -13,6 +15,10 @@
 
 #define CHILD_WRITES 100
 #define GRANDCHILD_WRITES 50
+#define THREADS 4
+#define THREAD_WRITES 100
+/* Where the threads write, past everything else. */
+#define THREADS_AT 65536
 
 static unsigned char buf[4096];
 
@@ -50,6 +56,37 @@ static int child(int fd, int parents_dup, int orphan) {
     return wait_for(pid) == 0 ? 0 : 6;
 }
 
+struct job {
+    int fd, id;
+};
+
+static void *thread_writer(void *arg) {
+    const struct job *j = arg;
+    for (int i = 0; i < THREAD_WRITES; i++) {
+        off_t at = THREADS_AT + (off_t)(i * THREADS + j->id) * 64;
+        if (pwrite(j->fd, buf + j->id * 100 + i, 64, at) != 64)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+/* The threads' child: one thread per duplicate, all making their first call at once. */
+static int threads_child(const int *fds) {
+    pthread_t th[THREADS];
+    struct job jobs[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        jobs[t] = (struct job){fds[t], t};
+        if (pthread_create(&th[t], NULL, thread_writer, &jobs[t]) != 0)
+            return 1;
+    }
+    int bad = 0;
+    for (int t = 0; t < THREADS; t++) {
+        void *r;
+        bad |= pthread_join(th[t], &r) != 0 || r != NULL;
+    }
+    return bad ? 2 : 0;
+}
+
 int main(void) {
     for (size_t i = 0; i < sizeof buf; i++)
         buf[i] = (unsigned char)(i * 7 + i / 13);
@@ -73,6 +110,14 @@ int main(void) {
     show("still not appending", write(fd, "END", 3));
     show("size", size_of(fd));
     sum_at(orphan, "orphan", 0, 8192);
+
+    int fds[THREADS] = {fd, parents_dup, dup(fd), dup(parents_dup)};
+    pid = fork();
+    if (pid == 0)
+        _exit(threads_child(fds));
+    show("threads child status", wait_for(pid));
+    sum_at(fd, "threads' records", THREADS_AT, THREADS * THREAD_WRITES * 64);
+    show("close", close(fds[2]) | close(fds[3]));
     show("close", close(fd));
     show("close dup", close(parents_dup));
     show("close orphan", close(orphan));
