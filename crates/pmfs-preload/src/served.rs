@@ -186,39 +186,52 @@ fn generation() -> u64 {
 /// The client of pmfs mount `m`, attached now if this is the first try.
 fn client(m: usize) -> Option<&'static Client> {
     let state = CLIENT_STATE.get(m)?;
-    match state.load(Ordering::Acquire) {
-        ATTACHED => {}
-        UNTRIED => {
-            if state
-                .compare_exchange(UNTRIED, ATTACHING, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                let saved = crate::errno();
-                // The daemon is found first: the pool is attached while it owns it.
-                let attached = mounts::pool_of(m).and_then(|pool| {
-                    let owner = liveness::owner_of(pool)?;
-                    let path = std::ffi::OsStr::from_bytes(pool.to_bytes());
-                    let c = pmfs::Volume::attach_file(crate::mapped::pool_file(m)?, path).ok()?;
-                    Some((owner, c))
-                });
-                crate::set_errno(saved);
-                let Some((owner, c)) = attached else {
-                    state.store(FAILED, Ordering::Release);
-                    return None;
-                };
-                liveness::attached(m, owner, c.owner_state());
-                crate::kernel_pages::install(&c, crate::mapped::pool_id(m));
-                CLIENTS[m].store(Box::into_raw(Box::new(c)), Ordering::Release);
-                state.store(ATTACHED, Ordering::Release);
-            } else if state.load(Ordering::Acquire) != ATTACHED {
-                return None;
+    loop {
+        match state.load(Ordering::Acquire) {
+            ATTACHED => break,
+            // Another thread is attaching: its outcome is this thread's too. Taking the kernel
+            // path instead would leave there for good the descriptor this call was to open in
+            // userspace (its pending inode is used up).
+            ATTACHING => std::thread::yield_now(),
+            UNTRIED => {
+                if state
+                    .compare_exchange(UNTRIED, ATTACHING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    attach(m, state)?;
+                    break;
+                }
             }
+            _ => return None,
         }
-        _ => return None,
     }
     let p = CLIENTS[m].load(Ordering::Acquire);
     // SAFETY: an attached client is leaked on purpose: it lives as long as the process.
     unsafe { p.as_ref() }
+}
+
+/// Attaches this process to the pool of pmfs mount `m`, whose `state` this thread moved to
+/// `ATTACHING`, and publishes the client; `None` (and the mount on the kernel path for good)
+/// if that fails.
+fn attach(m: usize, state: &AtomicU8) -> Option<()> {
+    let saved = crate::errno();
+    // The daemon is found first: the pool is attached while it owns it.
+    let attached = mounts::pool_of(m).and_then(|pool| {
+        let owner = liveness::owner_of(pool)?;
+        let path = std::ffi::OsStr::from_bytes(pool.to_bytes());
+        let c = pmfs::Volume::attach_file(crate::mapped::pool_file(m)?, path).ok()?;
+        Some((owner, c))
+    });
+    crate::set_errno(saved);
+    let Some((owner, c)) = attached else {
+        state.store(FAILED, Ordering::Release);
+        return None;
+    };
+    liveness::attached(m, owner, c.owner_state());
+    crate::kernel_pages::install(&c, crate::mapped::pool_id(m));
+    CLIENTS[m].store(Box::into_raw(Box::new(c)), Ordering::Release);
+    state.store(ATTACHED, Ordering::Release);
+    Some(())
 }
 
 /// Whether pmfs mount `m`, which this process attached to, is gone (see module `liveness`).
@@ -499,11 +512,7 @@ fn adopt<'g>(i: usize, fd: c_int, old: Shared<'g, Served>, guard: &'g Guard) -> 
         return Shared::null();
     };
     let Some(obj) = open(fd, m, o.ino) else {
-        // While another thread attaches the client, this call takes the kernel path and the
-        // next one tries again.
-        if CLIENT_STATE[m].load(Ordering::Acquire) != ATTACHING {
-            o.closing.store(true, Ordering::SeqCst);
-        }
+        o.closing.store(true, Ordering::SeqCst);
         return Shared::null();
     };
     let new = Owned::new(obj).into_shared(guard);
