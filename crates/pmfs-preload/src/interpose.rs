@@ -21,7 +21,7 @@ use libc::{FILE, iovec, off_t, size_t, ssize_t};
 
 use crate::mapped::{self, MapCall};
 use crate::served::{self, Served};
-use crate::{active, closed, duplicated, limits, note_data_call, opened, real, signals};
+use crate::{active, closed, duplicated, flags_set, limits, note_data_call, opened, real, signals};
 
 /// Data calls whose first argument is the descriptor, served in userspace by `$serve` (on
 /// the description's [`Served`] object) when it returns `Some`, else forwarded.
@@ -785,7 +785,7 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
     if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
         duplicated(fd, r);
     } else if cmd == libc::F_SETFL && r == 0 {
-        served::set_flags(fd, arg as c_int);
+        flags_set(fd);
     }
     r
 }
@@ -818,7 +818,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
     if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
         duplicated(fd, r);
     } else if cmd == libc::F_SETFL && r == 0 {
-        served::set_flags(fd, arg as c_int);
+        flags_set(fd);
     }
     r
 }

@@ -511,6 +511,13 @@ fn duplicated(old: c_int, new: c_int) {
     }
 }
 
+/// `F_SETFL` changed the flags of `fd`'s description.
+fn flags_set(fd: c_int) {
+    if active() && matches!(kind(fd), Kind::Pmfs(_)) {
+        served::flags_changed();
+    }
+}
+
 /// Descriptors `first..=last` were closed.
 fn closed(first: usize, last: usize) {
     if active() && owns_table() {

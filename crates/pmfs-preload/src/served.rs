@@ -20,6 +20,10 @@
 //!   Linux too) use the engine's atomic append ([`OpenNode::append`]): the bytes land at the
 //!   end of file as the log says when the update commits, so appenders in several processes
 //!   never overwrite each other; `write` then sets the kernel's offset right after them.
+//!   The flag is read from the description when its object is made, and again by the next
+//!   write after any `F_SETFL` on a pmfs descriptor of this process: descriptors of one
+//!   description can have objects of their own (duplicated before their first call, or
+//!   inherited through exec), and must agree on it.
 //! - **Mapped files**: a shared mapping of a served description maps the file's blocks
 //!   straight from the pool (module `mapped`) and the description stays served: the file is
 //!   written in place while it is mapped, so the mapping and `read`/`write` in any process
@@ -79,8 +83,9 @@ pub(crate) struct Served {
     ino: u64,
     read: bool,
     write: bool,
-    /// `O_APPEND` (kept up to date by `F_SETFL` through any of its descriptors).
+    /// `O_APPEND`, as read from the description when [`FLAGS_SET`] was `append_read`.
     append: AtomicBool,
+    append_read: AtomicU64,
     /// Calls using the node now.
     active: AtomicUsize,
     /// No new call may use the node (last close, or mapped through the kernel).
@@ -167,6 +172,9 @@ static HIGHEST: AtomicUsize = AtomicUsize::new(0);
 fn used(i: usize) {
     HIGHEST.fetch_max(i, Ordering::SeqCst);
 }
+/// How many times this process changed the flags of a pmfs file's description (`F_SETFL`):
+/// an object that read its `O_APPEND` at another count reads it again.
+static FLAGS_SET: AtomicU64 = AtomicU64::new(0);
 /// Whether this process ever installed an object (what the exit handler must release).
 static ANY: AtomicBool = AtomicBool::new(false);
 
@@ -297,6 +305,7 @@ fn install(i: usize, fd: c_int, m: usize, ino: u64, entry: fdtable::Entry) {
 }
 
 fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
+    let append_read = FLAGS_SET.load(Ordering::Acquire);
     // SAFETY: F_GETFL takes no pointer.
     let flags = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) };
     if flags < 0 {
@@ -333,6 +342,7 @@ fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
         read,
         write,
         append: AtomicBool::new(flags & libc::O_APPEND != 0),
+        append_read: AtomicU64::new(append_read),
         active: AtomicUsize::new(0),
         closing: AtomicBool::new(false),
         dropped: AtomicBool::new(false),
@@ -598,18 +608,10 @@ pub(crate) fn mapped(fd: c_int) {
     }
 }
 
-/// `F_SETFL` set `flags` on `fd`'s description.
-pub(crate) fn set_flags(fd: c_int, flags: c_int) {
-    let Some(i) = index(fd) else { return };
-    if !ANY.load(Ordering::Relaxed) {
-        return;
-    }
-    let guard = epoch::pin();
-    // SAFETY: loaded under `guard`.
-    if let Some(s) = unsafe { SLOTS[i].load(Ordering::Acquire, &guard).as_ref() } {
-        s.append
-            .store(flags & libc::O_APPEND != 0, Ordering::Release);
-    }
+/// `F_SETFL` changed the flags of a pmfs file's description: every object reads its
+/// `O_APPEND` again at its next write.
+pub(crate) fn flags_changed() {
+    FLAGS_SET.fetch_add(1, Ordering::AcqRel);
 }
 
 /// In a fork child: a new generation, clients to attach afresh.
@@ -731,10 +733,28 @@ impl Served {
     }
 
     /// Writes `src` at `off`, or at the descriptor's offset (moved past the bytes) if `None`.
+    /// Whether the description of `fd` (this object's) has `O_APPEND`: as read last, or read
+    /// again if a flag of a pmfs description was set since. A descriptor closed meanwhile
+    /// keeps the last answer (the write then fails with the kernel's error or serves the
+    /// description it had).
+    fn appending(&self, fd: c_int) -> bool {
+        let now = FLAGS_SET.load(Ordering::Acquire);
+        if self.append_read.load(Ordering::Acquire) != now {
+            // SAFETY: F_GETFL takes no pointer.
+            let flags = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) };
+            if flags >= 0 {
+                self.append
+                    .store(flags as c_int & libc::O_APPEND != 0, Ordering::Release);
+            }
+            self.append_read.store(now, Ordering::Release);
+        }
+        self.append.load(Ordering::Acquire)
+    }
+
     /// On an `O_APPEND` description the bytes go to the end of file as the log says at commit
     /// (for `pwrite` too, as Linux does), and `write` leaves the offset right after them.
     fn write_slice(&self, fd: c_int, src: &[u8], off: Option<i64>) -> Option<isize> {
-        if self.append.load(Ordering::Acquire) {
+        if self.appending(fd) {
             if off.is_some_and(|o| position(o, src.len()).is_none()) {
                 return None;
             }

@@ -229,6 +229,24 @@ int main(int argc, char **argv) {
     sum_at(fd, "whole file", 0, 30000);
     show("close a", close(a));
 
+    /* Duplicated before its first call: the library opens the two numbers on their own, and
+     * they must still agree on the description's O_APPEND. */
+    int b = open("f", O_WRONLY);
+    int b2 = dup(b);
+    show("write b", write(b, "bb", 2));
+    show("write b2", write(b2, "b2", 2));
+    show("F_SETFL append on b", fcntl(b, F_SETFL, O_APPEND));
+    show("lseek b2", lseek(b2, 0, SEEK_SET));
+    show("write b2 appends", write(b2, "APP2", 4));
+    show("size", size_of(fd));
+    show("F_SETFL no append on b2", fcntl(b2, F_SETFL, 0));
+    show("lseek b", lseek(b, 5, SEEK_SET));
+    show("write b in place", write(b, "in", 2));
+    show("size", size_of(fd));
+    sum_at(fd, "whole file", 0, 30000);
+    show("close b", close(b));
+    show("close b2", close(b2));
+
     show("ftruncate shrink", ftruncate(fd, 4097));
     show("size", size_of(fd));
     sum_at(fd, "after shrink", 4000, 200);
