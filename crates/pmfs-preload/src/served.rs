@@ -172,6 +172,7 @@ static HIGHEST: AtomicUsize = AtomicUsize::new(0);
 fn used(i: usize) {
     HIGHEST.fetch_max(i, Ordering::SeqCst);
 }
+
 /// How many times this process changed the flags of a pmfs file's description (`F_SETFL`):
 /// an object that read its `O_APPEND` at another count reads it again.
 static FLAGS_SET: AtomicU64 = AtomicU64::new(0);
@@ -732,11 +733,9 @@ impl Served {
         self.write_slice(fd, src, off)
     }
 
-    /// Writes `src` at `off`, or at the descriptor's offset (moved past the bytes) if `None`.
     /// Whether the description of `fd` (this object's) has `O_APPEND`: as read last, or read
-    /// again if a flag of a pmfs description was set since. A descriptor closed meanwhile
-    /// keeps the last answer (the write then fails with the kernel's error or serves the
-    /// description it had).
+    /// again if a flag of a pmfs description was set since. If another thread closed `fd`
+    /// meanwhile (the call overlaps the close), the last answer stands.
     fn appending(&self, fd: c_int) -> bool {
         let now = FLAGS_SET.load(Ordering::Acquire);
         if self.append_read.load(Ordering::Acquire) != now {
@@ -751,6 +750,7 @@ impl Served {
         self.append.load(Ordering::Acquire)
     }
 
+    /// Writes `src` at `off`, or at the descriptor's offset (moved past the bytes) if `None`.
     /// On an `O_APPEND` description the bytes go to the end of file as the log says at commit
     /// (for `pwrite` too, as Linux does), and `write` leaves the offset right after them.
     fn write_slice(&self, fd: c_int, src: &[u8], off: Option<i64>) -> Option<isize> {
