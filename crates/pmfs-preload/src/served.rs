@@ -289,20 +289,36 @@ fn install(i: usize, fd: c_int, m: usize, ino: u64, entry: fdtable::Entry) {
     used(i);
     let old = SLOTS[i].swap(new, Ordering::SeqCst, &guard);
     release(old, &guard);
-    if !new.is_null()
-        && !fdtable::unchanged(fd, entry)
-        && SLOTS[i]
-            .compare_exchange(
-                new,
-                Shared::null(),
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-                &guard,
-            )
-            .is_ok()
-    {
-        release(new, &guard);
+    if !new.is_null() {
+        kept(i, fd, entry, new, &guard);
     }
+}
+
+/// `new` was just put in slot `i` for `fd`, recorded as `entry`: if the descriptor was closed
+/// since (its number may name another file by now), it is taken out again. Whether it stays.
+fn kept(
+    i: usize,
+    fd: c_int,
+    entry: fdtable::Entry,
+    new: Shared<'_, Served>,
+    guard: &Guard,
+) -> bool {
+    if fdtable::unchanged(fd, entry) {
+        return true;
+    }
+    if SLOTS[i]
+        .compare_exchange(
+            new,
+            Shared::null(),
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+            guard,
+        )
+        .is_ok()
+    {
+        release(new, guard);
+    }
+    false
 }
 
 fn open(fd: c_int, m: usize, ino: u64) -> Option<Served> {
@@ -538,19 +554,7 @@ fn adopt<'g>(i: usize, fd: c_int, old: Shared<'g, Served>, guard: &'g Guard) -> 
             _ => Shared::null(),
         };
     }
-    if !fdtable::unchanged(fd, entry) {
-        if SLOTS[i]
-            .compare_exchange(
-                new,
-                Shared::null(),
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-                guard,
-            )
-            .is_ok()
-        {
-            release(new, guard);
-        }
+    if !kept(i, fd, entry, new, guard) {
         return Shared::null();
     }
     // SAFETY: published under `guard`: not freed before the guard is dropped.
