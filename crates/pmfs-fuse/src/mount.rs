@@ -402,7 +402,7 @@ pub fn serve(
     } else {
         Some(collect_dead_pins(vol.clone())?)
     };
-    let served = session.run();
+    let served = session_end(session.run());
     if let Some((stop, thread)) = collector {
         // Its handle of the volume goes with it, as the kernel-pages thread's below.
         drop(stop);
@@ -419,6 +419,20 @@ pub fn serve(
     drop(pool);
     served.map_err(|e| Error::new(format!("{}: {e}", mountpoint.display())))?;
     closed
+}
+
+/// What the request loop's end means. fuser ends it without an error when a read of
+/// `/dev/fuse` fails with `ENODEV`, the answer once the connection is gone (unmounted, or
+/// aborted through `/sys/fs/fuse/connections`: the daemon does not ask for
+/// `FUSE_ABORT_ERROR`). A thread that had just taken a request off the queue when the
+/// connection went is answered `ECONNABORTED` instead (the kernel ends that request itself).
+/// That happens when a request is still queued at the unmount, as the release the kernel
+/// sends when the last file of a lazily detached mount is closed: the end is the same.
+fn session_end(served: std::io::Result<()>) -> std::io::Result<()> {
+    match served {
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(()),
+        other => other,
+    }
 }
 
 /// How often the daemon looks again at pins data clients left ([`collect_dead_pins`]).
@@ -489,6 +503,15 @@ fn serve_kernel_pages(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connection_torn_down_under_a_request_ends_the_session_like_an_unmount() {
+        let from = |errno| Err(std::io::Error::from_raw_os_error(errno));
+        assert!(session_end(Ok(())).is_ok());
+        assert!(session_end(from(libc::ECONNABORTED)).is_ok());
+        let other = session_end(from(libc::EIO)).unwrap_err();
+        assert_eq!(other.raw_os_error(), Some(libc::EIO));
+    }
 
     #[test]
     fn options_parse_and_reject_unknown_ones() {
