@@ -203,10 +203,11 @@ fn cpu() -> &'static Cpu {
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 fn detect() -> Cpu {
     let mut flushes = Vec::new();
-    if x86::has_clwb() {
+    let leaf7 = x86::leaf7_ebx();
+    if leaf7 & x86::CLWB != 0 {
         flushes.push(FlushKind::Clwb);
     }
-    if x86::has_clflushopt() {
+    if leaf7 & x86::CLFLUSHOPT != 0 {
         flushes.push(FlushKind::Clflushopt);
     }
     // CLFLUSH is part of SSE2, hence of every x86-64 CPU.
