@@ -432,15 +432,16 @@ pub(crate) fn statx_fd(fd: c_int, flags: c_int, mask: u32) -> Option<libc::statx
 /// A pmfs regular file, another open file, or `Unknown` if `fd` is not open; and its inode
 /// number.
 fn classify(fd: c_int) -> (Kind, u64) {
-    let (mode, dev, ino) = if let Some(s) = statx_fd(
+    let (mode, dev, ino, mnt_id) = if let Some(s) = statx_fd(
         fd,
         libc::AT_STATX_DONT_SYNC,
-        libc::STATX_TYPE | libc::STATX_INO,
+        libc::STATX_TYPE | libc::STATX_INO | libc::STATX_MNT_ID_UNIQUE,
     ) {
         (
             u32::from(s.stx_mode),
             libc::makedev(s.stx_dev_major, s.stx_dev_minor),
             s.stx_ino,
+            mounts::unique_mount_id(&s),
         )
     } else if errno() == libc::ENOSYS {
         let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
@@ -450,7 +451,7 @@ fn classify(fd: c_int) -> (Kind, u64) {
         }
         // SAFETY: fstat filled the buffer.
         let s = unsafe { st.assume_init() };
-        (s.st_mode, s.st_dev, s.st_ino)
+        (s.st_mode, s.st_dev, s.st_ino, None)
     } else {
         return (Kind::Unknown, 0);
     };
@@ -458,7 +459,7 @@ fn classify(fd: c_int) -> (Kind, u64) {
         return (Kind::Other, ino);
     }
     (
-        mounts::pmfs_mount_of(dev).map_or(Kind::Other, Kind::Pmfs),
+        mounts::pmfs_mount_of(dev, mnt_id).map_or(Kind::Other, Kind::Pmfs),
         ino,
     )
 }

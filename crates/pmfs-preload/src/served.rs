@@ -1035,6 +1035,14 @@ pub(crate) fn cached_statx(
     out: &mut libc::statx,
 ) -> Result<Option<Stat>, c_int> {
     let flags = (flags & !libc::AT_STATX_SYNC_TYPE) | libc::AT_STATX_DONT_SYNC;
+    // The mount's unique id tells `pmfs_mount_of` what an unknown device is without reading
+    // mountinfo; asked for only when the caller does not want the old mount id, which the
+    // kernel then reports in its place.
+    let unique = if mask & libc::STATX_MNT_ID == 0 {
+        libc::STATX_MNT_ID_UNIQUE
+    } else {
+        0
+    };
     // SAFETY: the caller passes a NUL-terminated path and a statx buffer.
     let r = unsafe {
         libc::syscall(
@@ -1042,7 +1050,7 @@ pub(crate) fn cached_statx(
             dirfd,
             path,
             flags,
-            mask | libc::STATX_TYPE | libc::STATX_INO,
+            mask | libc::STATX_TYPE | libc::STATX_INO | unique,
             out as *mut libc::statx,
         )
     };
@@ -1052,8 +1060,8 @@ pub(crate) fn cached_statx(
     if u32::from(out.stx_mode) & libc::S_IFMT != libc::S_IFREG {
         return Ok(None);
     }
-    let Some(m) = crate::mounts::pmfs_mount_of(libc::makedev(out.stx_dev_major, out.stx_dev_minor))
-    else {
+    let dev = libc::makedev(out.stx_dev_major, out.stx_dev_minor);
+    let Some(m) = crate::mounts::pmfs_mount_of(dev, crate::mounts::unique_mount_id(out)) else {
         return Ok(None);
     };
     let saved = crate::errno();
