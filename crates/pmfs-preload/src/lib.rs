@@ -119,7 +119,8 @@
 //! - **Recognising pmfs files.** After every open (and lazily for descriptors it did not see
 //!   opened: inherited ones, stdin redirected from a file, …) a descriptor is classified with
 //!   one `statx` (`AT_STATX_DONT_SYNC`: no FUSE round trip): a regular file whose device is
-//!   that of a `fuse.pmfs` mount in `/proc/self/mountinfo` is a pmfs file (module `mounts`).
+//!   that of a `fuse.pmfs` mount is a pmfs file (module `mounts`: `statmount` tells by the
+//!   mount's unique id, or else `/proc/self/mountinfo`).
 //!   Its userspace node is opened on its first servable call only.
 //! - **A descriptor table** (module `fdtable`, plus epoch-protected object pointers in
 //!   `served`): lock-free, `dup` shares, every close path resets, before the real call and
@@ -217,8 +218,9 @@
 //!   `sendfile` and `splice` from the file stop at the size its kernel saw last before them.
 //! - Children made without glibc's `fork` (`_Fork`, raw `clone`) run no `pthread_atfork`
 //!   handler: they never write the table, and must not use served descriptors.
-//! - mountinfo is read again only for files on anonymous devices not seen before; after 64
-//!   such non-pmfs devices, pmfs mounts made later are not recognised (kernel path).
+//! - A mount is looked up (statmount, or mountinfo) only for files on anonymous devices not
+//!   seen before; after 64 such non-pmfs devices, pmfs mounts made later are not recognised
+//!   (kernel path).
 
 pub(crate) mod fdtable;
 pub mod interpose;
