@@ -10,6 +10,7 @@
 //!
 //! It knows nothing about files, directories or inodes, and depends on no other pmfs crate.
 
+pub mod cpu;
 pub mod error;
 pub mod layout;
 pub mod log;

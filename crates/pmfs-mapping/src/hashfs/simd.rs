@@ -39,7 +39,7 @@
 //! supported kernel (tests force [`HashKernel::Scalar`] to compare paths). A batch is always
 //! [`BATCH`] consecutive blocks — the size of the translation cache — computed as one 8-lane
 //! AVX-512 vector, two 4-lane AVX2 vectors, or eight scalar rounds. The vector kernels are
-//! `#[target_feature]` functions and are only called after `is_x86_feature_detected!` has
+//! `#[target_feature]` functions and are only called after [`pmfs_core::cpu::features`] has
 //! confirmed their feature at the call site.
 
 /// Number of consecutive blocks hashed per batch (and the translation cache's size).
@@ -93,12 +93,12 @@ impl HashKernel {
 
 #[cfg(target_arch = "x86_64")]
 fn avx2_detected() -> bool {
-    std::arch::is_x86_feature_detected!("avx2")
+    pmfs_core::cpu::features().avx2
 }
 
 #[cfg(target_arch = "x86_64")]
 fn avx512_detected() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
+    pmfs_core::cpu::features().avx512f
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -150,12 +150,12 @@ pub fn home_slots(kernel: HashKernel, seed: u64, first: u64, n: u32, shift: u32)
     #[cfg(target_arch = "x86_64")]
     match kernel {
         HashKernel::Avx512 if avx512_detected() => {
-            // SAFETY: `is_x86_feature_detected!("avx512f")` just returned true, so the CPU
+            // SAFETY: `avx512_detected()` just returned true, so the CPU
             // supports every instruction the avx512f-enabled kernel uses.
             return unsafe { x86::home_slots_avx512(seed, first as u32, n, shift) };
         }
         HashKernel::Avx2 if avx2_detected() => {
-            // SAFETY: `is_x86_feature_detected!("avx2")` just returned true, so the CPU supports
+            // SAFETY: `avx2_detected()` just returned true, so the CPU supports
             // every instruction the avx2-enabled kernel uses.
             return unsafe { x86::home_slots_avx2(seed, first as u32, n, shift) };
         }

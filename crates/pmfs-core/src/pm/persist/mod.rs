@@ -202,21 +202,21 @@ fn cpu() -> &'static Cpu {
 
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 fn detect() -> Cpu {
+    let cpu = crate::cpu::features();
     let mut flushes = Vec::new();
-    let leaf7 = x86::leaf7_ebx();
-    if leaf7 & x86::CLWB != 0 {
+    if cpu.clwb {
         flushes.push(FlushKind::Clwb);
     }
-    if leaf7 & x86::CLFLUSHOPT != 0 {
+    if cpu.clflushopt {
         flushes.push(FlushKind::Clflushopt);
     }
     // CLFLUSH is part of SSE2, hence of every x86-64 CPU.
     flushes.push(FlushKind::Clflush);
     let mut copies = Vec::new();
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if cpu.avx512f {
         copies.push(CopyKind::Avx512);
     }
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if cpu.avx2 {
         copies.push(CopyKind::Avx2);
     }
     copies.extend([CopyKind::Sse2, CopyKind::Portable]);

@@ -1,4 +1,4 @@
-//! x86-64 kernels: CPUID probes, cache-line write-back loops, `sfence`, and the streaming
+//! x86-64 kernels: cache-line write-back loops, `sfence`, and the streaming
 //! copy/fill loops for AVX-512F, AVX2 and SSE2.
 //!
 //! The write-back instructions are issued through inline assembly without `nomem`, so the
@@ -6,28 +6,12 @@
 
 use std::arch::asm;
 use std::arch::x86_64::{
-    __cpuid_count, __get_cpuid_max, __m128i, __m256i, __m512i, _mm_loadu_si128, _mm_set1_epi8,
-    _mm_stream_si128, _mm256_loadu_si256, _mm256_set1_epi8, _mm256_stream_si256,
-    _mm512_loadu_si512, _mm512_set1_epi8, _mm512_storeu_si512, _mm512_stream_si512,
+    __m128i, __m256i, __m512i, _mm_loadu_si128, _mm_set1_epi8, _mm_stream_si128,
+    _mm256_loadu_si256, _mm256_set1_epi8, _mm256_stream_si256, _mm512_loadu_si512,
+    _mm512_set1_epi8, _mm512_storeu_si512, _mm512_stream_si512,
 };
 
 use super::{CopyKind, FlushKind, LINE};
-
-/// CLFLUSHOPT: bit 23 of [`leaf7_ebx`].
-pub(super) const CLFLUSHOPT: u32 = 1 << 23;
-
-/// CLWB: bit 24 of [`leaf7_ebx`].
-pub(super) const CLWB: u32 = 1 << 24;
-
-/// CPUID.(EAX=7,ECX=0):EBX, 0 where the CPU has no leaf 7. Callers read it once for all its
-/// bits: in a virtual machine each CPUID traps to the hypervisor (about 4 µs on the test
-/// host), and every process that opens or attaches to a pool detects once.
-pub(super) fn leaf7_ebx() -> u32 {
-    if __get_cpuid_max(0).0 < 7 {
-        return 0;
-    }
-    __cpuid_count(7, 0).ebx
-}
 
 /// Writes back every line overlapping `[addr, addr + len)` with `kind`.
 ///
