@@ -461,7 +461,7 @@ fn classify(fd: c_int) -> (Kind, u64) {
         return (Kind::Other, ino);
     }
     (
-        mounts::pmfs_mount_of(dev, mnt_id).map_or(Kind::Other, Kind::Pmfs),
+        mounts::pmfs_mount_of(dev, || mnt_id).map_or(Kind::Other, Kind::Pmfs),
         ino,
     )
 }

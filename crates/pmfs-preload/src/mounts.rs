@@ -7,10 +7,10 @@
 //! tables of atomics (no allocation, no lock a `fork` could leave held): the first file on an
 //! anonymous device the library has not seen yet asks `statmount` about its mount (by the
 //! unique mount id `statx` gave with the device; two system calls), and where the kernel
-//! cannot tell (before Linux 6.13, or a FUSE mount without a subtype) reads mountinfo again,
-//! which also finds mounts made after the program started. Reading mountinfo costs 40–130 µs
-//! on the test host, the first time in a process the most. Real block devices (major ≠ 0)
-//! are never FUSE mounts and are answered without asking anything.
+//! cannot tell (an older kernel, a FUSE mount without a subtype, a very long pool path)
+//! reads mountinfo again, which also finds mounts made after the program started. Reading
+//! mountinfo costs 40–130 µs on the test host, the first time in a process the most. Real
+//! block devices (major ≠ 0) are never FUSE mounts and are answered without asking anything.
 //!
 //! Only one thread learns at a time; a thread that finds another one at it answers "not
 //! pmfs" for now, which is always safe: such a file just takes the kernel path.
@@ -44,9 +44,9 @@ static OTHER_LEN: AtomicUsize = AtomicUsize::new(0);
 /// Held by the thread learning what a device is (`statmount`, or reading mountinfo).
 static SCANNING: AtomicBool = AtomicBool::new(false);
 
-/// The index of the pmfs mount with device `dev`, if it is one; `mnt_id` is the unique id of
-/// the mount (`STATX_MNT_ID_UNIQUE`) when `statx` gave it.
-pub(crate) fn pmfs_mount_of(dev: u64, mnt_id: Option<u64>) -> Option<usize> {
+/// The index of the pmfs mount with device `dev`, if it is one; `mnt_id` gives the unique id
+/// of its mount (`STATX_MNT_ID_UNIQUE`) if it can, asked only for a device not seen before.
+pub(crate) fn pmfs_mount_of(dev: u64, mnt_id: impl FnOnce() -> Option<u64>) -> Option<usize> {
     if let Some(i) = find(&PMFS, &PMFS_LEN, dev) {
         return Some(i);
     }
@@ -59,15 +59,11 @@ pub(crate) fn pmfs_mount_of(dev: u64, mnt_id: Option<u64>) -> Option<usize> {
     {
         return None;
     }
-    let mut buf = [0u8; STATMOUNT_BUF];
-    match mnt_id.and_then(|id| identify(id, dev, &mut buf)) {
-        Some(Mount::Pmfs(pool)) => record(dev, |slot| {
-            if let Some(slot) = slot.get_mut(..pool.len()) {
-                slot.copy_from_slice(pool);
-            }
-        }),
-        Some(Mount::Other) => {}
-        None => rescan(),
+    if mnt_id()
+        .and_then(|id| learn_from_statmount(id, dev))
+        .is_none()
+    {
+        rescan();
     }
     let found = find(&PMFS, &PMFS_LEN, dev);
     if found.is_none() {
@@ -90,9 +86,26 @@ enum Mount<'a> {
     Other,
 }
 
-/// The buffer `statmount` fills: the fixed part, then the strings (a pool path up to
-/// `POOL_PATH_MAX`, and short type names).
-const STATMOUNT_BUF: usize = 512 + POOL_PATH_MAX + 64;
+/// The buffer `statmount` fills: the fixed part, then the strings. Kept small (calls made in
+/// signal handlers run on their stack): a longer pool path makes the kernel answer
+/// `EOVERFLOW`, and mountinfo is read instead.
+const STATMOUNT_BUF: usize = 1024;
+
+/// Records what `statmount` says mount `id` (device `dev`) is; `None` if it does not tell.
+/// Not inlined: its buffer is off the stack before mountinfo is read with a larger one.
+#[inline(never)]
+fn learn_from_statmount(id: u64, dev: u64) -> Option<()> {
+    let mut buf = [0u8; STATMOUNT_BUF];
+    match identify(id, dev, &mut buf)? {
+        Mount::Pmfs(pool) => record(dev, |slot| {
+            if let Some(slot) = slot.get_mut(..pool.len()) {
+                slot.copy_from_slice(pool);
+            }
+        }),
+        Mount::Other => {}
+    }
+    Some(())
+}
 
 /// Asks `statmount(2)` what the mount with unique id `id` is, whose files have device `dev`,
 /// into `out`; `None` when the kernel does not tell (no `statmount`, or a FUSE mount whose
@@ -119,8 +132,8 @@ fn identify(id: u64, dev: u64, out: &mut [u8; STATMOUNT_BUF]) -> Option<Mount<'_
     // struct statmount: mask at byte 8, sb_dev_major and sb_dev_minor at 16 and 20, sb_magic
     // at 24, the fs_subtype and sb_source string offsets at 120 and 124, the strings from
     // byte 512 on.
-    let u32_at = |o: usize| u32::from_ne_bytes([out[o], out[o + 1], out[o + 2], out[o + 3]]);
-    let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
+    let u32_at = |o: usize| u32::from_ne_bytes(out[o..o + 4].try_into().unwrap_or_default());
+    let u64_at = |o: usize| u64::from_ne_bytes(out[o..o + 8].try_into().unwrap_or_default());
     let mask = u64_at(8);
     if mask & SB_BASIC == 0 || libc::makedev(u32_at(16), u32_at(20)) != dev {
         return None;

@@ -1012,7 +1012,8 @@ pub(crate) fn stat_path(
     }
     // SAFETY: a zeroed statx buffer is a valid one.
     let mut stx = unsafe { core::mem::zeroed::<libc::statx>() };
-    match cached_statx(dirfd, path, flags, 0, &mut stx) {
+    // The mount's unique id tells a device not seen before without a second call.
+    match cached_statx(dirfd, path, flags, libc::STATX_MNT_ID_UNIQUE, &mut stx) {
         Ok(st) => st.map(Ok),
         Err(libc::ENOSYS) => None,
         Err(e) => Some(Err(e)),
@@ -1035,33 +1036,33 @@ pub(crate) fn cached_statx(
     out: &mut libc::statx,
 ) -> Result<Option<Stat>, c_int> {
     let flags = (flags & !libc::AT_STATX_SYNC_TYPE) | libc::AT_STATX_DONT_SYNC;
-    // The mount's unique id tells `pmfs_mount_of` what an unknown device is without reading
-    // mountinfo; asked for only when the caller does not want the old mount id, which the
-    // kernel then reports in its place.
-    let unique = if mask & libc::STATX_MNT_ID == 0 {
-        libc::STATX_MNT_ID_UNIQUE
-    } else {
-        0
+    let walk = |mask: u32, out: &mut libc::statx| {
+        // SAFETY: the caller passes a NUL-terminated path, and `out` is a statx buffer.
+        unsafe { libc::syscall(libc::SYS_statx, dirfd, path, flags, mask, out as *mut _) }
     };
-    // SAFETY: the caller passes a NUL-terminated path and a statx buffer.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_statx,
-            dirfd,
-            path,
-            flags,
-            mask | libc::STATX_TYPE | libc::STATX_INO | unique,
-            out as *mut libc::statx,
-        )
-    };
-    if r != 0 {
+    if walk(mask | libc::STATX_TYPE | libc::STATX_INO, out) != 0 {
         return Err(crate::errno());
     }
     if u32::from(out.stx_mode) & libc::S_IFMT != libc::S_IFREG {
         return Ok(None);
     }
     let dev = libc::makedev(out.stx_dev_major, out.stx_dev_minor);
-    let Some(m) = crate::mounts::pmfs_mount_of(dev, crate::mounts::unique_mount_id(out)) else {
+    // For a device not seen before: the mount's unique id, asked apart if the caller did not
+    // (asking in its call would change what it gets). A name renamed in between may lead to
+    // another mount: `mounts::identify` trusts an answer only for the device seen here.
+    let mnt_id = || {
+        crate::mounts::unique_mount_id(out).or_else(|| {
+            let saved = crate::errno();
+            // SAFETY: a zeroed statx buffer is a valid one.
+            let mut own = unsafe { core::mem::zeroed::<libc::statx>() };
+            let found = walk(libc::STATX_MNT_ID_UNIQUE, &mut own) == 0;
+            crate::set_errno(saved);
+            found
+                .then(|| crate::mounts::unique_mount_id(&own))
+                .flatten()
+        })
+    };
+    let Some(m) = crate::mounts::pmfs_mount_of(dev, mnt_id) else {
         return Ok(None);
     };
     let saved = crate::errno();

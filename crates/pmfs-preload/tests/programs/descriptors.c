@@ -71,7 +71,7 @@ static int same_ts(struct statx_timestamp a, struct statx_timestamp k) {
 }
 
 /* The same for statx of `path` (from the working directory, or of `fd` with an empty path),
- * over the basic fields. */
+ * over the basic fields, the mask of what was answered and the mount id. */
 static int statx_agrees(int fd, const char *path, int flags) {
     struct statx a, k;
     int dirfd = *path ? AT_FDCWD : fd;
@@ -83,7 +83,7 @@ static int statx_agrees(int fd, const char *path, int flags) {
         return -2;
     if (ra != 0)
         return ea == ek ? -1 : -3;
-    return (a.stx_mask & STATX_BASIC_STATS) == (k.stx_mask & STATX_BASIC_STATS) &&
+    return a.stx_mask == k.stx_mask && a.stx_mnt_id == k.stx_mnt_id &&
            a.stx_dev_major == k.stx_dev_major && a.stx_dev_minor == k.stx_dev_minor &&
            a.stx_ino == k.stx_ino && a.stx_mode == k.stx_mode && a.stx_nlink == k.stx_nlink &&
            a.stx_uid == k.stx_uid && a.stx_gid == k.stx_gid && a.stx_size == k.stx_size &&
