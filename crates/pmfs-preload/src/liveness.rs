@@ -10,7 +10,8 @@
 //! - **at most every [`PROBE_NS`]** (read from the vDSO's coarse clock, no system call) one
 //!   thread probes the daemon, named by the `flock` it holds on the pool (found in
 //!   `/proc/locks` at attach): its `/proc/<pid>/stat` must still show the same process (same
-//!   start time, not a zombie), and the mount must still be in `/proc/self/mountinfo`. A
+//!   start time, not a zombie), and the mount must still be in this process's mount table
+//!   ([`mounts::still_mounted`]: one `statmount`, or a read of mountinfo). A
 //!   daemon killed with SIGKILL, or a lazy unmount (`fusermount3 -u -z`, after which the
 //!   daemon serves only the descriptors still open and exits with the last), is seen by the
 //!   first call made `PROBE_NS` or more after it.

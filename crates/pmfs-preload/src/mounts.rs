@@ -38,6 +38,9 @@ struct PoolPath(UnsafeCell<[u8; POOL_PATH_MAX]>);
 // published (release store of `PMFS_LEN`); readers only read published entries.
 unsafe impl Sync for PoolPath {}
 static PMFS_LEN: AtomicUsize = AtomicUsize::new(0);
+/// The unique mount id of each pmfs mount learnt through `statmount` (0: learnt from
+/// mountinfo), for [`still_mounted`]; written before its entry is published.
+static MOUNT_IDS: [AtomicU64; MAX_PMFS] = [const { AtomicU64::new(0) }; MAX_PMFS];
 /// Anonymous devices found not to be pmfs mounts; the first `OTHER_LEN` are valid.
 static OTHER: [AtomicU64; MAX_OTHER] = [const { AtomicU64::new(0) }; MAX_OTHER];
 static OTHER_LEN: AtomicUsize = AtomicUsize::new(0);
@@ -97,7 +100,7 @@ const STATMOUNT_BUF: usize = 1024;
 fn learn_from_statmount(id: u64, dev: u64) -> Option<()> {
     let mut buf = [0u8; STATMOUNT_BUF];
     match identify(id, dev, &mut buf)? {
-        Mount::Pmfs(pool) => record(dev, |slot| {
+        Mount::Pmfs(pool) => record(dev, id, |slot| {
             if let Some(slot) = slot.get_mut(..pool.len()) {
                 slot.copy_from_slice(pool);
             }
@@ -107,27 +110,36 @@ fn learn_from_statmount(id: u64, dev: u64) -> Option<()> {
     Some(())
 }
 
-/// Asks `statmount(2)` what the mount with unique id `id` is, whose files have device `dev`,
-/// into `out`; `None` when the kernel does not tell (no `statmount`, or a FUSE mount whose
-/// subtype and source it does not report).
-fn identify(id: u64, dev: u64, out: &mut [u8; STATMOUNT_BUF]) -> Option<Mount<'_>> {
+/// `statmount(2)` (Linux 6.8): what to report.
+const SB_BASIC: u64 = 0x1;
+const MNT_BASIC: u64 = 0x2;
+const FS_SUBTYPE: u64 = 0x100;
+const SB_SOURCE: u64 = 0x200;
+
+/// Asks `statmount(2)` for `wanted` of the mount with unique id `id`, into `out`; the errno
+/// if it fails (`ENOENT`: no such mount in this process's namespace, as once it was
+/// unmounted or detached). `errno` is kept.
+fn statmount(id: u64, wanted: u64, out: &mut [u8]) -> Result<(), c_int> {
     const SYS_STATMOUNT: libc::c_long = 457;
-    const SB_BASIC: u64 = 0x1;
-    const FS_SUBTYPE: u64 = 0x100;
-    const SB_SOURCE: u64 = 0x200;
-    const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
     // struct mnt_id_req, version 0: size, a spare word, the mount id, what to report.
     let mut req = [0u8; 24];
     req[..4].copy_from_slice(&24u32.to_ne_bytes());
     req[8..16].copy_from_slice(&id.to_ne_bytes());
-    req[16..].copy_from_slice(&(SB_BASIC | FS_SUBTYPE | SB_SOURCE).to_ne_bytes());
+    req[16..].copy_from_slice(&wanted.to_ne_bytes());
     let saved = crate::errno();
     // SAFETY: `req` is a version-0 request and `out` a writable buffer of the length passed.
     let r = unsafe { libc::syscall(SYS_STATMOUNT, req.as_ptr(), out.as_mut_ptr(), out.len(), 0) };
+    let e = crate::errno();
     crate::set_errno(saved);
-    if r != 0 {
-        return None;
-    }
+    if r == 0 { Ok(()) } else { Err(e) }
+}
+
+/// Asks `statmount(2)` what the mount with unique id `id` is, whose files have device `dev`,
+/// into `out`; `None` when the kernel does not tell (no `statmount`, or a FUSE mount whose
+/// subtype and source it does not report).
+fn identify(id: u64, dev: u64, out: &mut [u8; STATMOUNT_BUF]) -> Option<Mount<'_>> {
+    const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
+    statmount(id, SB_BASIC | FS_SUBTYPE | SB_SOURCE, out).ok()?;
     let out = &*out;
     // struct statmount: mask at byte 8, sb_dev_major and sb_dev_minor at 16 and 20, sb_magic
     // at 24, the fs_subtype and sb_source string offsets at 120 and 124, the strings from
@@ -155,12 +167,13 @@ fn identify(id: u64, dev: u64, out: &mut [u8; STATMOUNT_BUF]) -> Option<Mount<'_
     Some(Mount::Pmfs(string(124)?))
 }
 
-/// Records pmfs mount `dev`, `fill` writing its pool file's path (unescaped, NUL-terminated
-/// by what it leaves of the zeroed slot, empty if it does not fit: the mount is then never
-/// attached); the caller holds `SCANNING`.
-fn record(dev: u64, fill: impl FnOnce(&mut [u8])) {
+/// Records pmfs mount `dev` (unique mount id `id`, 0 if unknown), `fill` writing its pool
+/// file's path (unescaped, NUL-terminated by what it leaves of the zeroed slot, empty if it
+/// does not fit: the mount is then never attached); the caller holds `SCANNING`.
+fn record(dev: u64, id: u64, fill: impl FnOnce(&mut [u8])) {
     let n = PMFS_LEN.load(Ordering::Relaxed);
     if n < MAX_PMFS {
+        MOUNT_IDS[n].store(id, Ordering::Relaxed);
         // SAFETY: entry `n` is not published yet and this thread holds `SCANNING`: nobody
         // else reads or writes it.
         let slot = unsafe { &mut *POOLS[n].0.get() };
@@ -187,35 +200,23 @@ pub(crate) fn pool_of(m: usize) -> Option<&'static CStr> {
 /// calls that send no FUSE request: `statx` for the mount's unique id, `statmount` (Linux
 /// 6.8) for its flags. `false` when the kernel cannot tell.
 pub(crate) fn writable(fd: c_int) -> bool {
-    const SYS_STATMOUNT: libc::c_long = 457;
-    const STATMOUNT_SB_BASIC: u64 = 1;
-    const STATMOUNT_MNT_BASIC: u64 = 2;
     const SB_RDONLY: u32 = 1;
     const MOUNT_ATTR_RDONLY: u64 = 1;
     let saved = crate::errno();
-    let Some(stx) = crate::statx_fd(fd, libc::AT_STATX_DONT_SYNC, libc::STATX_MNT_ID_UNIQUE)
-        .filter(|s| s.stx_mask & libc::STATX_MNT_ID_UNIQUE != 0)
-    else {
-        crate::set_errno(saved);
+    let stx = crate::statx_fd(fd, libc::AT_STATX_DONT_SYNC, libc::STATX_MNT_ID_UNIQUE);
+    crate::set_errno(saved);
+    let Some(id) = stx.as_ref().and_then(unique_mount_id) else {
         return false;
     };
-    let wanted = STATMOUNT_SB_BASIC | STATMOUNT_MNT_BASIC;
-    // struct mnt_id_req, version 0: size, a spare word, the mount id, what to report.
-    let mut req = [0u8; 24];
-    req[..4].copy_from_slice(&24u32.to_ne_bytes());
-    req[8..16].copy_from_slice(&stx.stx_mnt_id.to_ne_bytes());
-    req[16..].copy_from_slice(&wanted.to_ne_bytes());
+    let wanted = SB_BASIC | MNT_BASIC;
     let mut out = [0u8; 512];
-    // SAFETY: `req` is a version-0 request and `out` a writable buffer of the length passed.
-    let r = unsafe { libc::syscall(SYS_STATMOUNT, req.as_ptr(), out.as_mut_ptr(), out.len(), 0) };
-    crate::set_errno(saved);
+    if statmount(id, wanted, &mut out).is_err() {
+        return false;
+    }
     // struct statmount: mask at byte 8, sb_flags at 32, mnt_attr at 64.
     let u64_at = |o: usize| u64::from_ne_bytes(out[o..o + 8].try_into().unwrap_or_default());
     let sb_flags = u32::from_ne_bytes(out[32..36].try_into().unwrap_or_default());
-    r == 0
-        && u64_at(8) & wanted == wanted
-        && sb_flags & SB_RDONLY == 0
-        && u64_at(64) & MOUNT_ATTR_RDONLY == 0
+    u64_at(8) & wanted == wanted && sb_flags & SB_RDONLY == 0 && u64_at(64) & MOUNT_ATTR_RDONLY == 0
 }
 
 /// After `fork`: a thread of the parent that was reading mountinfo does not exist in the
@@ -246,7 +247,7 @@ fn rescan() {
         if let Some((dev, pool)) = pmfs_mount_of_line(line)
             && find(&PMFS, &PMFS_LEN, dev).is_none()
         {
-            record(dev, |slot| unescape_into(pool, slot));
+            record(dev, 0, |slot| unescape_into(pool, slot));
         }
     });
 }
@@ -257,10 +258,20 @@ pub(crate) fn dev_of(m: usize) -> u64 {
 }
 
 /// Whether pmfs mount `m` is still in this process's mount table (a lazy unmount takes it
-/// out while its files stay open). Reads mountinfo afresh, without allocating.
+/// out while its files stay open). Asks `statmount` by its unique id where it was learnt so
+/// (ids are never reused: `ENOENT` means it is gone), else reads mountinfo afresh, without
+/// allocating (so also when `statmount` fails otherwise).
 pub(crate) fn still_mounted(m: usize) -> bool {
     if m >= PMFS_LEN.load(Ordering::Acquire).min(MAX_PMFS) {
         return false;
+    }
+    let id = MOUNT_IDS[m].load(Ordering::Relaxed);
+    if id != 0 {
+        match statmount(id, SB_BASIC, &mut [0u8; 512]) {
+            Ok(()) => return true,
+            Err(libc::ENOENT) => return false,
+            Err(_) => {}
+        }
     }
     let dev = PMFS[m].load(Ordering::Relaxed);
     let mut found = false;
