@@ -126,9 +126,11 @@
 //!   `served`): lock-free, `dup` shares, every close path resets, before the real call and
 //!   after it (a number another thread's call has closed, and the kernel has given to another
 //!   file, is not served as the old file even before that call returns; see `fdtable` for the
-//!   one narrow exception); safe across `fork` (the child attaches afresh and opens the
-//!   descriptions it inherited again on their first call, duplicates still sharing one
-//!   object; a `pthread_atfork` handler resets its counters) and `exec` (rebuilt in the new
+//!   one narrow exception); safe across `fork` (the child attaches afresh, through the
+//!   parent's mapping of the pool and with the parent's record of the daemon
+//!   (`pmfs::Client::reattach`), and opens the descriptions it inherited again on their
+//!   first call, duplicates still sharing one object; a `pthread_atfork` handler resets its
+//!   counters) and `exec` (rebuilt in the new
 //!   image). A `vfork` child (shared memory) never writes the table.
 //! - `PMFS_PRELOAD=off` (or `0`) turns all of it off: every call is forwarded, nothing is
 //!   recorded or counted.

@@ -187,6 +187,10 @@ const FAILED: u8 = 3;
 static CLIENT_STATE: [AtomicU8; MAX_PMFS] = [const { AtomicU8::new(UNTRIED) }; MAX_PMFS];
 static CLIENTS: [AtomicPtr<Client>; MAX_PMFS] =
     [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_PMFS];
+/// In a `fork` child, the client of each mount that the parent (or an ancestor) had attached:
+/// the child attaches again through its mapping ([`Client::reattach`]).
+static INHERITED: [AtomicPtr<Client>; MAX_PMFS] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_PMFS];
 
 fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
@@ -224,19 +228,29 @@ fn client(m: usize) -> Option<&'static Client> {
 /// if that fails.
 fn attach(m: usize, state: &AtomicU8) -> Option<()> {
     let saved = crate::errno();
-    // The daemon is found first: the pool is attached while it owns it.
-    let attached = mounts::pool_of(m).and_then(|pool| {
-        let owner = liveness::owner_of(pool)?;
-        let path = std::ffi::OsStr::from_bytes(pool.to_bytes());
-        let c = pmfs::Volume::attach_file(crate::mapped::pool_file(m)?, path).ok()?;
-        Some((owner, c))
-    });
+    // SAFETY: an attached client is leaked on purpose: it lives as long as the process, and
+    // a fork child has its copy.
+    let attached = match unsafe { INHERITED[m].load(Ordering::Acquire).as_ref() } {
+        // The parent's daemon and its mount-state word are the child's too: the parent's
+        // record of them (module `liveness`) stays, so a mount that went away in between is
+        // still seen.
+        Some(parent) => parent.reattach().ok().map(|c| (None, c)),
+        // The daemon is found first: the pool is attached while it owns it.
+        None => mounts::pool_of(m).and_then(|pool| {
+            let owner = liveness::owner_of(pool)?;
+            let path = std::ffi::OsStr::from_bytes(pool.to_bytes());
+            let c = pmfs::Volume::attach_file(crate::mapped::pool_file(m)?, path).ok()?;
+            Some((Some(owner), c))
+        }),
+    };
     crate::set_errno(saved);
     let Some((owner, c)) = attached else {
         state.store(FAILED, Ordering::Release);
         return None;
     };
-    liveness::attached(m, owner, c.owner_state());
+    if let Some(owner) = owner {
+        liveness::attached(m, owner, c.owner_state());
+    }
     crate::kernel_pages::install(&c, crate::mapped::pool_id(m));
     CLIENTS[m].store(Box::into_raw(Box::new(c)), Ordering::Release);
     state.store(ATTACHED, Ordering::Release);
@@ -619,11 +633,15 @@ pub(crate) fn flags_changed() {
     FLAGS_SET.fetch_add(1, Ordering::AcqRel);
 }
 
-/// In a fork child: a new generation, clients to attach afresh.
+/// In a fork child: a new generation, clients to attach afresh (through the parent's
+/// mappings where it had attached).
 pub(crate) fn after_fork_in_child() {
     GENERATION.fetch_add(1, Ordering::AcqRel);
-    for (state, client) in CLIENT_STATE.iter().zip(&CLIENTS) {
-        client.store(core::ptr::null_mut(), Ordering::Release);
+    for ((state, client), inherited) in CLIENT_STATE.iter().zip(&CLIENTS).zip(&INHERITED) {
+        let parent = client.swap(core::ptr::null_mut(), Ordering::AcqRel);
+        if !parent.is_null() {
+            inherited.store(parent, Ordering::Release);
+        }
         state.store(UNTRIED, Ordering::Release);
     }
 }

@@ -50,7 +50,8 @@ impl Volume {
     ///   of the file, and the pins when it frees the file; files it could not clear then wait
     ///   for [`Volume::collect_dead_pins`].
     /// - Attaching takes a shared lock on the pool file's first byte
-    ///   ([`PmRegion::lock_as_client`]), held as long as the client's descriptor is open.
+    ///   ([`PmRegion::lock_as_client`]), held as long as the client's descriptor is open or
+    ///   its mapping of the pool exists.
     ///
     /// # Limits
     ///
@@ -94,6 +95,20 @@ impl Volume {
 }
 
 impl Client {
+    /// A new client of the same pool through this client's mapping: what a `fork` child makes
+    /// of the client it inherited. It skips what [`Volume::attach_file`] costs beyond reading
+    /// the volume's geometry (opening and mapping the pool file, taking the client lock), and
+    /// shares nothing else with this client, whose state in the child's copy of memory may
+    /// be in the middle of a change by a parent thread that does not exist there.
+    ///
+    /// The client lock stays held for the new client as long as the mapping is: a mapping
+    /// holds the locked open file description, and a child inherits the parent's.
+    pub fn reattach(&self) -> Result<Client> {
+        Ok(Client {
+            fs: Arc::new(Fs::attach(self.fs.media().clone())?),
+        })
+    }
+
     /// Opens the regular file `ino`. Its log is opened (created if it has none) and pinned
     /// right away, so the owner cannot free the file while this handle lives.
     pub fn open_ino(&self, ino: Ino, mode: OpenMode) -> Result<OpenNode> {
