@@ -417,7 +417,8 @@ impl PmRegion {
                 _ => Error::Io(e),
             })?;
         let made = preallocate(&file, 0, size, &mut |_| {})
-            .and_then(|()| Self::map(file, path.to_owned(), size, backend));
+            .and_then(|()| Ok(DevIno::of(&file.metadata()?)))
+            .and_then(|id| Self::map(file, path.to_owned(), size, id, backend));
         if made.is_err() {
             let _ = std::fs::remove_file(path);
         }
@@ -456,12 +457,18 @@ impl PmRegion {
         if !meta.file_type().is_file() {
             return Err(Error::InvalidArgument(NOT_A_FILE));
         }
-        Self::map(file, path.to_owned(), meta.len(), backend)
+        Self::map(
+            file,
+            path.to_owned(),
+            meta.len(),
+            DevIno::of(&meta),
+            backend,
+        )
     }
 
-    fn map(file: File, path: PathBuf, size: u64, backend: Backend) -> Result<Self> {
+    /// Maps `size` bytes of `file`, whose identity is `id`.
+    fn map(file: File, path: PathBuf, size: u64, id: DevIno, backend: Backend) -> Result<Self> {
         let len = check_size(size)?;
-        let id = DevIno::of(&file.metadata()?);
         let (map, map_sync, huge_pages) = map_file(&file, &path, len, backend)?;
         // SAFETY: the mapping is at least `size` bytes, page aligned, readable and writable,
         // and lives in `map`, which the region owns and drops only together with `raw`.
