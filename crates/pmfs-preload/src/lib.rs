@@ -130,8 +130,8 @@
 //!   parent's mapping of the pool and with the parent's record of the daemon
 //!   (`pmfs::Client::reattach`), and opens the descriptions it inherited again on their
 //!   first call, duplicates still sharing one object; a `pthread_atfork` handler resets its
-//!   counters) and `exec` (rebuilt in the new
-//!   image). A `vfork` child (shared memory) never writes the table.
+//!   counters) and `exec` (rebuilt in the new image). A `vfork` child (shared memory) never
+//!   writes the table.
 //! - `PMFS_PRELOAD=off` (or `0`) turns all of it off: every call is forwarded, nothing is
 //!   recorded or counted.
 //! - `PMFS_PRELOAD_STATS=1` prints one line to standard error at exit, and at `_exit` if the

@@ -484,13 +484,13 @@ impl PmRegion {
         })
     }
 
-    /// Marks the process as a data-only client of the pool for as long as this region's
-    /// descriptor stays open: a shared open-file-description lock (`F_OFD_SETLK`) on the pool
+    /// Marks the process as a data-only client of the pool for as long as this region's open
+    /// file description lives: a shared open-file-description lock (`F_OFD_SETLK`) on the pool
     /// file's first byte, which the owner asks about
     /// ([`client_locks_elsewhere`](crate::pm::Media::client_locks_elsewhere)) before it takes
-    /// the pins on a log for those of dead processes. It goes with the open file description,
-    /// which the descriptor and the region's mapping both hold (and a `fork` child's copies of
-    /// them): when the process ends, not when a program closes the descriptor's number.
+    /// the pins on a log for those of dead processes. The descriptor and the region's mapping
+    /// both hold the description (and so do a `fork` child's copies of them): the lock goes
+    /// when the process ends, not when a program closes the descriptor's number.
     ///
     /// # Errors
     /// [`Error::Io`] if the file system refuses the lock.
