@@ -235,7 +235,7 @@ pub(crate) mod real;
 pub(crate) mod served;
 pub(crate) mod signals;
 
-use core::ffi::c_int;
+use core::ffi::{CStr, c_int};
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, Ordering};
 
 use fdtable::Kind;
@@ -315,12 +315,12 @@ fn init() -> bool {
 }
 
 /// The value of an environment variable, without allocating.
-fn env(name: &core::ffi::CStr) -> Option<&'static [u8]> {
+fn env(name: &CStr) -> Option<&'static [u8]> {
     // SAFETY: a NUL-terminated name; getenv returns null or a NUL-terminated string that
     // lives as long as the environment entry (the library only reads it at initialisation).
     let p = unsafe { libc::getenv(name.as_ptr()) };
     // SAFETY: non-null results of getenv are NUL-terminated strings.
-    (!p.is_null()).then(|| unsafe { core::ffi::CStr::from_ptr(p) }.to_bytes())
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
 }
 
 fn getpid() -> i32 {
@@ -417,14 +417,20 @@ pub(crate) fn refresh_kernel_size(fd: c_int) {
 /// `statx` of the file open at `fd` (with `flags` besides `AT_EMPTY_PATH`, asking for
 /// `mask`), as a raw system call; `None` with `errno` set if it fails.
 pub(crate) fn statx_fd(fd: c_int, flags: c_int, mask: u32) -> Option<libc::statx> {
+    statx_at(fd, c"", libc::AT_EMPTY_PATH | flags, mask)
+}
+
+/// `statx` of `path` (relative to `dirfd`) by the raw system call, never through the
+/// library's own `statx`; `None` if it fails.
+pub(crate) fn statx_at(dirfd: c_int, path: &CStr, flags: c_int, mask: u32) -> Option<libc::statx> {
     let mut stx = core::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: an empty NUL-terminated path with AT_EMPTY_PATH, and a statx buffer.
+    // SAFETY: a NUL-terminated path and a statx buffer.
     let r = unsafe {
         libc::syscall(
             libc::SYS_statx,
-            fd,
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH | flags,
+            dirfd,
+            path.as_ptr(),
+            flags,
             mask,
             stx.as_mut_ptr(),
         )

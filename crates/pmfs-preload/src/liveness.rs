@@ -47,23 +47,7 @@ static GONE: [AtomicBool; MAX_PMFS] = [const { AtomicBool::new(false) }; MAX_PMF
 /// start time. `None` if no process holds it (nothing to attach next to) or it cannot be
 /// told.
 pub(crate) fn owner_of(pool: &CStr) -> Option<(i32, u64)> {
-    let mut stx = core::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: a NUL-terminated path and a statx buffer.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_statx,
-            libc::AT_FDCWD,
-            pool.as_ptr(),
-            0,
-            libc::STATX_INO,
-            stx.as_mut_ptr(),
-        )
-    };
-    if r != 0 {
-        return None;
-    }
-    // SAFETY: statx filled the buffer.
-    let s = unsafe { stx.assume_init() };
+    let s = crate::statx_at(libc::AT_FDCWD, pool, 0, libc::STATX_INO)?;
     let mut pid = None;
     mounts::each_line(c"/proc/locks", |line| {
         if let Some(p) = flock_holder(line, s.stx_dev_major, s.stx_dev_minor, s.stx_ino) {

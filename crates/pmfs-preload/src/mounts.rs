@@ -420,21 +420,8 @@ mod tests {
 
     /// The mount of `path`: its device and unique id.
     fn mount_of(path: &CStr) -> (u64, u64) {
-        let mut stx = core::mem::MaybeUninit::<libc::statx>::zeroed();
-        // SAFETY: a NUL-terminated path and a statx buffer.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_statx,
-                libc::AT_FDCWD,
-                path.as_ptr(),
-                0,
-                libc::STATX_MNT_ID_UNIQUE,
-                stx.as_mut_ptr(),
-            )
-        };
-        assert_eq!(r, 0);
-        // SAFETY: statx filled it.
-        let s = unsafe { stx.assume_init() };
+        let s = crate::statx_at(libc::AT_FDCWD, path, 0, libc::STATX_MNT_ID_UNIQUE)
+            .expect("statx of the test's own directory");
         let id = unique_mount_id(&s).expect("a kernel with statmount reports unique mount ids");
         (libc::makedev(s.stx_dev_major, s.stx_dev_minor), id)
     }
