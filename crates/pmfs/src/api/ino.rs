@@ -304,6 +304,27 @@ impl Volume {
         self.fs.forget_kernel_pages(h)
     }
 
+    /// What the owner does when the kernel asks about regular file `ino` (FUSE's GETATTR,
+    /// which comes with every open and `stat` of the file): if other processes pin the file's
+    /// log or keep it in mapped mode, clears what they hold when only dead processes can hold
+    /// it (no data client is attached; see `Fs::clear_dead_pins`), or notes the file for
+    /// [`collect_dead_pins`](Volume::collect_dead_pins). A program killed under the preload
+    /// library leaves its pins behind, and with them the blocks its file's compactions retire
+    /// and a mapped mode without atomic writes; the owner's last close of the file looks too,
+    /// but a daemon that is not told of opens and closes keeps its handle of the file for as
+    /// long as the kernel knows it. Two loads while nothing else holds the file; nothing for
+    /// other objects, on a client or on a read-only volume.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] unless `ino` is live; media errors.
+    pub fn look_for_dead_pins(&self, ino: Ino) -> Result<()> {
+        let (h, rec) = self.live(ino)?;
+        if rec.kind() != Some(Kind::File) || self.fs.client || self.fs.read_only {
+            return Ok(());
+        }
+        self.fs.look_for_dead_pins(h)
+    }
+
     /// The attributes of `ino`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         let (h, _) = self.live(ino)?;
@@ -746,14 +767,22 @@ impl OpenNode {
     }
 
     /// [`read_at`](OpenNode::read_at) for a kernel that keeps what it reads in its page
-    /// cache (the FUSE daemon's reads): the file is first marked as cached by the kernel, so
-    /// that data-only clients, whose writes bypass the kernel, make it drop those pages.
+    /// cache (the FUSE daemon's reads): the file is first marked as cached by the kernel
+    /// ([`kernel_caches`](OpenNode::kernel_caches)).
     pub fn read_for_kernel(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         if !self.mode.read {
             return Err(Error::BadHandle("file not opened for reading"));
         }
-        self.fs.note_kernel_cached(self.node.h.ino)?;
+        self.kernel_caches()?;
         self.fs.read_at(&self.node, buf, offset)
+    }
+
+    /// Marks the file as cached by the kernel, so that data-only clients, whose writes bypass
+    /// the kernel, make it drop its pages: what the owner does before it reads the file for
+    /// the kernel, or writes what the kernel keeps in its page cache too (FUSE writes of
+    /// whole pages). Nothing for a client.
+    pub fn kernel_caches(&self) -> Result<()> {
+        self.fs.note_kernel_cached(self.node.h.ino)
     }
 
     /// Writes `buf` at `offset`; durable on return.

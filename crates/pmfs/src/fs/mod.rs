@@ -938,9 +938,9 @@ impl Fs {
     /// [`clear_dead_pins`](Fs::clear_dead_pins)), and frees those of them that were unlinked
     /// once their log has no pin (a client that kept one past its unlink closed it) or only
     /// dead ones: a program killed while another one ran under the library left pins that
-    /// nothing else looks at again before the next mount. Files this process has open again
-    /// are left to their last close. Returns how many files it cleared or freed. Cheap while
-    /// nothing is noted or a client is attached.
+    /// nothing else looks at again before the next mount. Unlinked files this process has
+    /// open again are left to their last close. Returns how many files it cleared or freed.
+    /// Cheap while nothing is noted or a client is attached.
     pub fn collect_dead_pins(&self) -> Result<usize> {
         let pending: Vec<Handle> = {
             let p = self
@@ -978,9 +978,6 @@ impl Fs {
     /// [`collect_dead_pins`](Fs::collect_dead_pins) for incarnation `h`, under its inode lock.
     fn collect_dead_pins_of(&self, h: Handle) -> Result<Collected> {
         let m = self.m();
-        if self.is_open(h.ino) {
-            return Ok(Collected::Nothing);
-        }
         let rec = self.inodes.read(m, h.ino)?;
         if rec.state != h.live_state() || rec.kind() != Some(Kind::File) {
             return Ok(Collected::Nothing);
@@ -997,6 +994,9 @@ impl Fs {
             return Ok(Collected::Kept);
         }
         if rec.nlink == 0 {
+            if self.is_open(h.ino) {
+                return Ok(Collected::Nothing);
+            }
             // Freed (its log words cleared first) unless a live process can have it open
             // (then noted again).
             self.free_inode(h, None, false)?;

@@ -263,7 +263,8 @@ impl Fs {
     }
 
     /// Whether the log of file `ino` (head word `hw`) is pinned or the file is in mapped mode.
-    /// Asked once this process has the file closed, it tells whether other processes hold
+    /// Asked when this process has the file closed, or its log (see
+    /// [`look_for_dead_pins`](Fs::look_for_dead_pins)), it tells whether other processes hold
     /// it; what dead ones hold, [`clear_dead_pins`](Fs::clear_dead_pins) clears.
     pub(crate) fn held_by_others(&self, ino: u32, hw: HeadWord) -> Result<bool> {
         Ok(hw.pins() != 0 || self.maps(ino)? != 0)

@@ -484,8 +484,8 @@ impl Fs {
             return Ok(());
         }
         if !self.client && !self.read_only {
-            // No open file is left in the kernel either (an open file stays open while
-            // mapped): the kernel drops the pages at the next open.
+            // The owner's last handle: the FUSE daemon keeps one while the kernel may hold
+            // pages of the file, until the kernel forgets the file.
             self.inodes
                 .clear_flags(self.m(), n.h.ino, flag::KERNEL_CACHED)?;
         }
@@ -532,16 +532,39 @@ impl Fs {
     /// copies on write again. A file this cannot clear (another client is attached) is noted
     /// for [`collect_dead_pins`](Fs::collect_dead_pins).
     fn drop_dead_pins(&self, n: &Node) -> Result<()> {
-        let ino = n.h.ino;
-        let root = self.inodes.field(ino, field::LOG);
-        let hw = HeadWord(self.m().load_u64(root)?);
-        if hw.head().is_none() || !self.held_by_others(ino, hw)? {
+        if !self.held_elsewhere(n.h.ino)? {
             return Ok(());
         }
-        if self.clear_dead_pins(ino, self.node_map(n)?)?.is_none() {
+        if self.clear_dead_pins(n.h.ino, self.node_map(n)?)?.is_none() {
             self.pend_dead_pins(n.h);
         }
         Ok(())
+    }
+
+    /// [`drop_dead_pins`](Fs::drop_dead_pins) for live regular file `h` whether or not this
+    /// process has it open (see [`Volume::look_for_dead_pins`](crate::Volume::look_for_dead_pins)):
+    /// pins this process holds itself keep the clearing from happening, and the file is
+    /// noted for [`collect_dead_pins`](Fs::collect_dead_pins) then.
+    pub(crate) fn look_for_dead_pins(&self, h: Handle) -> Result<()> {
+        if !self.held_elsewhere(h.ino)? {
+            return Ok(());
+        }
+        let _il = self.ilock(h.ino).write().unwrap_or_else(|e| e.into_inner());
+        if self.inodes.load(self.m(), h.ino, field::STATE)? != h.live_state() {
+            return Ok(());
+        }
+        let f = self.map.open_file(self.file_id(h.ino))?;
+        if self.clear_dead_pins(h.ino, &f)?.is_none() {
+            self.pend_dead_pins(h);
+        }
+        Ok(())
+    }
+
+    /// Whether file `ino` has a log that is pinned, or is in mapped mode
+    /// ([`held_by_others`](Fs::held_by_others)).
+    fn held_elsewhere(&self, ino: u32) -> Result<bool> {
+        let hw = HeadWord(self.m().load_u64(self.inodes.field(ino, field::LOG))?);
+        Ok(hw.head().is_some() && self.held_by_others(ino, hw)?)
     }
 
     /// The mapping handle of `n`, opened on first use.
