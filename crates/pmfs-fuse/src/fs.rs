@@ -22,22 +22,31 @@
 //!   its own name cache exact), and so is the absence of a name (a negative entry: the
 //!   kernel turns it into the new name when a file is created through the mount, which is
 //!   the only way names change; `sqlite3` looks for its journal and WAL files before every
-//!   transaction). Open does not keep the page cache (`keep_cache` off) and the
-//!   kernel drops cached pages when it sees mtime or size change (`FUSE_AUTO_INVAL_DATA`).
-//!   Reads mark the file as cached by the kernel first ([`OpenNode::read_for_kernel`]), so
-//!   that a data client's write, which the kernel does not see, moves the mtime: the next
+//!   transaction). The kernel keeps a file's pages from one open to the next and drops
+//!   them when it sees mtime or size change (`FUSE_AUTO_INVAL_DATA`). Reads and writes for
+//!   the kernel mark the file as cached by it first ([`OpenNode::kernel_caches`]), so that a
+//!   data client's write, which the kernel does not see, moves the mtime: the next open or
 //!   read through the kernel then drops the pages it holds. Kernel mappings fetch no
 //!   attributes: the client also asks the daemon to have the kernel drop them
 //!   (`FUSE_NOTIFY_INVAL_INODE`, [`pmfs::kernel_pages`], served by a thread of `mount`).
-//! - **Requests declined for good.** FLUSH, FSYNC, FSYNCDIR and OPENDIR are answered
+//! - **Requests declined for good.** OPEN, FLUSH, FSYNC, FSYNCDIR and OPENDIR are answered
 //!   `ENOSYS`, which the kernel takes as "succeed without asking from now on": every update
-//!   is durable when it returns and directory listings need no per-open state, so `close`,
-//!   `fsync` and `opendir` cost no round trip (`sqlite3` does all three per transaction).
+//!   is durable when it returns, and neither files nor directory listings need per-open
+//!   state, so `open`, `close`, `fsync` and `opendir` cost no round trip (`sqlite3` does all
+//!   of them per transaction). Without OPEN the kernel sends no RELEASE either, except for
+//!   files it made with CREATE.
+//! - **Files by node id.** With no opens, the kernel's reads and writes name a file by its
+//!   node id alone (file handle 0). The daemon serves them through one engine handle per
+//!   regular file the kernel knows (`Known`), and that handle is what keeps a file alive
+//!   while the kernel has it open after its last name went: the kernel counts every reply
+//!   that gives it a node id, and forgets them all (FORGET) only once it drops the inode,
+//!   which it does only when no open description has it. An `O_TRUNC` open truncates with
+//!   a SETATTR (no `FUSE_ATOMIC_O_TRUNC`, which would leave the truncation to the OPEN).
 //! - **Set-ID bits are the daemon's.** With `FUSE_HANDLE_KILLPRIV_V2` the daemon clears
 //!   set-user-ID and set-group-ID (with group-execute) where the kernel's VFS would: flagged
-//!   writes and O_TRUNC opens, changes of owner, truncations, fallocate and copies by callers
-//!   other than root. In exchange the kernel stops asking for `security.capability` before every
-//!   write (it asks once per inode, and still removes file capabilities itself).
+//!   writes, changes of owner, truncations (O_TRUNC opens included), fallocate and copies by
+//!   callers other than root. In exchange the kernel stops asking for `security.capability`
+//!   before every write (it asks once per inode, and still removes file capabilities itself).
 //! - **Appends go to the real end.** A WRITE on an `O_APPEND` description appends at the
 //!   size the file has, not at the offset the kernel chose from the size it cached, which a
 //!   preload client may have changed since. (So `pwritev2(RWF_NOAPPEND)` on such a
@@ -54,8 +63,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -179,8 +187,22 @@ pub struct PmfsFs {
     vol: Volume,
     root: Ino,
     ttl: Timeouts,
-    files: RwLock<HashMap<u64, Arc<OpenNode>>>,
-    next_fh: AtomicU64,
+    /// The regular files whose node ids the kernel holds.
+    known: Mutex<HashMap<Ino, Known>>,
+}
+
+/// A regular file whose node id the kernel holds (see the module documentation).
+#[derive(Debug, Default)]
+struct Known {
+    /// Replies that gave the kernel the node id, less the ones it forgot. Counted before
+    /// the reply goes out, so the kernel cannot forget one first; a reply that does not
+    /// reach the kernel leaves one too many, which only keeps the handle open until the
+    /// mount ends.
+    lookups: u64,
+    /// The handle the kernel's requests go through: opened at the first of them, or before
+    /// the file loses a name (if that was its last, the handle keeps it alive), and closed
+    /// when the kernel forgets the file.
+    node: Option<Arc<OpenNode>>,
 }
 
 impl PmfsFs {
@@ -190,8 +212,7 @@ impl PmfsFs {
             root: vol.root(),
             vol,
             ttl,
-            files: RwLock::new(HashMap::new()),
-            next_fh: AtomicU64::new(1),
+            known: Mutex::new(HashMap::new()),
         }
     }
 
@@ -248,14 +269,87 @@ impl PmfsFs {
 
     fn entry(&self, reply: ReplyEntry, r: pmfs::Result<Attr>) {
         match r {
-            Ok(a) => reply.entry_with_ttls(
-                &self.attr_ttl(a.kind),
-                &self.ttl.entry,
-                &self.attr(&a),
-                Generation(u64::from(a.ino.generation())),
-            ),
+            Ok(a) => {
+                self.told(&a);
+                reply.entry_with_ttls(
+                    &self.attr_ttl(a.kind),
+                    &self.ttl.entry,
+                    &self.attr(&a),
+                    Generation(u64::from(a.ino.generation())),
+                )
+            }
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    fn known_files(&self) -> MutexGuard<'_, HashMap<Ino, Known>> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a reply that gives the kernel `a`'s node id, if `a` is a regular file
+    /// ([`Known::lookups`]).
+    fn told(&self, a: &Attr) {
+        if a.kind == NodeKind::File {
+            self.known_files().entry(a.ino).or_default().lookups += 1;
+        }
+    }
+
+    /// The handle through which the kernel's requests on regular file `ino` go
+    /// ([`Known::node`]), opened at the first one. A file the kernel names without a count
+    /// here (which it should not do) keeps its handle until the kernel forgets it.
+    fn file(&self, ino: INodeNo) -> Result<Arc<OpenNode>, Errno> {
+        let ino = self.ino(ino);
+        let mut known = self.known_files();
+        if let Some(node) = known.get(&ino).and_then(|k| k.node.clone()) {
+            return Ok(node);
+        }
+        let node = Arc::new(self.open_for_kernel(ino).map_err(|e| errno(&e))?);
+        known.entry(ino).or_default().node = Some(node.clone());
+        Ok(node)
+    }
+
+    /// The handle of `ino` for the kernel's requests, if it is open ([`Known::node`]).
+    fn kernel_handle(&self, ino: Ino) -> Option<Arc<OpenNode>> {
+        self.known_files().get(&ino).and_then(|k| k.node.clone())
+    }
+
+    /// A handle of `ino` for the kernel's requests: reads and writes, whatever the access
+    /// mode of the kernel's open description (the kernel checked it), and reads alone on a
+    /// read-only volume.
+    fn open_for_kernel(&self, ino: Ino) -> pmfs::Result<OpenNode> {
+        let mode = OpenMode {
+            read: true,
+            write: true,
+            truncate: false,
+        };
+        match self.vol.open_ino(ino, mode) {
+            Err(pmfs::Error::ReadOnly) => self.vol.open_ino(
+                ino,
+                OpenMode {
+                    write: false,
+                    ..mode
+                },
+            ),
+            r => r,
+        }
+    }
+
+    /// Before `name` in `parent` goes: if it names a regular file the kernel knows, opens
+    /// the file's handle for the kernel ([`Known::node`]), which keeps the file alive while
+    /// the kernel may still have it open, should the name be its last.
+    fn keep_for_kernel(&self, parent: Ino, name: &[u8]) -> pmfs::Result<()> {
+        let a = match self.vol.lookup(parent, name) {
+            Ok(a) if a.kind == NodeKind::File => a,
+            // The removal itself reports what is wrong with the name.
+            _ => return Ok(()),
+        };
+        let mut known = self.known_files();
+        if let Some(k) = known.get_mut(&a.ino)
+            && k.node.is_none()
+        {
+            k.node = Some(Arc::new(self.open_for_kernel(a.ino)?));
+        }
+        Ok(())
     }
 
     /// After a request on `f` was answered: lets go of the file's log if a data client has
@@ -266,24 +360,6 @@ impl PmfsFs {
     /// request itself has been answered.
     fn served(f: &OpenNode) {
         let _ = f.let_go_of_log();
-    }
-
-    fn file(&self, fh: FileHandle) -> Result<Arc<OpenNode>, Errno> {
-        self.files
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&fh.0)
-            .cloned()
-            .ok_or(Errno::EBADF)
-    }
-
-    fn add_file(&self, node: OpenNode) -> FileHandle {
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.files
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(fh, Arc::new(node));
-        FileHandle(fh)
     }
 
     /// Owner, group and permission bits of an object `req` creates in `parent`.
@@ -317,21 +393,11 @@ impl PmfsFs {
         ))
     }
 
-    fn open_mode(flags: OpenFlags) -> OpenMode {
-        OpenMode {
-            // Reads are allowed on every handle: the kernel checked the access mode at open,
-            // and may read through any handle of the file (page cache, mmap).
-            read: true,
-            write: flags.acc_mode() != OpenAccMode::O_RDONLY,
-            truncate: flags.0 & libc::O_TRUNC != 0 && flags.acc_mode() != OpenAccMode::O_RDONLY,
-        }
-    }
-
     /// Clears the set-ID bits ([`Attr::privilege_bits`]) of `ino` if it is a regular file, as a
     /// write, a truncation or a change of owner does. Under `FUSE_HANDLE_KILLPRIV_V2` this is
-    /// the daemon's job: the kernel flags the writes (`FUSE_WRITE_KILL_SUIDGID`) and O_TRUNC
-    /// opens of callers without `CAP_FSETID`, and sends changes of owner and truncations
-    /// without clearing anything. (It still removes `security.capability` itself.)
+    /// the daemon's job: the kernel flags the writes (`FUSE_WRITE_KILL_SUIDGID`) of callers
+    /// without `CAP_FSETID`, and sends changes of owner and truncations (those of O_TRUNC
+    /// opens too) without clearing anything. (It still removes `security.capability` itself.)
     fn kill_suid_sgid(&self, ino: Ino) -> pmfs::Result<()> {
         let Some(perm) = self.without_privileges(ino)? else {
             return Ok(());
@@ -387,7 +453,8 @@ impl Filesystem for PmfsFs {
         let wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_AUTO_INVAL_DATA
-            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            // Not FUSE_ATOMIC_O_TRUNC: the kernel would leave an O_TRUNC open's truncation
+            // to the OPEN, which it does not send.
             | InitFlags::FUSE_PARALLEL_DIROPS
             // The daemon clears set-ID bits itself (`kill_suid_sgid`). Without this the
             // kernel asks for `security.capability` before every write, a second round trip
@@ -407,12 +474,36 @@ impl Filesystem for PmfsFs {
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        // An open handle keeps an unlinked file alive: its attributes stay readable.
-        let ino = match fh.map(|fh| self.file(fh)) {
-            Some(Ok(f)) => f.ino(),
-            _ => self.ino(ino),
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let ino = self.ino(ino);
+        let gone = {
+            let mut known = self.known_files();
+            match known.get_mut(&ino) {
+                Some(k) if k.lookups > nlookup => {
+                    k.lookups -= nlookup;
+                    None
+                }
+                Some(_) => known.remove(&ino),
+                None => None,
+            }
         };
+        // Closing the handle frees an unlinked file: not under the lock.
+        drop(gone);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let ino = self.ino(ino);
+        // Every open asks first (the attributes of regular files are not cached), and the
+        // daemon is not told of closes: this is where it looks for what killed data clients
+        // left on the file, before the caller goes on to use it. Its own handle of the log
+        // goes first if another process has the log open. A failure (of the media) is met
+        // again by the next look, or by the next mount.
+        if let Some(f) = self.kernel_handle(ino) {
+            Self::served(&f);
+        }
+        let _ = self.vol.look_for_dead_pins(ino);
+        // The kernel's handle of an unlinked file keeps it alive: its attributes stay
+        // readable.
         match self.vol.getattr(ino) {
             Ok(a) => reply.attr(&self.attr_ttl(a.kind), &self.attr(&a)),
             Err(e) => reply.error(errno(&e)),
@@ -430,7 +521,7 @@ impl Filesystem for PmfsFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        fh: Option<FileHandle>,
+        _fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -449,8 +540,9 @@ impl Filesystem for PmfsFs {
             atime: atime.map(set),
             mtime: mtime.map(set),
         };
-        let via = fh.and_then(|fh| self.file(fh).ok());
-        let ino = via.as_ref().map_or(self.ino(ino), |f| f.ino());
+        let ino = self.ino(ino);
+        // A truncation goes through the kernel's handle of the file if it has one.
+        let via = self.kernel_handle(ino);
         // A change of owner clears the set-ID bits of a regular file whoever makes it; a
         // truncation when its caller lacks CAP_FSETID (the kernel's FATTR_KILL_SUIDGID, which
         // fuser does not pass on; uid 0 stands for the capability). An explicit mode wins.
@@ -464,6 +556,9 @@ impl Filesystem for PmfsFs {
         match self.vol.set_attr(ino, change, via.as_deref()) {
             Ok(a) => reply.attr(&self.attr_ttl(a.kind), &self.attr(&a)),
             Err(e) => reply.error(errno(&e)),
+        }
+        if let Some(f) = via {
+            Self::served(&f);
         }
     }
 
@@ -514,7 +609,11 @@ impl Filesystem for PmfsFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.vol.unlink_at(self.ino(parent), name.as_bytes()) {
+        let parent = self.ino(parent);
+        let r = self
+            .keep_for_kernel(parent, name.as_bytes())
+            .and_then(|()| self.vol.unlink_at(parent, name.as_bytes()));
+        match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -567,13 +666,19 @@ impl Filesystem for PmfsFs {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
         };
-        match self.vol.rename_at(
-            self.ino(parent),
-            name.as_bytes(),
-            self.ino(newparent),
-            newname.as_bytes(),
-            flags,
-        ) {
+        let newparent = self.ino(newparent);
+        let r = self
+            .keep_for_kernel(newparent, newname.as_bytes())
+            .and_then(|()| {
+                self.vol.rename_at(
+                    self.ino(parent),
+                    name.as_bytes(),
+                    newparent,
+                    newname.as_bytes(),
+                    flags,
+                )
+            });
+        match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -593,34 +698,26 @@ impl Filesystem for PmfsFs {
         self.entry(reply, r);
     }
 
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let mode = Self::open_mode(flags);
-        // FUSE_OPEN_KILL_SUIDGID, which fuser does not pass on: an O_TRUNC open by a caller
-        // without CAP_FSETID (uid 0 stands for it).
-        if mode.truncate
-            && req.uid() != 0
-            && let Err(e) = self.kill_suid_sgid(self.ino(ino))
-        {
-            return reply.error(errno(&e));
-        }
-        match self.vol.open_ino(self.ino(ino), mode) {
-            Ok(node) => reply.opened(self.add_file(node), FopenFlags::empty()),
-            Err(e) => reply.error(errno(&e)),
-        }
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Files need no per-open state (see the module documentation): ENOSYS lets the
+        // kernel open them without asking (FUSE_NO_OPEN_SUPPORT), and close them without a
+        // RELEASE. It then truncates for O_TRUNC with a SETATTR, which clears the set-ID
+        // bits of a caller without CAP_FSETID as any truncation does.
+        reply.error(Errno::ENOSYS);
     }
 
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
+        ino: INodeNo,
+        _fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let f = match self.file(fh) {
+        let f = match self.file(ino) {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
@@ -635,8 +732,8 @@ impl Filesystem for PmfsFs {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
+        ino: INodeNo,
+        _fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
@@ -644,10 +741,14 @@ impl Filesystem for PmfsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let f = match self.file(fh) {
+        let f = match self.file(ino) {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
+        // The kernel keeps the pages of whole-page writes.
+        if let Err(e) = f.kernel_caches() {
+            return reply.error(errno(&e));
+        }
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)
             && let Err(e) = self.kill_suid_sgid(f.ino())
         {
@@ -679,23 +780,6 @@ impl Filesystem for PmfsFs {
         // the kernel, so `close` has nothing to ask: ENOSYS makes the kernel stop sending
         // FLUSH for the rest of the mount, a round trip saved on every close.
         reply.error(Errno::ENOSYS);
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.files
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&fh.0);
-        reply.ok();
     }
 
     fn fsync(
@@ -752,14 +836,22 @@ impl Filesystem for PmfsFs {
         let dir = self.ino(ino);
         let r = self.list(dir, offset, |next, ino, _, name| {
             match self.vol.getattr(ino) {
-                Ok(a) => reply.add(
-                    self.node_id(ino),
-                    next,
-                    OsStr::from_bytes(name),
-                    &self.attr_ttl(a.kind),
-                    &self.attr(&a),
-                    Generation(u64::from(ino.generation())),
-                ),
+                Ok(a) => {
+                    let full = reply.add(
+                        self.node_id(ino),
+                        next,
+                        OsStr::from_bytes(name),
+                        &self.attr_ttl(a.kind),
+                        &self.attr(&a),
+                        Generation(u64::from(ino.generation())),
+                    );
+                    // The kernel counts every entry it gets (but "." and "..", which are
+                    // not regular files).
+                    if !full {
+                        self.told(&a);
+                    }
+                    full
+                }
                 // Removed since the listing was taken: skip it.
                 Err(_) => false,
             }
@@ -890,6 +982,13 @@ impl Filesystem for PmfsFs {
     ) {
         let parent = self.ino(parent);
         let flags = OpenFlags(flags);
+        // The handle becomes the kernel's handle of the file ([`Known::node`]): it reads and
+        // writes whatever the access mode of this open description.
+        let open = OpenMode {
+            read: true,
+            write: true,
+            truncate: flags.0 & libc::O_TRUNC != 0 && flags.acc_mode() != OpenAccMode::O_RDONLY,
+        };
         let r = self
             .new_owner(req, parent, mode, umask, false)
             .and_then(|(owner, perm)| {
@@ -899,18 +998,26 @@ impl Filesystem for PmfsFs {
                     perm,
                     owner,
                     flags.0 & libc::O_EXCL != 0,
-                    Self::open_mode(flags),
+                    open,
                 )
             });
         match r {
             Ok((a, node, _)) => {
-                let fh = self.add_file(node);
+                let spare = {
+                    let mut known = self.known_files();
+                    let k = known.entry(a.ino).or_default();
+                    k.lookups += 1;
+                    k.node.replace(Arc::new(node))
+                };
+                drop(spare);
                 // One lifetime covers name and attributes here: the attributes' (shorter).
+                // Requests on the file go by node id (handle 0), as after any other open;
+                // its RELEASE has nothing to do.
                 reply.created(
                     &self.ttl.attr,
                     &self.attr(&a),
                     Generation(u64::from(a.ino.generation())),
-                    fh,
+                    FileHandle(0),
                     FopenFlags::empty(),
                 );
             }
@@ -921,14 +1028,14 @@ impl Filesystem for PmfsFs {
     fn fallocate(
         &self,
         req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
+        ino: INodeNo,
+        _fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let f = match self.file(fh) {
+        let f = match self.file(ino) {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
@@ -962,11 +1069,11 @@ impl Filesystem for PmfsFs {
     fn copy_file_range(
         &self,
         req: &Request,
-        _ino_in: INodeNo,
-        fh_in: FileHandle,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
         offset_in: u64,
-        _ino_out: INodeNo,
-        fh_out: FileHandle,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
         offset_out: u64,
         len: u64,
         flags: CopyFileRangeFlags,
@@ -975,7 +1082,7 @@ impl Filesystem for PmfsFs {
         if !flags.is_empty() {
             return reply.error(Errno::EINVAL);
         }
-        let (src, dst) = match (self.file(fh_in), self.file(fh_out)) {
+        let (src, dst) = match (self.file(ino_in), self.file(ino_out)) {
             (Ok(src), Ok(dst)) => (src, dst),
             (Err(e), _) | (_, Err(e)) => return reply.error(e),
         };
@@ -999,13 +1106,13 @@ impl Filesystem for PmfsFs {
     fn lseek(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
+        ino: INodeNo,
+        _fh: FileHandle,
         offset: i64,
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let f = match self.file(fh) {
+        let f = match self.file(ino) {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };

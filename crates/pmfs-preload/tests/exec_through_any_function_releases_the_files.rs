@@ -7,7 +7,7 @@
 //! reports no counters; the same program ending with `exit` shows its writes are served in
 //! userspace (which is what pins the file: through the kernel, the test passes trivially).
 //! Another client of the library stays attached throughout: with none, the daemon would take
-//! pins left behind for dead at its last close of the file and free it anyway.
+//! pins left behind for dead and free the file anyway.
 
 mod common;
 
@@ -25,7 +25,7 @@ fn free_bytes(dir: &Path) -> u64 {
 }
 
 /// The free space of the mount once it is back to `want`, or what it is after 5 s (the kernel
-/// sends the release of a closed file to the daemon asynchronously).
+/// tells the daemon it forgot a closed unlinked file asynchronously).
 fn free_bytes_settled(dir: &Path, want: u64) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {

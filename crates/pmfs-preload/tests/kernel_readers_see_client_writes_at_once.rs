@@ -106,8 +106,8 @@ fn reads_through_the_kernel_see_each_write_served_in_userspace() {
     );
     assert!(back[8192..].iter().all(|&b| b == b'.'));
 
-    // A writer that opened the file after the last close of every other: the kernel caches
-    // nothing of it until it reads again.
+    // A write after the reader closed the file: the kernel keeps the pages it read from one
+    // open to the next, and the write moves the mtime, which the next open fetches.
     drop(reader);
     ask("100 AFTER-CLOSE".to_owned());
     let again = OpenOptions::new().read(true).open(path).unwrap();

@@ -4,19 +4,20 @@
 //! allocated until the next mount; and the next program to write the file was never alone
 //! with its log, so the log blocks its compactions retired stayed allocated too. Now the
 //! daemon takes the pins for dead when no data client is attached (none holds the client lock
-//! on the pool, none maps it): at its last close of the file, so that the next writer frees
-//! those blocks, and when the file is deleted, which frees it. While another client is
-//! attached it cannot tell whose the pins are; it looks again every second, and clears them
-//! once the other clients left too.
+//! on the pool, none maps it): when the kernel asks for the file's attributes, as every open
+//! does, so that the next writer frees those blocks, and when the file is deleted and the
+//! kernel forgot it, which frees it. While another client is attached it cannot tell whose
+//! the pins are; it looks again every second, and clears them once the other clients left
+//! too.
 
 mod common;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Mounted, TempDir, compile, free_blocks, stepped};
+use common::{Mounted, TempDir, compile, free_blocks, free_blocks_reaching, stepped};
 
 /// Blocks of each file.
 const BLOCKS: u64 = 256;
@@ -75,11 +76,12 @@ fn a_deleted_file_a_killed_client_had_open_is_freed() {
     let (work, writer, m) = setup("killed-pins");
     let dir = m.path();
 
-    // No other client: deleting the file frees it.
+    // No other client: deleting the file frees it, once the kernel forgot the file (it
+    // tells the daemon in the background).
     let before = free_blocks(dir);
     kill(client(&writer, &work, dir, "alone"));
     std::fs::remove_file(dir.join("alone")).unwrap();
-    let after = free_blocks(dir);
+    let after = free_blocks_reaching(dir, before - 4);
     assert!(
         after + 4 >= before,
         "{before} blocks free before, {after} after"
@@ -90,6 +92,8 @@ fn a_deleted_file_a_killed_client_had_open_is_freed() {
     let before = free_blocks(dir);
     kill(client(&writer, &work, dir, "beside"));
     std::fs::remove_file(dir.join("beside")).unwrap();
+    // Time for the kernel to tell the daemon it forgot the file, as above.
+    std::thread::sleep(Duration::from_millis(300));
     let after = free_blocks(dir);
     assert!(
         after + BLOCKS <= before + 4,
@@ -99,12 +103,7 @@ fn a_deleted_file_a_killed_client_had_open_is_freed() {
     assert!(other.wait().unwrap().success());
 
     // Once the other client is gone, the daemon's next look frees it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut after = free_blocks(dir);
-    while after + 4 < before && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-        after = free_blocks(dir);
-    }
+    let after = free_blocks_reaching(dir, before - 4);
     assert!(
         after + 4 >= before,
         "{before} blocks free before, {after} once the other client left"
@@ -116,7 +115,7 @@ fn a_deleted_file_a_killed_client_had_open_is_freed() {
 /// had digested yet: taking them for dead must not hide those writes from the kernel's view
 /// of the file (its size and bytes), nor from programs that open it later. (A file created
 /// empty through the kernel gets its log from its first writer, the client: the daemon has
-/// no handle of it that would digest the writes at its last close.)
+/// no handle of it that would digest the writes when the kernel forgets it.)
 #[test]
 fn what_a_killed_client_wrote_stays_once_its_pins_are_taken_for_dead() {
     let (work, writer, m) = setup("killed-pins-data");
@@ -126,8 +125,6 @@ fn what_a_killed_client_wrote_stays_once_its_pins_are_taken_for_dead() {
     ask(&mut c, "0 at-the-start");
     ask(&mut c, "5000 further-on");
     kill(c);
-    // The kernel tells the daemon of the last close in the background.
-    std::thread::sleep(Duration::from_secs(1));
     let f = std::fs::read(&path).unwrap();
     assert_eq!(f.len(), 5010, "the size the killed client left");
     assert_eq!(&f[..12], b"at-the-start");
@@ -140,19 +137,15 @@ fn the_next_writer_frees_its_retired_log_blocks_after_a_client_was_killed() {
     let (work, writer, m) = setup("killed-pins-log");
     let dir = m.path();
     kill(client(&writer, &work, dir, "f"));
-    // The kernel closes the killed program's descriptor at once, but tells the daemon in the
-    // background: give it a moment to see the last close.
-    std::thread::sleep(Duration::from_millis(300));
+    // The next writer's open has the kernel ask for the file's attributes: the daemon looks.
     overwrite_often(&writer, &work, dir, "f");
 
-    // Killed while another client ran: the pins are cleared once that one left as well.
+    // Killed while another client ran: the pins are cleared once that one left as well (at
+    // the next open, as above).
     let mut other = client(&writer, &work, dir, "other");
     kill(client(&writer, &work, dir, "g"));
-    std::thread::sleep(Duration::from_millis(300));
     drop(other.stdin.take());
     assert!(other.wait().unwrap().success());
-    // The daemon looks every second.
-    std::thread::sleep(Duration::from_secs(3));
     overwrite_often(&writer, &work, dir, "g");
     m.unmount_and_fsck();
 }

@@ -33,6 +33,19 @@ pub fn free_blocks(p: &Path) -> u64 {
     st.f_bavail * st.f_frsize / 4096
 }
 
+/// The free blocks of the file system at `p` once they are at least `want`, or after 10 s:
+/// the daemon frees a deleted file once the kernel has forgotten it, which it tells the
+/// daemon in the background.
+pub fn free_blocks_reaching(p: &Path, want: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut free = free_blocks(p);
+    while free < want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        free = free_blocks(p);
+    }
+    free
+}
+
 /// The library under test, built by cargo next to the test binary.
 pub fn library() -> PathBuf {
     let so = deps_dir().join("libpmfs_preload.so");
