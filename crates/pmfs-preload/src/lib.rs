@@ -189,11 +189,12 @@
 //!   where nothing is mapped: those calls are forwarded.
 //! - A process that ends by `exit_group` without libc or by a signal, or that execs through
 //!   `execl*` on architectures other than x86-64 (not interposed there), leaves its files'
-//!   log and mapping pins in the pool. The daemon takes them for dead at its last close of
-//!   each file if no data client is attached then, and otherwise within a second of the last
-//!   client leaving (`Volume::collect_dead_pins`); until then, files unlinked meanwhile stay
-//!   allocated and mapped ones stay in mapped mode. A failed exec leaves its pmfs descriptors on the kernel path and its served mappings
-//!   private copies.
+//!   log and mapping pins in the pool. The daemon takes them for dead when the kernel next
+//!   asks for a file's attributes (every open does) or forgets the file, if no data client is
+//!   attached then, and otherwise within a second of the last client leaving
+//!   (`Volume::collect_dead_pins`); until then, files unlinked meanwhile stay allocated and
+//!   mapped ones stay in mapped mode. A failed exec leaves its pmfs descriptors on the kernel
+//!   path and its served mappings private copies.
 //! - Signal handlers installed with `sigset`, `sysv_signal`, `bsd_signal` or a raw
 //!   `rt_sigaction` are not deferred: one that calls the library while its thread is in the
 //!   library may wait for its own thread forever. A deferred handler gets a context made where

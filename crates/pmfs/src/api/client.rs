@@ -47,8 +47,9 @@ impl Volume {
     ///   the next mount, but only while other clients are attached; a mapping's share of the
     ///   file's mapped mode likewise. With none (no client lock on the pool file, no other
     ///   process mapping it), the owner takes the pins and shares for dead at its last close
-    ///   of the file, and the pins when it frees the file; files it could not clear then wait
-    ///   for [`Volume::collect_dead_pins`].
+    ///   of the file or when it looks ([`Volume::look_for_dead_pins`]), and the pins when it
+    ///   frees the file; files it could not clear then wait for
+    ///   [`Volume::collect_dead_pins`].
     /// - Attaching takes a shared lock on the pool file's first byte
     ///   ([`PmRegion::lock_as_client`]), held as long as the client's descriptor is open or
     ///   its mapping of the pool exists.

@@ -178,10 +178,11 @@ impl Volume {
     /// more (the client closed it: before, it stayed allocated until the next mount), and
     /// clears the pins killed clients left once no client is attached at all (then they are
     /// all dead). A client killed (`SIGKILL`, a crash) never gives back its pins; the owner
-    /// takes them for dead by itself at its last close of such a file, or when it frees it,
-    /// if no other client is attached then. If one is, the pins stay, and so do the log
-    /// blocks that later writers of the file retire, and the file itself once unlinked, until
-    /// the next mount, unless the owner calls this later (the FUSE daemon does every second).
+    /// takes them for dead by itself at its last close of such a file, when it looks
+    /// ([`Volume::look_for_dead_pins`]), or when it frees it, if no other client is attached
+    /// then. If one is, the pins stay, and so do the log blocks that later writers of the
+    /// file retire, and the file itself once unlinked, until the next mount, unless the owner
+    /// calls this later (the FUSE daemon does every second).
     /// Returns how many files it cleared or freed. Cheap while there is nothing to look at or
     /// a client is attached.
     ///
