@@ -33,8 +33,8 @@
 //!   `ENOSYS`, which the kernel takes as "succeed without asking from now on": every update
 //!   is durable when it returns, and neither files nor directory listings need per-open
 //!   state, so `open`, `close`, `fsync` and `opendir` cost no round trip (`sqlite3` does all
-//!   of them per transaction). Without OPEN the kernel sends no RELEASE either, except for
-//!   files it made with CREATE.
+//!   of them per transaction). Without OPEN the kernel sends no RELEASE either, not even for
+//!   the files it made with CREATE.
 //! - **Files by node id.** With no opens, the kernel's reads and writes name a file by its
 //!   node id alone (file handle 0). The daemon serves them through one engine handle per
 //!   regular file the kernel knows (`Known`), and that handle is what keeps a file alive
@@ -1011,8 +1011,7 @@ impl Filesystem for PmfsFs {
                 };
                 drop(spare);
                 // One lifetime covers name and attributes here: the attributes' (shorter).
-                // Requests on the file go by node id (handle 0), as after any other open;
-                // its RELEASE has nothing to do.
+                // Requests on the file go by node id (handle 0), as after any other open.
                 reply.created(
                     &self.ttl.attr,
                     &self.attr(&a),

@@ -257,8 +257,7 @@ pub fn spawn_daemon(pool: &Path, mountpoint: &Path, options: &[String]) -> Resul
 }
 
 /// Unmounts `dir` with `fusermount3 -u` (`-z`: lazily), retrying for a moment while the
-/// mount is busy: the kernel holds the mount until the daemon has answered the asynchronous
-/// releases of files closed just before.
+/// mount is busy: a program that closed its last file on it just before may still be ending.
 fn unmount(dir: &Path, lazy: bool) -> std::result::Result<(), String> {
     let mut tries = 0;
     loop {

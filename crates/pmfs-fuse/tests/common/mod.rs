@@ -193,8 +193,8 @@ impl Mount {
 
     /// Unmounts with `fusermount3 -u` and waits for the daemon to exit cleanly.
     pub fn unmount(mut self) {
-        // The kernel keeps the mount busy until the daemon answered the releases of files
-        // closed just before: retry for a moment.
+        // A program that used the mount just before may still be ending and keep it busy:
+        // retry for a moment.
         let deadline = Instant::now() + Duration::from_secs(10);
         while !Command::new("fusermount3")
             .arg("-u")

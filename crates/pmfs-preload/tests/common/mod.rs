@@ -236,8 +236,8 @@ impl Mounted {
         let Some(mut daemon) = self.daemon.take() else {
             return;
         };
-        // The kernel keeps the mount busy until the daemon answered the releases of files
-        // closed just before: retry for a while.
+        // A program that used the mount just before may still be ending and keep it busy:
+        // retry for a while.
         let deadline = Instant::now() + Duration::from_secs(20);
         while mounted(&self.mnt) && Instant::now() < deadline {
             let _ = Command::new("fusermount3")
