@@ -1009,6 +1009,8 @@ impl Filesystem for PmfsFs {
                     k.lookups += 1;
                     k.node.replace(Arc::new(node))
                 };
+                // A handle the kernel's requests opened on a file that existed: closed
+                // outside the lock.
                 drop(spare);
                 // One lifetime covers name and attributes here: the attributes' (shorter).
                 // Requests on the file go by node id (handle 0), as after any other open.
