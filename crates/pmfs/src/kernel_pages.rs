@@ -5,7 +5,7 @@
 //! bytes. Reads through `read(2)` are kept right by the mtime: the kernel fetches the
 //! attributes before it reads (`attr_timeout` 0) and drops its pages when the mtime moved, and
 //! a client raises the mtime after updating a file the kernel may cache (one the owner marked
-//! when it read it for the kernel, [`OpenNode::read_for_kernel`]). A kernel *mapping* never
+//! when it read or wrote it for the kernel, [`OpenNode::kernel_caches`]). A kernel *mapping* never
 //! fetches attributes: its pages stay until the owner tells the kernel to drop them
 //! (`FUSE_NOTIFY_INVAL_INODE`). The owner (the FUSE daemon) listens on a datagram socket named
 //! after the pool file ([`owner_address`]); a client that updated a file the kernel may cache
@@ -23,7 +23,7 @@
 //! does is make the kernel drop pages it would have kept).
 //!
 //! [`Client`]: crate::Client
-//! [`OpenNode::read_for_kernel`]: crate::OpenNode::read_for_kernel
+//! [`OpenNode::kernel_caches`]: crate::OpenNode::kernel_caches
 //! [`Volume::forget_kernel_pages`]: crate::Volume::forget_kernel_pages
 
 use std::io;
