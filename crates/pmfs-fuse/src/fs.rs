@@ -1003,12 +1003,13 @@ impl Filesystem for PmfsFs {
             });
         match r {
             Ok((a, node, _)) => {
-                let spare = {
-                    let mut known = self.known_files();
-                    let k = known.entry(a.ino).or_default();
-                    k.lookups += 1;
-                    k.node.replace(Arc::new(node))
-                };
+                self.told(&a);
+                let spare = self
+                    .known_files()
+                    .entry(a.ino)
+                    .or_default()
+                    .node
+                    .replace(Arc::new(node));
                 // A handle the kernel's requests opened on a file that existed: closed
                 // outside the lock.
                 drop(spare);
