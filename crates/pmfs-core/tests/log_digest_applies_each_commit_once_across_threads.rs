@@ -34,7 +34,7 @@ fn entry(p: u32, t: u64, i: u64) -> Entry {
     let id = (u64::from(p) * THREADS + t) * APPENDS + i;
     if i % 5 == 2 {
         Entry::Write {
-            runs: vec![
+            runs: smallvec::smallvec![
                 Run {
                     lblk: id,
                     pblk: BlockNo(1),

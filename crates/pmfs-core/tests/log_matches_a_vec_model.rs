@@ -44,12 +44,12 @@ fn entry() -> impl Strategy<Value = Entry> {
     prop_oneof![
         4 => (run(), any::<bool>()).prop_map(|(r, ext)| {
             let extend_to = if ext { (r.lblk.saturating_add(r.len)).saturating_mul(BLOCK_SIZE) } else { 0 };
-            Entry::Write { runs: vec![r], extend_to }
+            Entry::Write { runs: smallvec::smallvec![r], extend_to }
         }),
         2 => (prop::collection::vec(run(), 0..6), any::<u64>())
-            .prop_map(|(runs, extend_to)| Entry::Write { runs, extend_to }),
+            .prop_map(|(runs, extend_to)| Entry::Write { runs: runs.into(), extend_to }),
         1 => (prop::collection::vec(run(), 200..700), any::<u64>())
-            .prop_map(|(runs, extend_to)| Entry::Write { runs, extend_to }),
+            .prop_map(|(runs, extend_to)| Entry::Write { runs: runs.into(), extend_to }),
         1 => any::<u64>().prop_map(|size| Entry::Truncate { size }),
         1 => any::<u64>().prop_map(|size| Entry::Resize { size }),
         1 => (any::<u64>(), 1..1000u64).prop_map(|(lblk, len)| Entry::Punch {

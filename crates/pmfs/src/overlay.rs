@@ -369,7 +369,7 @@ mod tests {
         prop_oneof![
             4 => (0..SPACE, 1..6u64, 0..1000u64, 0..SPACE * BLOCK_SIZE).prop_map(
                 |(l, n, p, x)| Entry::Write {
-                    runs: vec![Run { lblk: l, pblk: BlockNo(p * 100), len: n }],
+                    runs: smallvec::smallvec![Run { lblk: l, pblk: BlockNo(p * 100), len: n }],
                     extend_to: x,
                 }
             ),

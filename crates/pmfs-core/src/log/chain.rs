@@ -11,6 +11,7 @@ use super::format::{
 use crate::error::{Error, Result};
 use crate::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use crate::pm::Media;
+use crate::traits::Runs;
 
 /// Read access to the blocks of one log.
 pub(crate) struct Chain<'m, M: ?Sized> {
@@ -107,7 +108,7 @@ impl<M: Media + ?Sized> Chain<'_, M> {
         match s {
             Slot::Inline(i) => Entry::from_inline(i, self.blocks, at),
             Slot::Grow(size) => Ok(Entry::Write {
-                runs: Vec::new(),
+                runs: Runs::new(),
                 extend_to: size,
             }),
             Slot::Indirect(ind) => {

@@ -468,7 +468,7 @@ mod tests {
     fn entry(i: u64) -> Entry {
         if i % 5 == 4 {
             Entry::Write {
-                runs: vec![
+                runs: smallvec::smallvec![
                     Run {
                         lblk: i,
                         pblk: BlockNo(3),

@@ -6,7 +6,7 @@ use super::format::{
 };
 use crate::error::{Error, Result};
 use crate::layout::{BLOCK_SIZE, BlockNo, PmOff};
-use crate::traits::Run;
+use crate::traits::{Run, Runs};
 
 /// One metadata update of a file, committed atomically by one log slot.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -15,7 +15,7 @@ pub enum Entry {
     /// order, then sets the file size to `max(size, extend_to)` (0 leaves it unchanged).
     Write {
         /// The remapped runs (may be empty for a pure size extension).
-        runs: Vec<Run>,
+        runs: Runs,
         /// Lower bound for the new file size in bytes.
         extend_to: u64,
     },
@@ -55,7 +55,7 @@ impl Entry {
     /// A write of one run that extends the size to at least `extend_to`.
     pub fn write(lblk: u64, pblk: BlockNo, len: u64, extend_to: u64) -> Entry {
         Entry::Write {
-            runs: vec![Run { lblk, pblk, len }],
+            runs: smallvec::smallvec![Run { lblk, pblk, len }],
             extend_to,
         }
     }
@@ -249,7 +249,7 @@ mod tests {
         assert!(Entry::Truncate { size: 0 }.inline().is_none());
         // A pure size extension is a grow word, unless it is too large for one.
         let grow = |extend_to| Entry::Write {
-            runs: vec![],
+            runs: smallvec::smallvec![],
             extend_to,
         };
         assert_eq!(grow(4097).inline_word(), Some(grow_word(4097)));
@@ -268,11 +268,11 @@ mod tests {
     fn records_round_trip_and_reject_garbage() {
         for e in [
             Entry::Write {
-                runs: vec![],
+                runs: smallvec::smallvec![],
                 extend_to: 77,
             },
             Entry::Write {
-                runs: vec![
+                runs: smallvec::smallvec![
                     Run {
                         lblk: u64::MAX - 5,
                         pblk: BlockNo(9),
@@ -304,7 +304,7 @@ mod tests {
         assert!(Entry::from_record(&[KIND_RESIZE, 0, 0], 10, PmOff(0)).is_err());
         assert!(
             Entry::Write {
-                runs: vec![Run {
+                runs: smallvec::smallvec![Run {
                     lblk: 0,
                     pblk: BlockNo(9),
                     len: 2

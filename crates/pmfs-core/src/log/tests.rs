@@ -8,7 +8,7 @@ use super::format::{
 use super::*;
 use crate::layout::BLOCK_SIZE;
 use crate::pm::HeapRegion;
-use crate::traits::{Run, SimpleAllocator};
+use crate::traits::{Run, Runs, SimpleAllocator};
 
 const BLOCKS: u64 = 1024;
 const ROOT: PmOff = PmOff(64);
@@ -73,7 +73,7 @@ fn multi_segment_entries_round_trip() {
     let (r, a) = setup();
     let log = TestLog::create(r.clone(), ROOT, a).unwrap();
     log.append(&inline(1)).unwrap();
-    let runs: Vec<Run> = (0..700)
+    let runs: Runs = (0..700)
         .map(|i| Run {
             lblk: i * 3,
             pblk: BlockNo(10 + i),

@@ -29,6 +29,10 @@ pub struct Run {
     pub len: u64,
 }
 
+/// The runs of one update, in order. Most updates have one or two: they are kept inline, so
+/// that a write's log entry, and each entry a digest replays, allocates nothing.
+pub type Runs = smallvec::SmallVec<[Run; 2]>;
+
 impl Run {
     /// The physical blocks of the run.
     pub fn extent(&self) -> Extent {

@@ -27,7 +27,7 @@ pub fn inline(i: u64) -> Entry {
 /// An extended entry: an unaligned size change over two runs.
 pub fn extended(i: u64) -> Entry {
     Entry::Write {
-        runs: vec![
+        runs: smallvec::smallvec![
             Run {
                 lblk: i,
                 pblk: BlockNo(2),

@@ -3,9 +3,12 @@
 //! giving them back, and sweeping the ones whose write never committed. The design is in the
 //! [module docs](super).
 
+use std::ops::DerefMut;
+
 use pmfs_core::pm::Media;
 use pmfs_core::traits::Run;
 use pmfs_core::{Error, Result};
+use smallvec::SmallVec;
 
 use super::simd::{BATCH, home_slots};
 use super::slot::{Key, Slot, TOMBSTONE};
@@ -13,7 +16,8 @@ use super::{HashFs, HashFsFile, PROMOTING, push_block, range_end};
 
 impl<M: Media> HashFs<M> {
     /// Claims one fresh slot per block of `[lblk, lblk + len)` of `file` for a *new version*
-    /// of those keys, and appends the claimed blocks to `out` as physically contiguous runs in
+    /// of those keys, and appends the claimed blocks to `out` (a `Vec<Run>`, or the inline
+    /// [`Runs`](pmfs_core::traits::Runs) of the data path) as physically contiguous runs in
     /// logical order. The current version of each key (if mapped) stays mapped and visible;
     /// the staged slots are invisible to [`lookup`], [`owned_blocks`] and the translation
     /// cache, survive [`recover`], and become current with [`insert_at`]. Any number of
@@ -29,7 +33,10 @@ impl<M: Media> HashFs<M> {
     /// [`owned_blocks`]: pmfs_core::traits::FileMapping::owned_blocks
     /// [`recover`]: pmfs_core::traits::FileMapping::recover
     /// [`insert_at`]: pmfs_core::traits::FileMapping::insert_at
-    pub fn stage(&self, file: &HashFsFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
+    pub fn stage<V>(&self, file: &HashFsFile, lblk: u64, len: u64, out: &mut V) -> Result<()>
+    where
+        V: Extend<Run> + DerefMut<Target = [Run]>,
+    {
         self.stage_unfenced(file, lblk, len, out)?;
         self.media.fence();
         Ok(())
@@ -38,13 +45,16 @@ impl<M: Media> HashFs<M> {
     /// [`stage`](HashFs::stage) for a caller that fences before anything depends on the
     /// claims (the data path fences its copied data before it commits): the claims are
     /// flushed, and durable after the caller's next fence.
-    pub fn stage_unfenced(
+    pub fn stage_unfenced<V>(
         &self,
         file: &HashFsFile,
         lblk: u64,
         len: u64,
-        out: &mut Vec<Run>,
-    ) -> Result<()> {
+        out: &mut V,
+    ) -> Result<()>
+    where
+        V: Extend<Run> + DerefMut<Target = [Run]>,
+    {
         if len == 0 {
             return Ok(());
         }
@@ -52,7 +62,7 @@ impl<M: Media> HashFs<M> {
         if len > self.slots {
             return Err(Error::NoSpace);
         }
-        let mut claimed = Vec::with_capacity(len as usize);
+        let mut claimed: SmallVec<[u64; 16]> = SmallVec::with_capacity(len as usize);
         let mut l = lblk;
         while l < end {
             let homes = home_slots(self.kernel, file.seed, l, self.n32(), self.shift);

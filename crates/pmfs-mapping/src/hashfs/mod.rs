@@ -194,6 +194,7 @@ pub mod slot;
 pub mod translation_cache;
 
 use std::hash::{BuildHasher, RandomState};
+use std::ops::DerefMut;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -205,6 +206,7 @@ use pmfs_core::sync::atomic::fence_after_rmw;
 use pmfs_core::sync::native;
 use pmfs_core::traits::{Extent, FileId, FileMapping, MappingKind, Run};
 use pmfs_core::{Error, Result};
+use smallvec::SmallVec;
 
 use self::intent::IntentTable;
 pub use self::log_blocks::{LOG_LBLK_END, LOG_LBLK_FIRST, LogBlocks};
@@ -351,7 +353,10 @@ impl<M> std::fmt::Debug for HashFs<M> {
 
 /// Appends block `lblk -> pblk` to `out`, extending the last run if it is contiguous and was
 /// appended by this call (index `first` on).
-fn push_block(out: &mut Vec<Run>, first: usize, lblk: u64, pblk: u64) {
+fn push_block<V>(out: &mut V, first: usize, lblk: u64, pblk: u64)
+where
+    V: Extend<Run> + DerefMut<Target = [Run]>,
+{
     if out.len() > first
         && let Some(last) = out.last_mut()
         && last.lblk + last.len == lblk
@@ -360,11 +365,11 @@ fn push_block(out: &mut Vec<Run>, first: usize, lblk: u64, pblk: u64) {
         last.len += 1;
         return;
     }
-    out.push(Run {
+    out.extend([Run {
         lblk,
         pblk: BlockNo(pblk),
         len: 1,
-    });
+    }]);
 }
 
 fn in_region<M: Media>(media: &M, e: Extent) -> bool {
@@ -966,7 +971,7 @@ impl<M: Media> HashFs<M> {
     /// flush afterwards: on x86 a locked instruction waits for earlier CLWB/CLFLUSHOPT to
     /// complete, so a flush between two CASes would serialise the write-backs.
     fn flush_slots(&self, slots: &[u64]) -> Result<()> {
-        let mut lines: Vec<u64> = slots.iter().map(|i| i / SLOTS_PER_LINE).collect();
+        let mut lines: SmallVec<[u64; 16]> = slots.iter().map(|i| i / SLOTS_PER_LINE).collect();
         lines.sort_unstable();
         lines.dedup();
         for line in lines {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use pmfs_core::layout::{BlockNo, PmOff};
 use pmfs_core::log::{Commit, Entry, HeadWord, MapPinned};
 use pmfs_core::pm::Media;
-use pmfs_core::traits::Run;
+use pmfs_core::traits::{Run, Runs};
 
 use crate::api::ino::Ino;
 use crate::error::{Error, Result};
@@ -17,7 +17,7 @@ use crate::mapping::MapFile;
 use crate::overlay::Overlay;
 use crate::parts::Pm;
 
-use super::{BS, DigestWhen, Fill, Node, Seg, Shared, Update};
+use super::{BS, DigestWhen, Fill, Node, Seg, Segs, Shared, Update};
 
 /// Adds one to (`up`) or takes one from the counter word at `at`, by CAS; `from_nonzero`
 /// refuses to raise a zero counter (returns false then). A counter never goes below zero.
@@ -292,7 +292,7 @@ impl Fs {
         f: &MapFile,
         segs: &[Seg<'b>],
         holes: bool,
-    ) -> Result<(Vec<Seg<'b>>, Vec<(Run, Seg<'b>)>)> {
+    ) -> Result<(Segs<'b>, Vec<(Run, Seg<'b>)>)> {
         let sub = |sg: &Seg<'b>, lblk: u64, len: u64| {
             let (lo, hi) = (lblk * BS, (lblk + len) * BS);
             let from = sg.from.clamp(lo, hi);
@@ -308,7 +308,7 @@ impl Fs {
                     .map(|d| &d[(from - sg.from) as usize..(to - sg.from) as usize]),
             }
         };
-        let (mut cow, mut own) = (Vec::new(), Vec::new());
+        let (mut cow, mut own) = (Segs::new(), Vec::new());
         let mut runs = Vec::new();
         for sg in segs {
             runs.clear();
@@ -422,7 +422,7 @@ impl Fs {
         // The barrier: every update committed after it saw the count, and so leaves mapped
         // blocks in place; every one before it is in the view below.
         let barrier = Entry::Write {
-            runs: Vec::new(),
+            runs: Runs::new(),
             extend_to: 0,
         };
         s.log.prepare(&barrier)?.commit()?;
@@ -566,7 +566,7 @@ impl Fs {
         self.cow_update(n, how, &mut |_, _, _, _| {
             let first = offset / BS;
             Ok(Some((
-                vec![Seg {
+                smallvec::smallvec![Seg {
                     lblk: first,
                     len: (end - 1) / BS - first + 1,
                     from: offset,

@@ -333,6 +333,10 @@ struct Seg<'b> {
     data: Option<&'b [u8]>,
 }
 
+/// The segments of one update: one or two for a write (its range, and the old last block
+/// when it grows the file past an unaligned end), kept inline.
+type Segs<'b> = smallvec::SmallVec<[Seg<'b>; 2]>;
+
 impl Seg<'_> {
     /// Whether the segment's blocks include logical block `lblk`.
     fn covers(&self, lblk: u64) -> bool {

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::fs::{Fs, MAX_FILE_SIZE};
 use crate::inode::field;
 
-use super::{BS, DigestWhen, Fill, Node, Seg, Update};
+use super::{BS, DigestWhen, Fill, Node, Seg, Segs, Update};
 
 impl Fs {
     /// Truncates or extends the file to `len` bytes.
@@ -79,7 +79,7 @@ impl Fs {
             if len.div_ceil(BS) > size.div_ceil(BS) {
                 fs.mark_holes(n.h.ino)?;
             }
-            let segs: Vec<Seg<'_>> = fs.eof_seg(ov, f, size, u64::MAX)?.into_iter().collect();
+            let segs: Segs<'_> = fs.eof_seg(ov, f, size, u64::MAX)?.into_iter().collect();
             Ok(Some((segs, len)))
         })?;
         Ok(())
@@ -126,7 +126,7 @@ impl Fs {
         let first = offset / BS;
         let last = end.div_ceil(BS);
         self.cow_update(n, Update::NOW, &mut |fs, ov, f, size| {
-            let mut segs = Vec::new();
+            let mut segs = Segs::new();
             match what {
                 Fill::Zeros => segs.push(Seg {
                     lblk: first,
@@ -233,7 +233,7 @@ impl Fs {
             n,
             Update::NOW,
             &mut |fs, ov, f, _| {
-                let mut segs = Vec::new();
+                let mut segs = Segs::new();
                 let mut edge = |b: u64| -> Result<()> {
                     let (bs, be) = (b * BS, b * BS + BS);
                     let (a, z) = (offset.max(bs), end.min(be));

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use pmfs_core::layout::{BlockNo, PmOff};
 use pmfs_core::log::{Commit, Entry, Position};
 use pmfs_core::pm::{Media, procs};
-use pmfs_core::traits::{AllocHint, AllocKind, Extent, Run};
+use pmfs_core::traits::{AllocHint, AllocKind, Extent, Run, Runs};
 use pmfs_mapping::hashfs::HashFsFile;
 
 use crate::error::{Error, Result};
@@ -20,7 +20,7 @@ use crate::overlay::{Overlay, Src, touches, touches_range};
 use crate::parts::Stager;
 
 use super::mapped::raise_words;
-use super::{BS, DigestWhen, Node, Seg, Shared, Update, overlay_src};
+use super::{BS, DigestWhen, Node, Seg, Segs, Shared, Update, overlay_src};
 
 /// How long a holder found alive counts as alive without looking again: a dead holder
 /// misjudged alive is only taken over that much later.
@@ -61,7 +61,7 @@ fn partial_blocks<'s>(sg: &'s Seg<'_>) -> impl Iterator<Item = u64> + 's {
 /// Plans a copy-on-write update from the overlay, the mapping handle and the current size:
 /// the segments and the size to extend to, or `None` for nothing to do.
 type Plan<'p, 'b> =
-    dyn FnMut(&Fs, Option<&Overlay>, &MapFile, u64) -> Result<Option<(Vec<Seg<'b>>, u64)>> + 'p;
+    dyn FnMut(&Fs, Option<&Overlay>, &MapFile, u64) -> Result<Option<(Segs<'b>, u64)>> + 'p;
 
 /// Why a commit attempt gave up and the update must be planned again.
 enum Attempt {
@@ -112,7 +112,7 @@ struct InPlace<'b> {
 /// write starting there puts into that block, or the zeros a file growing past it needs. The
 /// rest of the segment, from the next block on, stays. `None` when no segment does that
 /// (the end is block-aligned, or a segment writes below it in that block).
-fn tail_in_place<'b>(segs: &mut Vec<Seg<'b>>, size: u64) -> Option<InPlace<'b>> {
+fn tail_in_place<'b>(segs: &mut Segs<'b>, size: u64) -> Option<InPlace<'b>> {
     if size.is_multiple_of(BS) {
         return None;
     }
@@ -256,7 +256,7 @@ impl Fs {
         lblk: u64,
         len: u64,
         goal: Option<u64>,
-        out: &mut Vec<Run>,
+        out: &mut Runs,
     ) -> Result<()> {
         match &self.stage {
             Stager::Alloc(a) => {
@@ -441,7 +441,7 @@ impl Fs {
                     None => None,
                 });
             }
-            let mut runs: Vec<Run> = Vec::new();
+            let mut runs = Runs::new();
             let mut partials: Vec<Partial> = Vec::new();
             let mut stale = false;
             let staged = (|| -> Result<()> {
@@ -828,7 +828,7 @@ impl Fs {
             if first > size.div_ceil(BS) {
                 fs.mark_holes(n.h.ino)?;
             }
-            let mut segs = vec![Seg {
+            let mut segs: Segs<'_> = smallvec::smallvec![Seg {
                 lblk: first,
                 len: last - first + 1,
                 from: off,
