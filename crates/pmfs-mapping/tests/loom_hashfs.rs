@@ -106,7 +106,8 @@ const DATA: Extent = Extent {
 /// The slot table: meta blocks 2.. (the module docs' format).
 const TABLE: PmOff = PmOff((META.start.0 + 2) * BLOCK_SIZE);
 const HEADER_WORDS: u64 = 16;
-/// The header block's free-count word, which claims and frees zero.
+/// The header block's free-count word, which claims and frees read: it stays zero (nothing
+/// counts in the models), so their notes touch no chunk word.
 const FREE_COUNT_WORD: u64 = 256;
 /// The home of the claims' blocks (of the first one's with two homes), of the first entry, and
 /// of the key the log claims race on.

@@ -35,8 +35,10 @@ pub(crate) const SB_MAGIC: u64 = u64::from_le_bytes(*b"PMFSVOL1");
 /// refuses to open; a version-4 volume keeps its table's per-block hash when upgraded.
 /// Version 6 gave a log's head word a count of mapping pins and two flags (bits 39..48: see
 /// `pmfs_core::log::HeadWord`), which version-5 code would read as part of a damaged head
-/// block number.
-pub const FORMAT_VERSION: u32 = 6;
+/// block number. Version 7 keeps the free-slot counts of HashFS tables by chunk (the chunk
+/// words of `pmfs_mapping::hashfs`), which version-6 code, zeroing only the table's one
+/// free-count word, would leave stale for a version-7 process beside it.
+pub const FORMAT_VERSION: u32 = 7;
 /// The oldest version this build mounts; mounting one for writing upgrades it to
 /// [`FORMAT_VERSION`] (everything it holds reads the same).
 pub(crate) const OLDEST_VERSION: u32 = 2;
