@@ -91,7 +91,10 @@
 //! partial last block holds the file's *tail* from its plan to its commit: this process's
 //! tail mutex, then the inode's `TAIL` word, which names the holding process (taken by CAS,
 //! waited for while that process lives and maps the pool, taken over once it does not, reset
-//! at mount). The word matters on HashFS, whose files other processes write too.
+//! at mount). The word matters on HashFS, whose files other processes write too. An update
+//! finds out from its plan whether it needs the tail, and if so takes it and plans again;
+//! appends, writes that reach the last block of the digested size and truncations that grow
+//! the file take it before their first plan instead.
 //! Under the tail no other entry can move the end of file or supersede the last block, so
 //! the entries that commit meanwhile (writes of other blocks) never conflict with the bytes
 //! written in place.
@@ -362,6 +365,12 @@ struct Update {
     /// HashFS, see [`Fs::write_inner`]): the digest, which needs it alone, is left to the
     /// caller, and staging that finds no space fails with [`Error::NoSpace`] at once.
     shared: bool,
+    /// Take the file's tail ([`Fs::lock_tail`]) before the first plan: the update most likely
+    /// changes the size or writes the partial last block (an append), and would otherwise
+    /// plan, find that it needs the tail, take it and plan again. A guess: an update that
+    /// turns out not to need the tail holds it anyway (appenders wait a little), and one that
+    /// does not guess takes it as before.
+    tail_first: bool,
 }
 
 impl Update {
@@ -370,12 +379,14 @@ impl Update {
         lazy: true,
         holes: true,
         shared: false,
+        tail_first: false,
     };
     const NOW: Update = Update {
         append: false,
         lazy: false,
         holes: true,
         shared: false,
+        tail_first: false,
     };
 }
 

@@ -72,7 +72,11 @@ impl Fs {
                 return self.restore_log_reserve(&s);
             }
         }
-        self.cow_update(n, Update::NOW, &mut |fs, ov, f, size| {
+        let grow = Update {
+            tail_first: true,
+            ..Update::NOW
+        };
+        self.cow_update(n, grow, &mut |fs, ov, f, size| {
             if len <= size {
                 return Ok(None);
             }

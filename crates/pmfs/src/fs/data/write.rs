@@ -364,7 +364,11 @@ impl Fs {
         // Staging may find no space while blocks that undigested writes replaced are still
         // allocated: digest them and try once more.
         let mut digested = false;
-        let mut tail: Option<TailGuard<'_>> = None;
+        let mut tail = if how.tail_first {
+            Some(self.lock_tail(n.h.ino, &s)?)
+        } else {
+            None
+        };
         loop {
             let since = s.log.tail()?;
             // Mapped mode: joined before the commit, left once the bytes are in place. Read
@@ -811,9 +815,16 @@ impl Fs {
         }
         let len = buf.len() as u64;
         let mut landed = 0;
+        // A write that reaches the last block the digested size knows of (an append, most
+        // likely) takes the file's tail before it plans: see `Update::tail_first`.
+        let tail_first = match at {
+            None => true,
+            Some(o) => o.saturating_add(len) > self.digested_size(n.h.ino)? / BS * BS,
+        };
         let how = Update {
             append: at.is_none(),
             shared,
+            tail_first,
             ..Update::WRITE
         };
         self.cow_update(n, how, &mut |fs, ov, f, size| {
