@@ -15,7 +15,7 @@
 #
 # Usage: scripts/bench-preload.sh          (root: it mounts; uses $CARGO_TARGET_DIR/release)
 # Knobs: FIO_SECONDS (3), FIO_SIZE (256M), DB_NUM (200000), DB_SYNC_NUM (50000),
-#        SQLITE_TXS (2000), POOL_SIZE (4G), HUGE (1). Every job is short: the whole run takes
+#        SQLITE_TXS (10000), POOL_SIZE (4G), HUGE (1). Every job is short: the whole run takes
 #        a few minutes.
 set -euo pipefail
 
@@ -27,7 +27,7 @@ fio_seconds=${FIO_SECONDS:-3}
 fio_size=${FIO_SIZE:-256M}
 db_num=${DB_NUM:-200000}
 db_sync_num=${DB_SYNC_NUM:-50000}
-sqlite_txs=${SQLITE_TXS:-2000}
+sqlite_txs=${SQLITE_TXS:-10000}
 journal_modes=(delete truncate persist memory wal off)
 pool_size=${POOL_SIZE:-4G}
 huge=${HUGE:-1}
