@@ -213,6 +213,27 @@ fn punching_zeroing_and_shrinking_a_mapped_file_keep_its_blocks() {
 }
 
 #[test]
+fn a_mapping_shows_zeros_past_the_end_of_file() {
+    let pool = Pool::new("eof");
+    let (owner, ino, client) = setup(&pool);
+    let f = client.open_ino(ino, RW).unwrap();
+    // A truncation keeps the new last block, and the bytes past the new end in it.
+    f.write_at(&[0x41u8; 2 * BS as usize], 0).unwrap();
+    f.set_len(BS + 100).unwrap();
+    let m = client.map(ino, 0, 2 * BS).unwrap();
+    let covered: u64 = m.pieces().iter().map(|p| p.len).sum();
+    assert_eq!(covered, 2 * BS, "the range up to the end of the last block");
+    let pf = pool.file();
+    let mut want = vec![0x41u8; (BS + 100) as usize];
+    want.resize(2 * BS as usize, 0);
+    // As in the kernel's partial last page of a file: zeros, not the truncated bytes.
+    assert_eq!(through_pieces(&pf, &m, 0, want.len()), want);
+    assert_eq!(read_all(&f), want[..(BS + 100) as usize]);
+    drop((f, m));
+    finish(owner, client, &pool);
+}
+
+#[test]
 fn mapping_a_sparse_range_allocates_zeroed_blocks() {
     let pool = Pool::new("sparse");
     let (owner, ino, client) = setup(&pool);

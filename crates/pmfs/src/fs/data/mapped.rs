@@ -427,6 +427,7 @@ impl Fs {
         };
         s.log.prepare(&barrier)?.commit()?;
         self.after_commit(n, &s, self.node_map(n)?, None, DigestWhen::Now)?;
+        self.zero_past_end(n, &s)?;
         if len > 0 {
             let holes = Fill::Holes {
                 at_most: fill_at_most,
@@ -445,6 +446,35 @@ impl Fs {
             });
         }
         Ok((pin, runs))
+    }
+
+    /// Zeros the bytes past the end of file in its partial last block, for a file just put in
+    /// mapped mode. Out of mapped mode nothing reads them (reads stop at the end, growing the
+    /// file zeros them) and a truncation leaves them as they were; a mapping shows them, and
+    /// must show zeros there, as the kernel's partial last page of a file does. Under the
+    /// file's tail, which every update that moves the end or writes that block holds; in
+    /// mapped mode updates keep the bytes zero (`write_in_place`, `shrink_mapped`).
+    fn zero_past_end(&self, n: &Node, s: &Shared) -> Result<()> {
+        let ino = n.h.ino;
+        let _tail = self.lock_tail(ino, s)?;
+        let f = self.node_map(n)?;
+        let since = s.log.tail()?;
+        let (size, last) = {
+            let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
+            self.catch_up(ino, s, &mut ov, since.lsn())?;
+            let size = ov.size(self.digested_size(ino)?);
+            if size.is_multiple_of(BS) {
+                return Ok(());
+            }
+            (size, self.block_at(Some(&ov), f, size / BS)?)
+        };
+        if let Some(pblk) = last {
+            let m = self.m();
+            let tail = size % BS;
+            m.fill_nt(BlockNo(pblk).offset() + tail, BS - tail, 0)?;
+            m.fence();
+        }
+        Ok(())
     }
 
     /// After a data-only client's update of `h` committed (its bytes in place): if the

@@ -124,8 +124,10 @@
 //!
 //! The protocol, across processes with nothing but the pool:
 //!
-//! - a *mapper* raises `MAPS`, then commits an empty write (a barrier), then allocates the
-//!   holes of its range and reads the file's runs;
+//! - a *mapper* raises `MAPS`, then commits an empty write (a barrier), then zeroes the bytes
+//!   past the end of file in its partial last block under the file's tail (a truncation left
+//!   them; a mapping must show zeros there), then allocates the holes of its range and reads
+//!   the file's runs;
 //! - an update that moves or unmaps blocks (a copy-on-write commit, a `Truncate`, a
 //!   `Punch`) reads `MAPS` after it has seen the tail it commits at, and plans again in
 //!   mapped mode if it is nonzero. A commit after the barrier saw the barrier, and so the
