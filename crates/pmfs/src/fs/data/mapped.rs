@@ -455,18 +455,16 @@ impl Fs {
     /// file's tail, which every update that moves the end or writes that block holds; in
     /// mapped mode updates keep the bytes zero (`write_in_place`, `shrink_mapped`).
     fn zero_past_end(&self, n: &Node, s: &Shared) -> Result<()> {
-        let ino = n.h.ino;
-        let _tail = self.lock_tail(ino, s)?;
-        let f = self.node_map(n)?;
-        let since = s.log.tail()?;
-        let (size, last) = {
-            let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
-            self.catch_up(ino, s, &mut ov, since.lsn())?;
-            let size = ov.size(self.digested_size(ino)?);
-            if size.is_multiple_of(BS) {
-                return Ok(());
-            }
-            (size, self.block_at(Some(&ov), f, size / BS)?)
+        let _tail = self.lock_tail(n.h.ino, s)?;
+        let size = self.folded_size(n.h.ino, s)?;
+        if size.is_multiple_of(BS) {
+            return Ok(());
+        }
+        // The overlay is caught up to the size's tail; under the tail, in mapped mode, no
+        // entry since can have moved the last block.
+        let last = {
+            let ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
+            self.block_at(Some(&ov), self.node_map(n)?, size / BS)?
         };
         if let Some(pblk) = last {
             let m = self.m();

@@ -206,7 +206,7 @@ impl Fs {
     }
 
     /// The size with every committed entry of `s`'s log folded in.
-    fn folded_size(&self, ino: u32, s: &Shared) -> Result<u64> {
+    pub(super) fn folded_size(&self, ino: u32, s: &Shared) -> Result<u64> {
         loop {
             let t0 = s.log.tail()?.lsn();
             let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
