@@ -33,8 +33,10 @@
 //!   `ENOSYS`, which the kernel takes as "succeed without asking from now on": every update
 //!   is durable when it returns, and neither files nor directory listings need per-open
 //!   state, so `open`, `close`, `fsync` and `opendir` cost no round trip (`sqlite3` does all
-//!   of them per transaction). Without OPEN the kernel sends no RELEASE either, not even for
-//!   the files it made with CREATE.
+//!   of them per transaction). Once it has had an OPEN declined, the kernel sends no RELEASE
+//!   either, not even for the files it makes with CREATE; before that (a mount whose first
+//!   opens all create), each file it made with CREATE gets one at its last close, which
+//!   fuser answers and nothing waits for.
 //! - **Files by node id.** With no opens, the kernel's reads and writes name a file by its
 //!   node id alone (file handle 0). The daemon serves them through one engine handle per
 //!   regular file the kernel knows (`Known`), and that handle is what keeps a file alive
@@ -701,7 +703,7 @@ impl Filesystem for PmfsFs {
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // Files need no per-open state (see the module documentation): ENOSYS lets the
         // kernel open them without asking (FUSE_NO_OPEN_SUPPORT), and close them without a
-        // RELEASE. It then truncates for O_TRUNC with a SETATTR, which clears the set-ID
+        // RELEASE (files it made with CREATE too, from then on). It then truncates for O_TRUNC with a SETATTR, which clears the set-ID
         // bits of a caller without CAP_FSETID as any truncation does.
         reply.error(Errno::ENOSYS);
     }
