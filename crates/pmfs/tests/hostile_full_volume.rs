@@ -11,7 +11,7 @@ use std::sync::Arc;
 use pmfs::{Error, OpenOptions, Options, Volume, fsck};
 use pmfs_core::pm::{HeapRegion, Media};
 
-use common::{KINDS, crash_copy, snapshot};
+use common::{KINDS, crash_copy, open_rw, snapshot};
 
 /// A small volume: one 2 MiB data group, 64 inodes.
 fn small(kind: pmfs::MappingKind) -> (Volume, Arc<dyn Media>) {
@@ -22,15 +22,6 @@ fn small(kind: pmfs::MappingKind) -> (Volume, Arc<dyn Media>) {
         ..Options::with_mapping(kind)
     };
     (Volume::format(media.clone(), &opts).unwrap(), media)
-}
-
-fn open_rw(vol: &Volume, path: &str) -> pmfs::File {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .open(vol, path)
-        .unwrap()
 }
 
 fn assert_clean(media: &Arc<dyn Media>) {

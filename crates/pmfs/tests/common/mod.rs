@@ -7,7 +7,7 @@ pub mod crash;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use pmfs::{MappingKind, OpenMode, Options, Volume};
+use pmfs::{File, MappingKind, OpenMode, OpenOptions, Options, Volume};
 use pmfs_core::pm::{HeapRegion, Media};
 
 /// The mapping kinds every scenario runs on.
@@ -42,6 +42,16 @@ pub fn fresh(kind: MappingKind) -> (Volume, Arc<dyn Media>) {
     let media: Arc<dyn Media> = Arc::new(HeapRegion::new(SIZE).unwrap());
     let vol = Volume::format(media.clone(), &options(kind)).unwrap();
     (vol, media)
+}
+
+/// The file at `path` of `vol`, open for reading and writing, created if absent.
+pub fn open_rw(vol: &Volume, path: &str) -> File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(vol, path)
+        .unwrap()
 }
 
 /// A small HashFS volume in a new pool file under the temporary directory (named after `tag`
