@@ -14,9 +14,10 @@
 //!   and unlinks of new names in it, to show that large directories stay fast.
 //!
 //! Subjects: `pmfs-extent`, `pmfs-radix`, `pmfs-cuckoo`, `pmfs-hashfs` (a volume on a pool file
-//! mapped from `PMFS_BENCH_DIR`, default `/dev/shm`, so both sides live in DRAM) and `tmpfs`
-//! (a directory under the same path through `std::fs`). pmfs does every operation
-//! synchronously and durably (flush + fence); tmpfs keeps nothing across a power failure.
+//! mapped from `PMFS_BENCH_DIR`, default `/dev/shm`, so both sides live in DRAM; the
+//! allocator `PMFS_BENCH_ALLOC`, default CFFS) and `tmpfs` (a directory under the same path
+//! through `std::fs`). pmfs does every operation synchronously and durably (flush + fence);
+//! tmpfs keeps nothing across a power failure.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -53,6 +54,7 @@ impl Subject {
         let opts = Options {
             size: 512 << 20,
             inodes: Some(1 << 17),
+            allocator: pmfs_benches::data::allocator(),
             ..Options::with_mapping(kind)
         };
         let vol = Volume::create(&pool, &opts).expect("create the bench volume");

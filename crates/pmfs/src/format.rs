@@ -116,7 +116,8 @@ fn mapping_from_code(c: u32) -> Option<MappingKind> {
 pub struct Options {
     /// The file-mapping structure (HashFS paper §3).
     pub mapping: MappingKind,
-    /// The block allocator.
+    /// The block allocator (default [`AllocatorKind::Cffs`], as `pmfs mkfs`: files written
+    /// side by side each stay in one run, where the baseline interleaves them).
     pub allocator: AllocatorKind,
     /// Number of inodes; `None` picks one inode per 4 blocks (at least 64).
     pub inodes: Option<u64>,
@@ -130,7 +131,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             mapping: MappingKind::Extent,
-            allocator: AllocatorKind::Baseline,
+            allocator: AllocatorKind::Cffs,
             inodes: None,
             journal_slots: 16,
             size: 256 << 20,
