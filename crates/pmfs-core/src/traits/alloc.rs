@@ -35,7 +35,8 @@ pub enum AllocKind {
     /// File data that is likely to keep growing (appends): place it where it can be extended.
     #[default]
     Growing,
-    /// File data whose final size is known (e.g. a write into a hole or a preallocation).
+    /// File data whose extent is known and will not grow: a preallocation, or a
+    /// copy-on-write replacement of blocks inside a file.
     Fixed,
     /// Metadata blocks (directory pages, log blocks, mapping nodes): small and scattered use.
     Metadata,

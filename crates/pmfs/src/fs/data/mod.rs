@@ -22,8 +22,10 @@
 //! Every data update is one log entry, committed by one CAS ([`Log::prepare`] and
 //! [`try_commit`](pmfs_core::log::Prepared::try_commit)):
 //!
-//! - a write stages fresh blocks for every block it touches (the volume allocator with a
-//!   `Growing` hint whose goal follows the previous logical block, or HashFS staging), copies
+//! - a write stages fresh blocks for every block it touches (the volume allocator, or HashFS
+//!   staging: a write that grows the file, fills holes or continues the latest write takes a
+//!   `Growing` hint whose goal follows the previous logical block, a random overwrite of a
+//!   file without holes a `Fixed` one without a goal, see [`write::placement`]), copies
 //!   the unaligned head and tail old bytes (zeros for holes and at/after the old size) and the
 //!   new bytes with non-temporal stores, fences, and commits `Write { runs, extend_to }` at the
 //!   tail it started from. Growing past an unaligned end of file also copies the old last block
@@ -197,6 +199,9 @@ pub(crate) struct Shared {
     /// [`DIGEST_AFTER_ENTRIES`]).
     pending_entries: AtomicU64,
     pending_blocks: AtomicU64,
+    /// The block after the last one this process's latest write of the file covered: a
+    /// write that starts there continues it (see [`placement`](write::placement)).
+    written_to: AtomicU64,
     /// The latest modification time this process stored or found in the inode: the times
     /// word only grows, so a write stamped no later needs neither to read nor store it.
     stamped: AtomicU64,
@@ -233,6 +238,7 @@ impl Shared {
             gc_at: AtomicU64::new(gc_from),
             pending_entries: AtomicU64::new(0),
             pending_blocks: AtomicU64::new(0),
+            written_to: AtomicU64::new(0),
             stamped: AtomicU64::new(0),
             underneath: Mutex::default(),
         }
