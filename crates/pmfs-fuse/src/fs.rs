@@ -703,8 +703,9 @@ impl Filesystem for PmfsFs {
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // Files need no per-open state (see the module documentation): ENOSYS lets the
         // kernel open them without asking (FUSE_NO_OPEN_SUPPORT), and close them without a
-        // RELEASE (files it made with CREATE too, from then on). It then truncates for O_TRUNC with a SETATTR, which clears the set-ID
-        // bits of a caller without CAP_FSETID as any truncation does.
+        // RELEASE (files it made with CREATE too, from then on). It then truncates for
+        // O_TRUNC with a SETATTR, which clears the set-ID bits of a caller without
+        // CAP_FSETID as any truncation does.
         reply.error(Errno::ENOSYS);
     }
 
