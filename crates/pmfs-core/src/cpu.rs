@@ -7,7 +7,7 @@
 //! and keeps what it found (`__x86_get_cpuid_feature_leaf`, glibc 2.33), including whether
 //! the kernel saves the vector registers an extension needs: where glibc offers that, it is
 //! read from there, with no `CPUID` at all; elsewhere std answers, and leaf 7 is read once
-//! for the cache-line write-back instructions, which std does not name.
+//! for the cache-line write-back instructions and `rep movsb`, which std does not name.
 
 use std::sync::OnceLock;
 
@@ -24,6 +24,8 @@ pub struct Features {
     pub clwb: bool,
     /// `clflushopt`.
     pub clflushopt: bool,
+    /// Enhanced `rep movsb` (ERMS): the string copy is the fast way to move large blocks.
+    pub erms: bool,
 }
 
 /// This CPU's [`Features`], found on the first call.
@@ -50,8 +52,9 @@ mod x86 {
 
     /// CPUID.1:ECX bit 20.
     const SSE42: u32 = 1 << 20;
-    /// CPUID.(7,0):EBX bits 5, 16, 23 and 24.
+    /// CPUID.(7,0):EBX bits 5, 9, 16, 23 and 24.
     const AVX2: u32 = 1 << 5;
+    const ERMS: u32 = 1 << 9;
     const AVX512F: u32 = 1 << 16;
     const CLFLUSHOPT: u32 = 1 << 23;
     const CLWB: u32 = 1 << 24;
@@ -91,6 +94,7 @@ mod x86 {
             avx512f: l7.active[EBX] & AVX512F != 0,
             clwb: l7.cpuid[EBX] & CLWB != 0,
             clflushopt: l7.cpuid[EBX] & CLFLUSHOPT != 0,
+            erms: l7.cpuid[EBX] & ERMS != 0,
         })
     }
 
@@ -112,6 +116,7 @@ mod x86 {
             avx512f: std::arch::is_x86_feature_detected!("avx512f"),
             clwb: leaf7 & CLWB != 0,
             clflushopt: leaf7 & CLFLUSHOPT != 0,
+            erms: leaf7 & ERMS != 0,
         }
     }
 

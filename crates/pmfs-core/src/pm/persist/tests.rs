@@ -135,7 +135,7 @@ proptest! {
     }
 
     #[test]
-    fn copy_cached_equals_plain_copy(len in 0usize..=8192, src_off in 0usize..64,
+    fn copy_cached_equals_plain_copy(len in 0usize..=40_000, src_off in 0usize..64,
                                      dst_off in 0usize..64) {
         for path in DispatchPath::available() {
             Bufs::new(len, len as u64 + 3).read_copy(path, len, src_off, dst_off);
@@ -183,6 +183,24 @@ fn every_alignment_pair_on_every_copy_path() {
                 }
                 b.reset();
                 b.fill(path, true, len, src_off, len as u8);
+            }
+        }
+    }
+}
+
+#[test]
+fn reads_around_the_string_copy_threshold_equal_plain_copies() {
+    for len in [
+        CACHED_STRING_MIN - 1,
+        CACHED_STRING_MIN,
+        CACHED_STRING_MIN + 65,
+        1 << 20,
+    ] {
+        let mut b = Bufs::new(len, len as u64 + 5);
+        for path in DispatchPath::available() {
+            for (src_off, dst_off) in [(0, 0), (1, 63), (32, 7)] {
+                b.reset();
+                b.read_copy(path, len, src_off, dst_off);
             }
         }
     }

@@ -147,6 +147,26 @@ pub(super) unsafe fn copy_cached_avx512(dst: *mut u8, src: *const u8, len: usize
     }
 }
 
+/// Copies `len` bytes from `src` to `dst` with `rep movsb`, through the cache.
+///
+/// # Safety
+/// `dst` valid for `len` bytes of writes, `src` for `len` bytes of reads, no overlap.
+#[inline]
+pub(super) unsafe fn copy_rep_movsb(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: the string copy moves `len` bytes from `src` to `dst`, ranges the caller
+    // vouches for; the direction flag is clear on function entry (the ABI) and the asm
+    // block leaves it so.
+    unsafe {
+        std::arch::asm!(
+            "rep movsb",
+            inout("rdi") dst => _,
+            inout("rsi") src => _,
+            inout("rcx") len => _,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
 #[target_feature(enable = "avx2")]
 unsafe fn copy_avx2(dst: *mut u8, src: *const u8, len: usize) {
     const W: usize = LINE / 32;
