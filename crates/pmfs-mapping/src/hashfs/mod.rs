@@ -251,8 +251,6 @@ const SCAN_CHUNK: u64 = if cfg!(test) { 16 } else { 4096 };
 const RECLAIM_ALL_BELOW: u64 = 4;
 
 type Header = [Le64; HEADER_WORDS];
-/// Builds the slot word a walk looks for (or a recovery writes) from a key.
-type WordOf = fn(Key) -> u64;
 const _: () = assert!(size_of::<Header>() == 128);
 /// Where the free-count word lies in the header block (see the module docs).
 const FREE_COUNT_WORD: u64 = 256;
@@ -848,51 +846,32 @@ impl<M: Media> HashFs<M> {
         end - lblk > self.slots / 4
     }
 
-    /// Calls `f(lblk, slot)` for every slot in `[lblk, end)` of `ino` whose word is
-    /// `word(key)`, in ascending logical order.
-    fn find(
+    /// Calls `f(lblk, slot)` for every committed slot in `[lblk, end)` of `ino`, in ascending
+    /// logical order, found by one scan of the table (for ranges [`use_scan`](Self::use_scan)
+    /// picks).
+    fn scan_committed(
         &self,
         ino: u64,
-        seed: u64,
         lblk: u64,
         end: u64,
-        word: WordOf,
         f: &mut dyn FnMut(u64, u64),
     ) -> Result<()> {
-        if self.use_scan(lblk, end) {
-            let mut hits = Vec::new();
-            self.for_each_slot(false, |i, w, s| {
-                if let Slot::Committed(k) | Slot::Tentative(k) = s
-                    && k.ino == ino
-                    && (lblk..end).contains(&k.lblk)
-                    && w == word(k)
-                {
-                    hits.push((k.lblk, i));
-                }
-                Ok(())
-            })?;
-            hits.sort_unstable();
-            // A block removed and inserted again by a writer of the file while a lookup
-            // scanned may be seen twice; either slot is one it had during the lookup.
-            hits.dedup_by_key(|h| h.0);
-            hits.into_iter().for_each(|(l, i)| f(l, i));
-            return Ok(());
-        }
-        let mut l = lblk;
-        while l < end {
-            let homes = home_slots(self.kernel, seed, l, self.n32(), self.shift);
-            let count = BATCH.min((end - l) as usize);
-            for &h in &homes[..count] {
-                self.media.prefetch(self.slot_off(h));
+        let mut hits = Vec::new();
+        self.for_each_slot(false, |i, w, s| {
+            if let Slot::Committed(k) = s
+                && k.ino == ino
+                && (lblk..end).contains(&k.lblk)
+                && w == k.committed()
+            {
+                hits.push((k.lblk, i));
             }
-            for (j, &h) in homes[..count].iter().enumerate() {
-                let b = l + j as u64;
-                if let Some(i) = self.probe(h, word(Key::new(ino, b)))? {
-                    f(b, i);
-                }
-            }
-            l += count as u64;
-        }
+            Ok(())
+        })?;
+        hits.sort_unstable();
+        // A block removed and inserted again by a writer of the file while a lookup
+        // scanned may be seen twice; either slot is one it had during the lookup.
+        hits.dedup_by_key(|h| h.0);
+        hits.into_iter().for_each(|(l, i)| f(l, i));
         Ok(())
     }
 
@@ -975,14 +954,9 @@ impl<M: Media> HashFs<M> {
         }
         let first = out.len();
         let start = self.data.start.0;
-        self.find(
-            file.ino,
-            file.seed,
-            lblk,
-            end,
-            Key::committed,
-            &mut |l, i| push_block(out, first, l, start + i),
-        )
+        self.scan_committed(file.ino, lblk, end, &mut |l, i| {
+            push_block(out, first, l, start + i)
+        })
     }
 
     /// A single-block insert: a CAS to tentative, a store of the committed word, then flush
@@ -1672,14 +1646,7 @@ impl<M: Media> FileMapping for HashFs<M> {
         }
         let mut hits = Vec::new();
         if self.use_scan(lblk, end) {
-            self.find(
-                file.ino,
-                file.seed,
-                lblk,
-                end,
-                Key::committed,
-                &mut |l, i| hits.push((l, i)),
-            )?;
+            self.scan_committed(file.ino, lblk, end, &mut |l, i| hits.push((l, i)))?;
         } else {
             let mut runs = Vec::new();
             self.lookup_batched(file, lblk, end, &mut runs, false)?;
