@@ -62,8 +62,9 @@
 //!
 //! Lookups of runs hash eight consecutive blocks at a time ([`simd`]: one AVX-512 vector, two
 //! AVX2 vectors or scalar code, chosen at run time and forcible with [`HashFs::set_kernel`]),
-//! prefetch the eight home slots, then walk them. When a batch is not full (the end of a
-//! request) and the request continues the previous lookup through the same handle (a
+//! prefetch the eight home slots, then walk them; a lookup of more than one batch
+//! prefetches each batch's homes four batches before it walks them, so that the misses of
+//! a long read overlap. When a batch is not full (the end of a request) and the request continues the previous lookup through the same handle (a
 //! sequential stream), the spare lanes hash the blocks that follow the request, prefetch their
 //! home slots, and if such a block is found within its home slot's cache line its translation
 //! goes into the file's [translation cache](translation_cache), ready for the next request.
@@ -234,6 +235,9 @@ const HEADER_WORDS: usize = 16;
 const INTENT_RECORDS: u64 = 64;
 const SLOTS_PER_BLOCK: u64 = BLOCK_SIZE / 8;
 const SLOTS_PER_LINE: u64 = CACHE_LINE / 8;
+/// How many batches ahead of the one it probes a lookup of several batches hints the home
+/// slots (see `lookup_batched`).
+const PROBE_AHEAD: usize = 4;
 
 const INSERT_CLAIMING: u8 = 2;
 const INSERT_COMMITTED: u8 = 3;
@@ -889,9 +893,27 @@ impl<M: Media> HashFs<M> {
     ) -> Result<()> {
         let read_ahead = client && file.cursor.swap(end, Ordering::Relaxed) == lblk;
         let first = out.len();
+        // A lookup of several batches hints each batch's home lines `PROBE_AHEAD` batches
+        // before it probes them, so that their misses overlap; `ahead[k % PROBE_AHEAD]` holds
+        // the homes of batch `k` from when they were hinted.
+        let pipelined = end - lblk > BATCH as u64;
+        let mut ahead = [[0; BATCH]; PROBE_AHEAD];
+        if pipelined {
+            for (k, homes) in ahead.iter_mut().enumerate() {
+                *homes = self.hint_batch(file, lblk + (k * BATCH) as u64, end);
+            }
+        }
         let mut l = lblk;
+        let mut k = 0;
         while l < end {
             let count = BATCH.min((end - l) as usize);
+            let hinted = pipelined.then(|| {
+                let homes = ahead[k % PROBE_AHEAD];
+                ahead[k % PROBE_AHEAD] =
+                    self.hint_batch(file, l + (PROBE_AHEAD * BATCH) as u64, end);
+                homes
+            });
+            k += 1;
             let mut found = [None; BATCH];
             let mut misses = 0;
             for (j, f) in found[..count].iter_mut().enumerate() {
@@ -899,14 +921,16 @@ impl<M: Media> HashFs<M> {
                 misses += usize::from(f.is_none());
             }
             if misses > 0 {
-                let homes = home_slots(self.kernel, file.seed, l, self.n32(), self.shift);
+                let homes = hinted.unwrap_or_else(|| {
+                    home_slots(self.kernel, file.seed, l, self.n32(), self.shift)
+                });
                 let lanes = if read_ahead {
                     BATCH.min((LBLK_LIMIT - l) as usize)
                 } else {
                     count
                 };
                 for (j, &h) in homes[..lanes].iter().enumerate() {
-                    if j >= count || found[j].is_none() {
+                    if j >= count || (!pipelined && found[j].is_none()) {
                         self.media.prefetch(self.slot_off(h));
                     }
                 }
@@ -936,6 +960,24 @@ impl<M: Media> HashFs<M> {
             l += count as u64;
         }
         Ok(())
+    }
+
+    /// The home slots of the batch at `l` (see [`home_slots`]), with the cache lines of those
+    /// below `end` hinted: one hint per line, as a cluster's homes share lines. A batch at or
+    /// past `end` is neither computed nor hinted.
+    fn hint_batch(&self, file: &HashFsFile, l: u64, end: u64) -> [u64; BATCH] {
+        if l >= end {
+            return [0; BATCH];
+        }
+        let homes = home_slots(self.kernel, file.seed, l, self.n32(), self.shift);
+        let mut last = u64::MAX;
+        for &h in &homes[..BATCH.min((end - l) as usize)] {
+            if h / SLOTS_PER_LINE != last {
+                last = h / SLOTS_PER_LINE;
+                self.media.prefetch(self.slot_off(h));
+            }
+        }
+        homes
     }
 
     fn lookup_range(
