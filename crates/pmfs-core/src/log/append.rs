@@ -122,9 +122,9 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
     /// whose segments are reserved in the log, written and made durable here.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an entry outside the encodings' limits (run longer than
-    /// [`MAX_RUN_LEN`](super::MAX_RUN_LEN), blocks outside the region, an empty punch, more
-    /// runs than 65535 segments hold).
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an entry outside the
+    /// encodings' limits (run longer than [`MAX_RUN_LEN`](super::MAX_RUN_LEN), blocks outside
+    /// the region, an empty punch, more runs than 65535 segments hold).
     pub fn prepare(&self, entry: &Entry) -> Result<Prepared<'_, M, A>> {
         entry.validate(self.blocks)?;
         if let Some(word) = entry.inline_word() {
