@@ -1058,7 +1058,14 @@ impl<M: Media> HashFs<M> {
     /// flush afterwards: on x86 a locked instruction waits for earlier CLWB/CLFLUSHOPT to
     /// complete, so a flush between two CASes would serialise the write-backs.
     fn flush_slots(&self, slots: &[u64]) -> Result<()> {
-        let mut lines: SmallVec<[u64; 16]> = slots.iter().map(|i| i / SLOTS_PER_LINE).collect();
+        // Slots come mostly in runs (a cluster's, a claim walk's): collapsing neighbours on
+        // the same line first leaves the sort an eighth of the work.
+        let mut lines: SmallVec<[u64; 16]> = SmallVec::new();
+        for line in slots.iter().map(|i| i / SLOTS_PER_LINE) {
+            if lines.last() != Some(&line) {
+                lines.push(line);
+            }
+        }
         lines.sort_unstable();
         lines.dedup();
         for line in lines {
