@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use super::simd::{BATCH, home_slots};
 use super::slot::{Key, Slot, TOMBSTONE};
-use super::{HashFs, HashFsFile, PROMOTING, push_block, range_end};
+use super::{HashFs, HashFsFile, HomesAhead, PROMOTING, push_block, range_end};
 
 impl<M: Media> HashFs<M> {
     /// Claims one fresh slot per block of `[lblk, lblk + len)` of `file` for a *new version*
@@ -63,13 +63,17 @@ impl<M: Media> HashFs<M> {
             return Err(Error::NoSpace);
         }
         let mut claimed: SmallVec<[u64; 16]> = SmallVec::with_capacity(len as usize);
+        let mut ahead = HomesAhead::new(self, file, lblk, end);
         let mut l = lblk;
         while l < end {
-            let homes = home_slots(self.kernel, file.seed, l, self.n32(), self.shift);
             let count = BATCH.min((end - l) as usize);
-            for &h in &homes[..count] {
-                self.media.prefetch(self.slot_off(h));
-            }
+            let homes = ahead.next(self, file, l).unwrap_or_else(|| {
+                let homes = home_slots(self.kernel, file.seed, l, self.n32(), self.shift);
+                for &h in &homes[..count] {
+                    self.media.prefetch(self.slot_off(h));
+                }
+                homes
+            });
             for (j, &h) in homes[..count].iter().enumerate() {
                 match self.claim(h, Key::new(file.ino, l + j as u64).staged())? {
                     Some(i) => claimed.push(i),

@@ -62,12 +62,14 @@
 //!
 //! Lookups of runs hash eight consecutive blocks at a time ([`simd`]: one AVX-512 vector, two
 //! AVX2 vectors or scalar code, chosen at run time and forcible with [`HashFs::set_kernel`]),
-//! prefetch the eight home slots, then walk them; a lookup of more than one batch
-//! prefetches each batch's homes four batches before it walks them, so that the misses of
-//! a long read overlap. When a batch is not full (the end of a request) and the request continues the previous lookup through the same handle (a
-//! sequential stream), the spare lanes hash the blocks that follow the request, prefetch their
-//! home slots, and if such a block is found within its home slot's cache line its translation
-//! goes into the file's [translation cache](translation_cache), ready for the next request.
+//! prefetch the eight home slots, then walk them. Lookups and copy-on-write claims of more
+//! than one batch prefetch each batch's home lines (and the line after them, where a claim
+//! goes on past a cluster of current blocks) four batches before they walk them, so that the
+//! misses of a long walk overlap. When a batch is not full (the end of a request) and the
+//! request continues the previous lookup through the same handle (a sequential stream), the
+//! spare lanes hash the blocks that follow the request, prefetch their home slots, and if
+//! such a block is found within its home slot's cache line its translation goes into the
+//! file's [translation cache](translation_cache), ready for the next request.
 //! Random requests skip this read-ahead: it would load up to seven cold lines for nothing.
 //! A range larger than a quarter of the table (a whole-file lookup or truncate) is answered
 //! by one sequential scan of the table instead of one walk per block.
@@ -235,8 +237,8 @@ const HEADER_WORDS: usize = 16;
 const INTENT_RECORDS: u64 = 64;
 const SLOTS_PER_BLOCK: u64 = BLOCK_SIZE / 8;
 const SLOTS_PER_LINE: u64 = CACHE_LINE / 8;
-/// How many batches ahead of the one it probes a lookup of several batches hints the home
-/// slots (see `lookup_batched`).
+/// How many batches ahead of the one it walks a walk of several batches hints the home
+/// slots (see [`HomesAhead`]).
 const PROBE_AHEAD: usize = 4;
 
 const INSERT_CLAIMING: u8 = 2;
@@ -375,6 +377,70 @@ impl HashFsFile {
 /// that loops over many words vectorise.
 fn free_word(w: u64) -> bool {
     (w == EMPTY) | (w == TOMBSTONE) | (w == PURGING)
+}
+
+/// The home slots of the batches of `[lblk, end)`, for a walk of that range one batch at a
+/// time. A range of more than one batch hints each batch's home lines [`PROBE_AHEAD`]
+/// batches before the walk reaches it, so that the misses of a long walk overlap.
+struct HomesAhead {
+    /// `ring[k % PROBE_AHEAD]`: the homes of batch `k`, computed and hinted ahead.
+    ring: [[u64; BATCH]; PROBE_AHEAD],
+    /// The batch the walk takes next.
+    next: usize,
+    end: u64,
+    pipelined: bool,
+}
+
+impl HomesAhead {
+    fn new<M: Media>(t: &HashFs<M>, file: &HashFsFile, lblk: u64, end: u64) -> Self {
+        let mut h = HomesAhead {
+            ring: [[0; BATCH]; PROBE_AHEAD],
+            next: 0,
+            end,
+            pipelined: end - lblk > BATCH as u64,
+        };
+        if h.pipelined {
+            for (k, homes) in h.ring.iter_mut().enumerate() {
+                *homes = Self::hint(t, file, lblk + (k * BATCH) as u64, end);
+            }
+        }
+        h
+    }
+
+    /// The homes of the walk's next batch, which starts at `l`, already hinted; `None` for a
+    /// range of one batch, whose caller computes its homes when it needs them.
+    fn next<M: Media>(&mut self, t: &HashFs<M>, file: &HashFsFile, l: u64) -> Option<[u64; BATCH]> {
+        if !self.pipelined {
+            return None;
+        }
+        let at = self.next % PROBE_AHEAD;
+        let homes = self.ring[at];
+        self.ring[at] = Self::hint(t, file, l + (PROBE_AHEAD * BATCH) as u64, self.end);
+        self.next += 1;
+        Some(homes)
+    }
+
+    /// The home slots of the batch at `l` (see [`home_slots`]), with the cache lines of those
+    /// below `end` hinted, one hint per line (a cluster's homes share lines), and the line
+    /// after them: a walk that finds the homes taken, as a copy-on-write claim does in a
+    /// cluster of current blocks, goes on there. A batch at or past `end` is neither computed
+    /// nor hinted.
+    fn hint<M: Media>(t: &HashFs<M>, file: &HashFsFile, l: u64, end: u64) -> [u64; BATCH] {
+        if l >= end {
+            return [0; BATCH];
+        }
+        let homes = home_slots(t.kernel, file.seed, l, t.n32(), t.shift);
+        let mut last = u64::MAX;
+        for &h in &homes[..BATCH.min((end - l) as usize)] {
+            if h / SLOTS_PER_LINE != last {
+                last = h / SLOTS_PER_LINE;
+                t.media.prefetch(t.slot_off(h));
+            }
+        }
+        t.media
+            .prefetch(t.slot_off(((last + 1) * SLOTS_PER_LINE) % t.slots));
+        homes
+    }
 }
 
 /// What the pass of a batch removal did and saw ([`HashFs::tombstone_pass`]).
@@ -893,27 +959,12 @@ impl<M: Media> HashFs<M> {
     ) -> Result<()> {
         let read_ahead = client && file.cursor.swap(end, Ordering::Relaxed) == lblk;
         let first = out.len();
-        // A lookup of several batches hints each batch's home lines `PROBE_AHEAD` batches
-        // before it probes them, so that their misses overlap; `ahead[k % PROBE_AHEAD]` holds
-        // the homes of batch `k` from when they were hinted.
-        let pipelined = end - lblk > BATCH as u64;
-        let mut ahead = [[0; BATCH]; PROBE_AHEAD];
-        if pipelined {
-            for (k, homes) in ahead.iter_mut().enumerate() {
-                *homes = self.hint_batch(file, lblk + (k * BATCH) as u64, end);
-            }
-        }
+        let mut ahead = HomesAhead::new(self, file, lblk, end);
         let mut l = lblk;
-        let mut k = 0;
         while l < end {
             let count = BATCH.min((end - l) as usize);
-            let hinted = pipelined.then(|| {
-                let homes = ahead[k % PROBE_AHEAD];
-                ahead[k % PROBE_AHEAD] =
-                    self.hint_batch(file, l + (PROBE_AHEAD * BATCH) as u64, end);
-                homes
-            });
-            k += 1;
+            let hinted = ahead.next(self, file, l);
+            let pipelined = hinted.is_some();
             let mut found = [None; BATCH];
             let mut misses = 0;
             for (j, f) in found[..count].iter_mut().enumerate() {
@@ -960,24 +1011,6 @@ impl<M: Media> HashFs<M> {
             l += count as u64;
         }
         Ok(())
-    }
-
-    /// The home slots of the batch at `l` (see [`home_slots`]), with the cache lines of those
-    /// below `end` hinted: one hint per line, as a cluster's homes share lines. A batch at or
-    /// past `end` is neither computed nor hinted.
-    fn hint_batch(&self, file: &HashFsFile, l: u64, end: u64) -> [u64; BATCH] {
-        if l >= end {
-            return [0; BATCH];
-        }
-        let homes = home_slots(self.kernel, file.seed, l, self.n32(), self.shift);
-        let mut last = u64::MAX;
-        for &h in &homes[..BATCH.min((end - l) as usize)] {
-            if h / SLOTS_PER_LINE != last {
-                last = h / SLOTS_PER_LINE;
-                self.media.prefetch(self.slot_off(h));
-            }
-        }
-        homes
     }
 
     fn lookup_range(
