@@ -85,8 +85,10 @@ struct MountArgs {
     /// The directory to mount the volume on.
     mountpoint: PathBuf,
     /// Mount options, comma separated: ro, rw, suid, dev, noexec, noatime, sync, dirsync,
-    /// allow_other, allow_root, attr_timeout=SECS, entry_timeout=SECS, threads=N (fstab-only
-    /// options such as noauto, nofail, x-* are accepted and ignored).
+    /// allow_other, allow_root, attr_timeout=SECS, entry_timeout=SECS, threads=N,
+    /// poll=MICROS (keep a thread polling for requests that long after each one; costs a CPU
+    /// while requests keep coming) (fstab-only options such as noauto, nofail, x-* are
+    /// accepted and ignored).
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// Stay in the foreground (logs to stderr; Ctrl-C unmounts).

@@ -79,6 +79,8 @@ use pmfs::{
     XattrSet,
 };
 
+use crate::poll::Poller;
+
 /// Largest attribute value the kernel passes (`XATTR_SIZE_MAX`).
 const XATTR_SIZE_MAX: usize = 65536;
 const S_ISGID: u32 = 0o2000;
@@ -191,6 +193,8 @@ pub struct PmfsFs {
     ttl: Timeouts,
     /// The regular files whose node ids the kernel holds.
     known: Mutex<HashMap<Ino, Known>>,
+    /// The poll window's switch, on a mount with one (`-o poll`).
+    poller: Option<Arc<Poller>>,
 }
 
 /// A regular file whose node id the kernel holds (see the module documentation).
@@ -215,6 +219,20 @@ impl PmfsFs {
             vol,
             ttl,
             known: Mutex::new(HashMap::new()),
+            poller: None,
+        }
+    }
+
+    /// The file system with a poll window: every request starts one (see [`crate::poll`]).
+    pub fn with_poller(mut self, poller: Arc<Poller>) -> PmfsFs {
+        self.poller = Some(poller);
+        self
+    }
+
+    /// Called first by every request handler.
+    fn busy(&self) {
+        if let Some(p) = &self.poller {
+            p.request();
         }
     }
 
@@ -467,6 +485,7 @@ impl Filesystem for PmfsFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.busy();
         match self.vol.lookup(self.ino(parent), name.as_bytes()) {
             // Node id 0 with a timeout: the kernel caches that the name does not exist.
             Err(e) if e.errno() == libc::ENOENT && !self.ttl.entry.is_zero() => {
@@ -477,6 +496,7 @@ impl Filesystem for PmfsFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.busy();
         let ino = self.ino(ino);
         let gone = {
             let mut known = self.known_files();
@@ -494,6 +514,7 @@ impl Filesystem for PmfsFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.busy();
         let ino = self.ino(ino);
         // Every open asks first (the attributes of regular files are not cached), and the
         // daemon is not told of closes: this is where it looks for what killed data clients
@@ -530,6 +551,7 @@ impl Filesystem for PmfsFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.busy();
         let set = |t: TimeOrNow| match t {
             TimeOrNow::Now => SetTime::Now,
             TimeOrNow::SpecificTime(t) => SetTime::At(ns(t)),
@@ -565,6 +587,7 @@ impl Filesystem for PmfsFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.busy();
         match self.vol.readlink(self.ino(ino)) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(&e)),
@@ -581,6 +604,7 @@ impl Filesystem for PmfsFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.busy();
         let Some(kind) = node_kind(mode) else {
             return reply.error(Errno::EINVAL);
         };
@@ -603,6 +627,7 @@ impl Filesystem for PmfsFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        self.busy();
         let parent = self.ino(parent);
         let r = self
             .new_owner(req, parent, mode, umask, true)
@@ -611,6 +636,7 @@ impl Filesystem for PmfsFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.busy();
         let parent = self.ino(parent);
         let r = self
             .keep_for_kernel(parent, name.as_bytes())
@@ -622,6 +648,7 @@ impl Filesystem for PmfsFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.busy();
         match self.vol.rmdir_at(self.ino(parent), name.as_bytes()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -636,6 +663,7 @@ impl Filesystem for PmfsFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        self.busy();
         let parent = self.ino(parent);
         let r = self
             .new_owner(req, parent, 0o777, 0, false)
@@ -660,6 +688,7 @@ impl Filesystem for PmfsFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.busy();
         let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
         if !known.contains(flags) {
             return reply.error(Errno::EINVAL);
@@ -694,6 +723,7 @@ impl Filesystem for PmfsFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        self.busy();
         let r = self
             .vol
             .link_at(self.ino(ino), self.ino(newparent), newname.as_bytes());
@@ -701,6 +731,7 @@ impl Filesystem for PmfsFs {
     }
 
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.busy();
         // Files need no per-open state (see the module documentation): ENOSYS lets the
         // kernel open them without asking (FUSE_NO_OPEN_SUPPORT), and close them without a
         // RELEASE (files it made with CREATE too, from then on). It then truncates for
@@ -720,6 +751,7 @@ impl Filesystem for PmfsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.busy();
         let f = match self.file(ino) {
             Ok(f) => f,
             Err(e) => return reply.error(e),
@@ -744,6 +776,7 @@ impl Filesystem for PmfsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.busy();
         let f = match self.file(ino) {
             Ok(f) => f,
             Err(e) => return reply.error(e),
@@ -779,6 +812,7 @@ impl Filesystem for PmfsFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.busy();
         // Nothing is buffered (every write is durable when it returns) and locks stay with
         // the kernel, so `close` has nothing to ask: ENOSYS makes the kernel stop sending
         // FLUSH for the rest of the mount, a round trip saved on every close.
@@ -793,6 +827,7 @@ impl Filesystem for PmfsFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.busy();
         // Every write and attribute change is durable when it returns, and the kernel writes
         // its dirty pages (shared mappings) back before it asks: ENOSYS tells it that fsync
         // needs no round trip here, from now on.
@@ -800,6 +835,7 @@ impl Filesystem for PmfsFs {
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.busy();
         // Listings go by node id and offset and need no per-open state: ENOSYS lets the
         // kernel open directories without asking (FUSE_NO_OPENDIR_SUPPORT), and then it
         // sends no RELEASEDIR either. A directory removed meanwhile fails at READDIR.
@@ -814,6 +850,7 @@ impl Filesystem for PmfsFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.busy();
         let r = self.list(self.ino(ino), offset, |next, ino, kind, name| {
             reply.add(
                 self.node_id(ino),
@@ -836,6 +873,7 @@ impl Filesystem for PmfsFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        self.busy();
         let dir = self.ino(ino);
         let r = self.list(dir, offset, |next, ino, _, name| {
             match self.vol.getattr(ino) {
@@ -873,11 +911,13 @@ impl Filesystem for PmfsFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.busy();
         // Name changes are durable when they return (see `fsync`).
         reply.error(Errno::ENOSYS);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.busy();
         match self.vol.statfs() {
             Ok(s) => reply.statfs(
                 s.total_blocks,
@@ -903,6 +943,7 @@ impl Filesystem for PmfsFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        self.busy();
         let name = name.as_bytes();
         if let Err(e) = check_xattr_name(name) {
             return reply.error(e);
@@ -924,6 +965,7 @@ impl Filesystem for PmfsFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.busy();
         let name = name.as_bytes();
         if let Err(e) = check_xattr_name(name) {
             return reply.error(e);
@@ -936,6 +978,7 @@ impl Filesystem for PmfsFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.busy();
         match self.vol.list_xattr(self.ino(ino)) {
             Ok(names) => {
                 let mut buf = Vec::new();
@@ -950,6 +993,7 @@ impl Filesystem for PmfsFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.busy();
         let name = name.as_bytes();
         if let Err(e) = check_xattr_name(name) {
             return reply.error(e);
@@ -962,6 +1006,7 @@ impl Filesystem for PmfsFs {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        self.busy();
         let a = match self.vol.getattr(self.ino(ino)) {
             Ok(a) => a,
             Err(e) => return reply.error(errno(&e)),
@@ -983,6 +1028,7 @@ impl Filesystem for PmfsFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.busy();
         let parent = self.ino(parent);
         let flags = OpenFlags(flags);
         // The handle becomes the kernel's handle of the file ([`Known::node`]): it reads and
@@ -1040,6 +1086,7 @@ impl Filesystem for PmfsFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        self.busy();
         let f = match self.file(ino) {
             Ok(f) => f,
             Err(e) => return reply.error(e),
@@ -1084,6 +1131,7 @@ impl Filesystem for PmfsFs {
         flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        self.busy();
         if !flags.is_empty() {
             return reply.error(Errno::EINVAL);
         }
@@ -1117,6 +1165,7 @@ impl Filesystem for PmfsFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        self.busy();
         let f = match self.file(ino) {
             Ok(f) => f,
             Err(e) => return reply.error(e),

@@ -23,12 +23,13 @@
 //! the mount helper ([`cli::mount_helper_main`]): `ln -s $(which pmfs)
 //! /sbin/mount.fuse.pmfs` makes `mount -t fuse.pmfs POOL DIR` and fstab lines such as
 //! `/dev/shm/my.pool /mnt/pm fuse.pmfs defaults,nofail 0 0` work.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod cli;
 pub mod error;
 pub mod fs;
 pub mod mount;
+pub mod poll;
 pub mod pool;
 
 pub use error::{Error, Result};

@@ -7,7 +7,8 @@
 //! with the daemon's error. The daemon:
 //! 1. takes the pool's owner lock and mounts the volume (recovering it after a crash);
 //! 2. mounts the FUSE file system (`fuse.pmfs`, source = the pool file);
-//! 3. serves requests on several threads until the file system is unmounted: by
+//! 3. serves requests on several threads (one of them polling for a while after each request,
+//!    with `-o poll`, see [`crate::poll`]) until the file system is unmounted: by
 //!    `fusermount3 -u` / `umount`, or by `SIGINT`, `SIGTERM` or `SIGHUP`, which make the daemon
 //!    unmount it itself (a busy mount point is reported and kept; a second signal detaches it
 //!    lazily), and, on a thread of its own, data clients' requests to have the kernel drop
@@ -27,6 +28,7 @@ use pmfs::kernel_pages::{Listener, Stopper};
 
 use crate::error::{Error, Result};
 use crate::fs::{PmfsFs, Timeouts};
+use crate::poll::Poller;
 use crate::pool::{Pool, volume_error};
 
 /// What the `-o` options of a mount ask for.
@@ -42,6 +44,8 @@ pub struct MountOptions {
     pub timeouts: Timeouts,
     /// Request-serving threads.
     pub threads: usize,
+    /// How long the daemon polls for the next request after one (`poll`; zero: never).
+    pub poll: Duration,
 }
 
 impl Default for MountOptions {
@@ -56,9 +60,13 @@ impl Default for MountOptions {
             },
             timeouts: Timeouts::default(),
             threads: 4,
+            poll: Duration::ZERO,
         }
     }
 }
+
+/// The longest poll window (`-o poll`, in microseconds): a second.
+const MAX_POLL_MICROS: u64 = 1_000_000;
 
 fn seconds(key: &str, v: &str) -> Result<Duration> {
     let s: f64 = v
@@ -123,6 +131,18 @@ pub fn parse_options<S: AsRef<str>>(lists: &[S]) -> Result<MountOptions> {
                     .ok()
                     .filter(|&n| (1..=64).contains(&n))
                     .ok_or_else(|| Error::new(format!("mount option threads={v}: not 1..=64")))?
+            }
+            ("poll", Some(v)) => {
+                o.poll = v
+                    .parse()
+                    .ok()
+                    .filter(|&us| us <= MAX_POLL_MICROS)
+                    .map(Duration::from_micros)
+                    .ok_or_else(|| {
+                        Error::new(format!(
+                            "mount option poll={v}: not 0..={MAX_POLL_MICROS} microseconds"
+                        ))
+                    })?
             }
             _ if ignored(opt) => {}
             _ => return Err(Error::new(format!("unknown mount option {opt:?}"))),
@@ -350,7 +370,15 @@ pub fn serve(
     config.acl = opts.acl;
     config.n_threads = Some(opts.threads);
     config.clone_fd = true;
-    let fs = PmfsFs::new(vol.clone(), opts.timeouts);
+    let mut fs = PmfsFs::new(vol.clone(), opts.timeouts);
+    let poller = if opts.poll.is_zero() {
+        None
+    } else {
+        let (poller, thread) = Poller::start(opts.poll)
+            .map_err(|e| Error::new(format!("cannot start the poll thread: {e}")))?;
+        fs = fs.with_poller(poller.clone());
+        Some((poller, thread))
+    };
     let session = Session::new(fs, &mountpoint, &config)
         .map_err(|e| Error::new(format!("{}: cannot mount: {e}", mountpoint.display())))?;
     let kernel_pages = if opts.read_only {
@@ -402,6 +430,10 @@ pub fn serve(
         Some(collect_dead_pins(vol.clone())?)
     };
     let served = session_end(session.run());
+    if let Some((poller, thread)) = poller {
+        poller.stop();
+        let _ = thread.join();
+    }
     if let Some((stop, thread)) = collector {
         // Its handle of the volume goes with it, as the kernel-pages thread's below.
         drop(stop);
@@ -532,6 +564,12 @@ mod tests {
         assert!(parse_options(&["bogus"]).is_err());
         assert!(parse_options(&["threads=0"]).is_err());
         assert!(parse_options(&["entry_timeout=x"]).is_err());
+        assert_eq!(o.poll, Duration::ZERO);
+        let o = parse_options(&["poll=200"]).unwrap();
+        assert_eq!(o.poll, Duration::from_micros(200));
+        assert!(parse_options(&["poll=1000001"]).is_err());
+        assert!(parse_options(&["poll=-1"]).is_err());
+        assert!(parse_options(&["poll"]).is_err());
     }
 
     #[test]
