@@ -15,8 +15,8 @@
 #
 # Usage: scripts/bench-preload.sh          (root: it mounts; uses $CARGO_TARGET_DIR/release)
 # Knobs: FIO_SECONDS (3), FIO_SIZE (256M), DB_NUM (200000), DB_SYNC_NUM (50000),
-#        SQLITE_TXS (10000), POOL_SIZE (4G), HUGE (1). Every job is short: the whole run takes
-#        a few minutes.
+#        SQLITE_TXS (10000), POOL_SIZE (4G), HUGE (1), POLL (0: the mount's `-o poll` window
+#        in microseconds). Every job is short: the whole run takes a few minutes.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,6 +31,7 @@ sqlite_txs=${SQLITE_TXS:-10000}
 journal_modes=(delete truncate persist memory wal off)
 pool_size=${POOL_SIZE:-4G}
 huge=${HUGE:-1}
+poll=${POLL:-0}
 
 if [ ! -x "$pmfs" ] || [ ! -f "$lib" ]; then
     (cd "$root" && cargo build --release -p pmfs-preload -p pmfs-fuse)
@@ -73,7 +74,7 @@ pages="4 KiB pages"
 
 mkdir -p "$mnt" "$work/tmpfs"
 "$pmfs" mkfs "$pool" --size "$pool_size" --mapping hashfs > /dev/null
-"$pmfs" mount "$pool" "$mnt" --foreground < /dev/null &
+"$pmfs" mount "$pool" "$mnt" --foreground -o "poll=$poll" < /dev/null &
 daemon=$!
 for _ in $(seq 300); do
     grep -q " $mnt .* - fuse.pmfs " /proc/self/mountinfo && break
@@ -185,7 +186,8 @@ done
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0 && a != "") printf "%.2f", a / b; else printf "-" }'; }
 echo
 echo "fio psync ${fio_seconds} s per job on a ${fio_size} file; db_bench ${db_num} ops" \
-    "(fillsync ${db_sync_num}), 100-byte values; pool and tmpfs on ${pages}"
+    "(fillsync ${db_sync_num}), 100-byte values; pool and tmpfs on ${pages}; poll window" \
+    "${poll} µs"
 echo
 echo "| workload | FUSE | library | tmpfs | library/FUSE | library/tmpfs |"
 echo "|---|---:|---:|---:|---:|---:|"
