@@ -58,7 +58,9 @@
 //!   [`OpenNode::copy_range`], instead of the kernel's fallback of a READ and a WRITE request
 //!   per piece.
 //! - **Concurrency.** fuser runs several event-loop threads, each with its own cloned
-//!   `/dev/fuse` descriptor; handlers run on them concurrently (the engine is `Sync`).
+//!   `/dev/fuse` descriptor; handlers run on them concurrently (the engine is `Sync`). On a
+//!   mount with a poll window every handler first tells the [poller](crate::poll), which
+//!   keeps one of those threads polling for the next request.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;

@@ -18,6 +18,7 @@
 //! ends the loop in both.
 
 use std::fs;
+use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -92,6 +93,12 @@ impl Poller {
         if !s.looked {
             s.looked = true;
             s.fd = fuse_descriptor();
+            if s.fd.is_none() {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "pmfs: -o poll: cannot find the session's /dev/fuse descriptor in /proc/self/fd; not polling"
+                );
+            }
         }
         if let Some(fd) = &s.fd
             && set_nonblocking(fd.as_fd(), true).is_ok()
