@@ -3,6 +3,7 @@
 //! under the library: the same query results as on a local directory without it, databases
 //! the kernel path reads back intact, and counters that show the library served the calls (fio
 //! runs its job in a forked process, which leaves with `_exit`: the library reports there too).
+//! sqlite3 runs on a mount whose daemon polls for requests (`-o poll`) too.
 
 mod common;
 
@@ -31,8 +32,19 @@ PRAGMA integrity_check;
 
 #[test]
 fn sqlite_in_every_journal_mode_gives_the_same_results_under_the_library() {
+    sqlite_in_every_journal_mode(&[]);
+}
+
+/// The same on a mount whose daemon polls for requests (`-o poll`): what it serves is the same,
+/// however the requests are picked up.
+#[test]
+fn sqlite_gives_the_same_results_on_a_polling_mount() {
+    sqlite_in_every_journal_mode(&["poll=1000"]);
+}
+
+fn sqlite_in_every_journal_mode(options: &[&str]) {
     let work = TempDir::new("sqlite");
-    let m = Mounted::new("sqlite", "256M", "hashfs");
+    let m = Mounted::with_options("sqlite", "256M", "hashfs", options);
     let stats = work.path().join("stats");
     for mode in ["delete", "truncate", "persist", "wal"] {
         let sql = SQL.replace("MODE", mode);
