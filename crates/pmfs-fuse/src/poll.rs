@@ -35,8 +35,8 @@ pub struct Poller {
     epoch: Instant,
     /// When the last request came, in nanoseconds since `epoch`.
     last: AtomicU64,
-    /// Whether the descriptor is in non-blocking mode (a copy of `State::polling` that
-    /// requests read without the lock).
+    /// Whether the descriptor is in non-blocking mode. Changed only under `state`'s lock;
+    /// requests read it without.
     polling: AtomicBool,
     state: Mutex<State>,
     changed: Condvar,
@@ -49,7 +49,6 @@ struct State {
     fd: Option<OwnedFd>,
     /// Whether `fd` was looked for (at the first request, when the session has all of them).
     looked: bool,
-    polling: bool,
     stop: bool,
 }
 
@@ -87,7 +86,7 @@ impl Poller {
             return;
         }
         let mut s = self.state();
-        if s.stop || s.polling {
+        if s.stop || self.polling.load(Ordering::Relaxed) {
             return;
         }
         if !s.looked {
@@ -103,7 +102,6 @@ impl Poller {
         if let Some(fd) = &s.fd
             && set_nonblocking(fd.as_fd(), true).is_ok()
         {
-            s.polling = true;
             self.polling.store(true, Ordering::Relaxed);
             self.changed.notify_one();
         }
@@ -111,14 +109,14 @@ impl Poller {
 
     /// Whether the descriptor is in non-blocking mode now.
     pub fn is_polling(&self) -> bool {
-        self.state().polling
+        self.polling.load(Ordering::Relaxed)
     }
 
     /// Puts the descriptor back in blocking mode once a window has passed without a request.
     fn monitor(&self) {
         let mut s = self.state();
         while !s.stop {
-            if !s.polling {
+            if !self.polling.load(Ordering::Relaxed) {
                 s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
@@ -139,13 +137,12 @@ impl Poller {
 
     fn block(&self, s: &mut State) {
         if let Some(fd) = &s.fd
-            && s.polling
+            && self.polling.load(Ordering::Relaxed)
         {
             // A descriptor that cannot be switched back keeps polling until the mount ends;
             // fcntl(F_SETFL) on a valid descriptor does not fail.
             let _ = set_nonblocking(fd.as_fd(), false);
         }
-        s.polling = false;
         self.polling.store(false, Ordering::Relaxed);
     }
 
