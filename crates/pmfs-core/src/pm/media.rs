@@ -16,6 +16,8 @@
 //! - A flush takes the line's content *at flush time*; stores to the line after the flush need
 //!   another flush.
 
+use std::sync::atomic::AtomicU64;
+
 use crate::error::Result;
 use crate::layout::{BLOCK_SIZE, BlockNo, PmOff, Pod};
 use crate::pm::procs::DevIno;
@@ -62,6 +64,15 @@ pub trait Media: Send + Sync {
 
     /// Atomically loads the 8-byte little-endian word at `off` (acquire).
     fn load_u64(&self, off: PmOff) -> Result<u64>;
+
+    /// The `count` 8-byte words at `off`, for loads without a call each (a long walk over a
+    /// table of words), where the media map their bytes: `None` where they do not (the crash
+    /// simulator, which must see every access) and for a range out of bounds or an unaligned
+    /// `off`. The words hold little-endian values; an `Acquire` load of one (then
+    /// `u64::from_le`) is what [`load_u64`](Media::load_u64) does.
+    fn words(&self, _off: PmOff, _count: u64) -> Option<&[AtomicU64]> {
+        None
+    }
 
     /// Atomically stores the 8-byte little-endian word at `off` (release). Not yet durable.
     fn store_u64(&self, off: PmOff, val: u64) -> Result<()>;
@@ -239,6 +250,9 @@ macro_rules! forward_media {
             }
             fn load_u64(&self, off: PmOff) -> Result<u64> {
                 (**self).load_u64(off)
+            }
+            fn words(&self, off: PmOff, count: u64) -> Option<&[AtomicU64]> {
+                (**self).words(off, count)
             }
             fn store_u64(&self, off: PmOff, val: u64) -> Result<()> {
                 (**self).store_u64(off, val)

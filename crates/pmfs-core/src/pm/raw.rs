@@ -115,6 +115,18 @@ impl RawRegion {
         Ok(())
     }
 
+    /// The `count` words at `off` as atomics; `None` out of bounds or unaligned.
+    pub(crate) fn words(&self, off: PmOff, count: u64) -> Option<&[AtomicU64]> {
+        if !off.is_aligned(8) {
+            return None;
+        }
+        let p = self.ptr(off, count.checked_mul(8)?).ok()?;
+        // SAFETY: the `count` words at `p` are in bounds, 8-byte aligned (base and `off` are)
+        // and stay mapped while `self` lives; `AtomicU64` has the layout of `u64`, and all
+        // concurrent word accesses go through atomics, as with `atomic`.
+        Some(unsafe { std::slice::from_raw_parts(p.cast::<AtomicU64>(), count as usize) })
+    }
+
     pub(crate) fn load_u64(&self, off: PmOff) -> Result<u64> {
         Ok(u64::from_le(self.atomic(off)?.load(Ordering::Acquire)))
     }
@@ -181,6 +193,9 @@ macro_rules! media_via_raw {
             }
             fn load_u64(&self, off: PmOff) -> Result<u64> {
                 self.raw().load_u64(off)
+            }
+            fn words(&self, off: PmOff, count: u64) -> Option<&[std::sync::atomic::AtomicU64]> {
+                self.raw().words(off, count)
             }
             fn store_u64(&self, off: PmOff, val: u64) -> Result<()> {
                 self.raw().store_u64(off, val)

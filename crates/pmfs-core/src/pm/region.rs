@@ -34,6 +34,7 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 
 use super::persist::{self, CopyKind, FlushKind};
 use super::procs::DevIno;
@@ -747,6 +748,10 @@ impl super::Media for PmRegion {
 
     fn load_u64(&self, off: PmOff) -> Result<u64> {
         self.raw.load_u64(off)
+    }
+
+    fn words(&self, off: PmOff, count: u64) -> Option<&[AtomicU64]> {
+        self.raw.words(off, count)
     }
 
     fn store_u64(&self, off: PmOff, val: u64) -> Result<()> {

@@ -316,12 +316,24 @@ impl<M: Media> HashFs<M> {
                 gone.push(i);
             }
         }
-        for &(lblk, win) in &wins {
+        let mut current = wins
+            .iter()
+            .map(|&(lblk, _)| self.cached(file, lblk))
+            .collect::<Result<Vec<_>>>()?;
+        let mut k = 0;
+        while k < wins.len() {
+            let mut end = k + 1;
+            while end < wins.len() && end - k < BATCH && wins[end].0 == wins[end - 1].0 + 1 {
+                end += 1;
+            }
+            if current[k..end].iter().any(Option::is_none) {
+                let homes = home_slots(self.kernel, file.seed, wins[k].0, self.n32(), self.shift);
+                self.probe_misses(file, wins[k].0, &homes[..end - k], &mut current[k..end])?;
+            }
+            k = end;
+        }
+        for (&(lblk, win), current) in wins.iter().zip(current) {
             let key = Key::new(file.ino, lblk);
-            let current = match self.cached(file, lblk)? {
-                Some(i) => Some(i),
-                None => self.probe(self.home(file.seed, lblk), key.committed())?,
-            };
             if let Some(i) = current
                 && i != win
                 && self

@@ -71,6 +71,12 @@
 //! such a block is found within its home slot's cache line its translation goes into the
 //! file's [translation cache](translation_cache), ready for the next request.
 //! Random requests skip this read-ahead: it would load up to seven cold lines for nothing.
+//! Blocks of a batch whose homes are consecutive (one cluster) and that the translation cache
+//! does not know share one walk from the first home: in a table filled close to its size, a
+//! block that is not mapped (a write past the end of file looking for the old version) walks
+//! hundreds of slots to the next empty one, and the blocks of a cluster would each walk
+//! nearly the same slots. Walks load the slot words straight from the mapped table
+//! ([`Media::words`]), without a call per slot.
 //! A range larger than a quarter of the table (a whole-file lookup or truncate) is answered
 //! by one sequential scan of the table instead of one walk per block.
 //!
@@ -443,6 +449,14 @@ impl HomesAhead {
     }
 }
 
+/// How a walk loads slot words ([`HashFs::words`]): straight from the table where the media
+/// map it, or through the media, one call per slot.
+#[derive(Clone, Copy)]
+enum Words<'a> {
+    Mapped(&'a [AtomicU64]),
+    Media,
+}
+
 /// What the pass of a batch removal did and saw ([`HashFs::tombstone_pass`]).
 #[derive(Debug, Default)]
 struct BatchPass {
@@ -667,11 +681,40 @@ impl<M: Media> HashFs<M> {
     }
 
     fn load(&self, i: u64) -> Result<(u64, Slot)> {
-        let off = self.slot_off(i);
-        let w = self.media.load_u64(off)?;
-        let s = Slot::decode(w).ok_or(Error::Corrupt {
+        self.load_in(Words::Media, i)
+    }
+
+    /// The table's words for a walk: with a mapped table, a walk of hundreds of slots (a table
+    /// filled close to its size) costs a load per slot rather than a call.
+    fn words(&self) -> Words<'_> {
+        self.media
+            .words(self.table, self.slots)
+            .map_or(Words::Media, Words::Mapped)
+    }
+
+    /// The word of slot `i`, loaded through `words` (acquire, as [`Media::load_u64`]).
+    #[inline]
+    fn word(&self, words: Words<'_>, i: u64) -> Result<u64> {
+        match words {
+            Words::Mapped(t) => t
+                .get(i as usize)
+                .map(|w| u64::from_le(w.load(Ordering::Acquire)))
+                .ok_or_else(|| Error::OutOfBounds {
+                    off: self.slot_off(i),
+                    len: 8,
+                    size: self.media.size(),
+                }),
+            Words::Media => self.media.load_u64(self.slot_off(i)),
+        }
+    }
+
+    /// [`load`](Self::load) through `words`.
+    #[inline]
+    fn load_in(&self, words: Words<'_>, i: u64) -> Result<(u64, Slot)> {
+        let w = self.word(words, i)?;
+        let s = Slot::decode(w).ok_or_else(|| Error::Corrupt {
             what: "hashfs slot",
-            at: off,
+            at: self.slot_off(i),
         })?;
         Ok((w, s))
     }
@@ -765,9 +808,10 @@ impl<M: Media> HashFs<M> {
 
     /// Walks the probe sequence of `key` from `home` for a slot whose word is `want`.
     fn probe(&self, home: u64, want: u64) -> Result<Option<u64>> {
+        let words = self.words();
         let mut i = home;
         for _ in 0..self.slots {
-            let (w, s) = self.load(i)?;
+            let (w, s) = self.load_in(words, i)?;
             if w == want {
                 return Ok(Some(i));
             }
@@ -779,12 +823,65 @@ impl<M: Media> HashFs<M> {
         Ok(None)
     }
 
+    /// [`probe`](Self::probe) for several keys at once whose homes are consecutive slots,
+    /// `home + j` for `want[j]` (the blocks of one cluster): one walk from `home` answers them
+    /// all, where a walk each would pass the same slots up to eight times. Key `j`'s walk is
+    /// the part of it from `home + j` to the first empty slot after that; sets `found[j]` to
+    /// the first slot of it that holds `want[j]`, for each `j` with bit `j` of `mask` set
+    /// (`found[j]` stays `None` for a key its walk does not find). Each key so sees the loads
+    /// of its own walk, in order, as [`probe`](Self::probe) would.
+    fn probe_run(
+        &self,
+        home: u64,
+        want: &[u64],
+        mask: u32,
+        found: &mut [Option<u64>],
+    ) -> Result<()> {
+        let words = self.words();
+        let n = want.len().min(BATCH) as u32;
+        // Keys still walking, and keys whose walk has not begun.
+        let mut walking = 0u32;
+        let mut ahead = mask;
+        let mut i = home;
+        // Key `j`'s walk is slots `j..j + self.slots` of this one: in a table without an empty
+        // slot, the whole table from its home round to the slot before it.
+        for t in 0..self.slots + u64::from(n) - 1 {
+            if t < u64::from(n) && ahead & 1 << t != 0 {
+                ahead &= !(1 << t);
+                walking |= 1 << t;
+            }
+            if t >= self.slots {
+                walking &= !(1 << (t - self.slots));
+            }
+            let (w, s) = self.load_in(words, i)?;
+            if s == Slot::Empty {
+                walking = 0;
+            } else {
+                let mut m = walking;
+                while m != 0 {
+                    let j = m.trailing_zeros();
+                    m &= m - 1;
+                    if want[j as usize] == w {
+                        found[j as usize] = Some(i);
+                        walking &= !(1 << j);
+                    }
+                }
+            }
+            if walking == 0 && ahead == 0 {
+                break;
+            }
+            i = if i + 1 == self.slots { 0 } else { i + 1 };
+        }
+        Ok(())
+    }
+
     /// Looks for committed `key` in the cache line of its home slot only (spare-lane
     /// read-ahead: cheap because the line was just prefetched).
     fn probe_line(&self, home: u64, want: u64) -> Result<Option<u64>> {
         let line_end = ((home / SLOTS_PER_LINE) + 1) * SLOTS_PER_LINE;
+        let words = self.words();
         for i in home..line_end.min(self.slots) {
-            let (w, s) = self.load(i)?;
+            let (w, s) = self.load_in(words, i)?;
             if w == want {
                 return Ok(Some(i));
             }
@@ -800,16 +897,17 @@ impl<M: Media> HashFs<M> {
     /// (tentative or staged): until the seal is done, a lookup may stop short of the slot.
     /// Callers flush the claimed slot.
     fn claim(&self, home: u64, word: u64) -> Result<Option<u64>> {
+        let words = self.words();
         let mut i = home;
         for _ in 0..self.slots {
-            let off = self.slot_off(i);
-            let (mut w, mut s) = self.load(i)?;
+            let (mut w, mut s) = self.load_in(words, i)?;
             while s.is_free() {
+                let off = self.slot_off(i);
                 match self.media.cas_u64(off, w, word)? {
                     Ok(_) => {
                         self.note_free_change(true, Some(&[i]))?;
                         if i != home {
-                            self.seal_walk(home, i)?;
+                            self.seal_walk(words, home, i)?;
                         }
                         return Ok(Some(i));
                     }
@@ -838,13 +936,13 @@ impl<M: Media> HashFs<M> {
     /// induction from `at` down no slot of the walk is left empty. One fence before the whole
     /// walk is not enough: the loom model `tests/loom_hashfs.rs` finds a removal of two
     /// entries that cuts the claim off when the seal's later steps are not fenced.
-    fn seal_walk(&self, home: u64, at: u64) -> Result<()> {
+    fn seal_walk(&self, words: Words<'_>, home: u64, at: u64) -> Result<()> {
         let mut i = at;
         while i != home {
             i = if i == 0 { self.slots - 1 } else { i - 1 };
             let off = self.slot_off(i);
             fence_after_rmw();
-            let mut w = self.media.load_u64(off)?;
+            let mut w = self.word(words, i)?;
             while w == EMPTY || w == PURGING {
                 match self.media.cas_u64(off, w, TOMBSTONE)? {
                     Ok(_) => {
@@ -870,11 +968,12 @@ impl<M: Media> HashFs<M> {
     /// recovery reads a purging slot as one).
     fn reclaim(&self, freed: &[u64]) -> Result<()> {
         let next = |i: u64| if i + 1 == self.slots { 0 } else { i + 1 };
+        let words = self.words();
         'runs: for &start in freed {
             let mut last = start;
             let mut scanned = 0;
             loop {
-                let w = self.media.load_u64(self.slot_off(next(last)))?;
+                let w = self.word(words, next(last))?;
                 if w == EMPTY {
                     break;
                 }
@@ -886,13 +985,13 @@ impl<M: Media> HashFs<M> {
             }
             let mut i = last;
             loop {
-                let next_empty = || Ok(self.media.load_u64(self.slot_off(next(i)))? == EMPTY);
+                let next_empty = || Ok(self.word(words, next(i))? == EMPTY);
                 if !self.empty_if(i, next_empty)? {
                     continue 'runs;
                 }
                 i = if i == 0 { self.slots - 1 } else { i - 1 };
                 // Mostly a live entry: a plain load spares a locked instruction.
-                if self.media.load_u64(self.slot_off(i))? != TOMBSTONE {
+                if self.word(words, i)? != TOMBSTONE {
                     continue 'runs;
                 }
             }
@@ -945,6 +1044,41 @@ impl<M: Media> HashFs<M> {
         Ok(())
     }
 
+    /// Fills each `None` of `found` with the committed slot of block `lblk + j` of `file`, if
+    /// it is mapped, walking from `homes[j]`: blocks with consecutive homes (one cluster) that
+    /// are missing together share one walk ([`probe_run`](Self::probe_run)).
+    fn probe_misses(
+        &self,
+        file: &HashFsFile,
+        lblk: u64,
+        homes: &[u64],
+        found: &mut [Option<u64>],
+    ) -> Result<()> {
+        let want = |j: usize| Key::new(file.ino, lblk + j as u64).committed();
+        let mut j = 0;
+        while j < found.len() {
+            if found[j].is_some() {
+                j += 1;
+                continue;
+            }
+            let mut end = j + 1;
+            while end < found.len() && homes[end] == homes[end - 1] + 1 {
+                end += 1;
+            }
+            let mask = (j..end)
+                .filter(|&k| found[k].is_none())
+                .fold(0u32, |m, k| m | 1 << (k - j));
+            if mask.count_ones() == 1 {
+                found[j] = self.probe(homes[j], want(j))?;
+            } else {
+                let wants: SmallVec<[u64; BATCH]> = (j..end).map(want).collect();
+                self.probe_run(homes[j], &wants, mask, &mut found[j..end])?;
+            }
+            j = end;
+        }
+        Ok(())
+    }
+
     /// The batched lookup of `[lblk, end)` (no scan), with the translation cache. A lookup
     /// on behalf of the caller (`client`) moves the handle's cursor and, if it continues the
     /// previous one, reads ahead with the spare lanes; internal lookups of inserts and removes
@@ -985,13 +1119,10 @@ impl<M: Media> HashFs<M> {
                         self.media.prefetch(self.slot_off(h));
                     }
                 }
-                for j in 0..count {
-                    if found[j].is_none() {
-                        let b = l + j as u64;
-                        found[j] = self.probe(homes[j], Key::new(file.ino, b).committed())?;
-                        if let Some(i) = found[j] {
-                            file.cache.put(b, i);
-                        }
+                self.probe_misses(file, l, &homes[..count], &mut found[..count])?;
+                for (j, f) in found[..count].iter().enumerate() {
+                    if let Some(i) = *f {
+                        file.cache.put(l + j as u64, i);
                     }
                 }
                 for (j, &h) in homes.iter().enumerate().take(lanes).skip(count) {
@@ -2416,6 +2547,95 @@ mod tests {
             }
             assert_eq!(t.occupancy().unwrap().empty, slots, "round {round}");
         }
+    }
+
+    /// One walk for the blocks of a cluster finds what one walk per block finds, whichever of
+    /// them are asked for, as the table fills to the last slot (where walks go all the way
+    /// round) and empties again.
+    #[test]
+    fn a_shared_walk_finds_what_one_walk_per_key_finds() {
+        let t = table(64);
+        let files: Vec<_> = (1..=3).map(|ino| file(&t, ino)).collect();
+        let mut live: Vec<(usize, u64, u64)> = Vec::new();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut full_seen = false;
+        for step in 0..3000u64 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let f = (rng % 3) as usize;
+            if (step / 500) % 2 == 0 {
+                let len = 1 + (rng >> 8) % 4;
+                let lblk = step * 8 + (rng >> 12) % 4;
+                match t.insert(&files[f], lblk, len, &mut Vec::new()) {
+                    Ok(()) => live.push((f, lblk, len)),
+                    Err(Error::NoSpace) => full_seen = true,
+                    Err(e) => panic!("insert: {e}"),
+                }
+            } else if !live.is_empty() {
+                let (f, lblk, len) = live.swap_remove((rng >> 16) as usize % live.len());
+                assert_eq!(t.remove(&files[f], lblk, len).unwrap(), len);
+            }
+            // Each live run's cluster, and a block or two around it that may be unmapped.
+            for &(f, lblk, len) in &live {
+                let file = &files[f];
+                let first = lblk & !7;
+                let homes = home_slots(t.kernel, file.seed, first, t.n32(), t.shift);
+                let mut found = [None; BATCH];
+                for (j, slot) in found.iter_mut().enumerate() {
+                    // Blocks asked for are `None`; some others stand in as already known.
+                    if (rng >> (20 + j)) & 3 == 0
+                        && !(lblk..lblk + len).contains(&(first + j as u64))
+                    {
+                        *slot = Some(u64::MAX);
+                    }
+                }
+                let asked = found;
+                t.probe_misses(file, first, &homes, &mut found).unwrap();
+                for j in 0..BATCH {
+                    let want = if asked[j].is_some() {
+                        asked[j]
+                    } else {
+                        t.probe(homes[j], Key::new(file.ino, first + j as u64).committed())
+                            .unwrap()
+                    };
+                    assert_eq!(
+                        found[j],
+                        want,
+                        "step {step}: block {} of file {}",
+                        first + j as u64,
+                        file.ino
+                    );
+                }
+            }
+        }
+        assert!(full_seen, "the table never filled");
+    }
+
+    /// In a full table a block may live in the slot just before its home, at the end of a
+    /// walk all the way round: the shared walk of its cluster must go that far for it.
+    #[test]
+    fn a_shared_walk_goes_all_the_way_round_a_full_table() {
+        let t = table(64);
+        let (a, b) = (file(&t, 1), file(&t, 2));
+        let mut l = 0;
+        while t.insert(&a, l, 1, &mut Vec::new()).is_ok() {
+            l += 8;
+        }
+        // The cluster of `b` whose block 0 is homed at a group's first slot `g`: free `g`
+        // alone, then insert block 1, which walks from `g + 1` round to `g`.
+        let g = t.home_of(2, 0);
+        let at_g = (0..l)
+            .step_by(8)
+            .find(|&l| blocks(&t, &a, l, 1)[0].1 - t.data().start.0 == g)
+            .unwrap();
+        assert_eq!(t.remove(&a, at_g, 1).unwrap(), 1);
+        t.insert(&b, 1, 1, &mut Vec::new()).unwrap();
+        let homes = home_slots(t.kernel, b.seed, 0, t.n32(), t.shift);
+        let mut found = [None; BATCH];
+        t.probe_misses(&b, 0, &homes, &mut found).unwrap();
+        assert_eq!(found[1], Some(g));
+        assert!(found.iter().enumerate().all(|(j, f)| j == 1 || f.is_none()));
     }
 
     /// Threads insert, look up and remove blocks of their own files in a small table while
