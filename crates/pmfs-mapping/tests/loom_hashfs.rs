@@ -9,6 +9,10 @@
 //! from its home (no empty slot lies between them), so an inserted block is found by a lookup;
 //! no slot is left purging; the removed entries are gone and no two claims share a slot.
 //!
+//! One model stages a run of two blocks of one cluster, whose second claim starts where the
+//! first one's ended and seals only the slots past it (`HashFs::claim_from`), while removals
+//! free the entries both walk past; it fails if the second claim skips a slot or its seal.
+//!
 //! Two more models check the claims of log blocks (the "Log blocks" section,
 //! `LogBlocks::alloc`): two threads allocate a log block of one file each, through handles
 //! of their own that try the same key first, in an empty table or past an entry that a
@@ -414,6 +418,53 @@ fn an_insert_beside_a_batch_removal_of_two() {
 #[test]
 fn two_inserts_beside_two_removals() {
     claims_beside_a_removal(PASSED_TWO, &[HOME, HOME + 1], Via::Insert);
+}
+
+/// [`PASSED_TWO`] and, first of all, file 102's block two slots after them.
+const PASSED_THREE: &[(u64, u64)] = &[(102, HOME + 3), (101, HOME + 1), (100, HOME)];
+
+/// A stage of two blocks of one cluster, homed at the first two entries, walks past all three
+/// while `unstage`s give them back, the far one first. The first block claims the slot after
+/// the two entries; the second block's claim starts after that slot and seals only what lies
+/// past it, the third entry's slot (`HashFs::claim_from`): the first claim's seal keeps the
+/// slot after the second block's home non-empty.
+#[test]
+fn a_run_beside_three_removals() {
+    let start = snapshot(PASSED_THREE, Via::Stage);
+    loom::model(move || {
+        let t = Arc::new(Table::open(LoomMedia::new(&start), META, DATA).unwrap());
+        let ino = 1;
+        let lblk = lblk_at(&*t, ino, HOME);
+        assert_eq!(t.home_of(ino, lblk + 1), HOME + 1);
+        let stager = {
+            let t = t.clone();
+            thread::spawn(move || {
+                let mut out = Vec::new();
+                t.stage(&file(&t, ino), lblk, 2, &mut out).unwrap();
+                out.iter()
+                    .flat_map(|r| (0..r.len).map(move |k| r.pblk.0 + k - DATA.start.0))
+                    .collect::<Vec<u64>>()
+            })
+        };
+        free(&t, PASSED_THREE, Via::Stage);
+        let claimed = stager.join().unwrap();
+        assert_eq!(claimed.len(), 2);
+        assert_ne!(claimed[0], claimed[1], "two claims of one slot");
+        for (k, &at) in claimed.iter().enumerate() {
+            assert!(
+                reachable(&t, HOME + k as u64, at),
+                "block {} in slot {at} is cut off from its home",
+                lblk + k as u64
+            );
+        }
+        for i in 0..SLOTS {
+            assert_ne!(
+                t.media().load_u64(slot_off(i)).unwrap(),
+                PURGING,
+                "slot {i} left purging"
+            );
+        }
+    });
 }
 
 /// The file whose log blocks the log models allocate.

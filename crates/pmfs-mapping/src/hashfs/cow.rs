@@ -65,6 +65,7 @@ impl<M: Media> HashFs<M> {
         let mut claimed: SmallVec<[u64; 16]> = SmallVec::with_capacity(len as usize);
         let mut ahead = HomesAhead::new(self, file, lblk, end);
         let mut l = lblk;
+        let mut prev = None;
         while l < end {
             let count = BATCH.min((end - l) as usize);
             let homes = ahead.next(self, file, l).unwrap_or_else(|| {
@@ -75,7 +76,7 @@ impl<M: Media> HashFs<M> {
                 homes
             });
             for (j, &h) in homes[..count].iter().enumerate() {
-                match self.claim(h, Key::new(file.ino, l + j as u64).staged())? {
+                match self.claim_next(&mut prev, h, Key::new(file.ino, l + j as u64).staged())? {
                     Some(i) => claimed.push(i),
                     None => {
                         self.unclaim(&claimed)?;

@@ -106,7 +106,10 @@
 //!   empty or purging slot becomes a tombstone. A fence on each side, per slot (between the
 //!   reclaim's purging mark and its re-check, and before each load of the seal), makes one
 //!   of the two see the other; a loom model checks it (`tests/loom_hashfs.rs`). A claim
-//!   stays invisible to lookups (tentative or staged) until it is sealed.
+//!   stays invisible to lookups (tentative or staged) until it is sealed. The blocks of a
+//!   cluster that one insert or stage claims one after another walk and seal the slots past
+//!   their homes once between them: each claim starts after the slot of the one before and
+//!   seals down to there (`HashFs::claim_from`, and a loom model of its own).
 //! - **Purge, at mount.** [`HashFs::purge_tombstones`] (and [`HashFs::purge_exclusive`],
 //!   which the engine runs at every writable mount of the volume's owner) empties every
 //!   tombstone that lies on no live entry's walk, including those a reclaim leaves (runs that
@@ -897,17 +900,53 @@ impl<M: Media> HashFs<M> {
     /// (tentative or staged): until the seal is done, a lookup may stop short of the slot.
     /// Callers flush the claimed slot.
     fn claim(&self, home: u64, word: u64) -> Result<Option<u64>> {
+        self.claim_from(home, home, word)
+    }
+
+    /// Claims a slot for the block homed at `home` whose word is `word`, the next block of a
+    /// run the caller claims for: `prev` is the home and the slot of the caller's claim just
+    /// before, if any, and becomes this claim's. If that block was homed at `home - 1` (the
+    /// blocks of a cluster), this claim starts right after its slot
+    /// ([`claim_from`](Self::claim_from)), else at `home`.
+    fn claim_next(
+        &self,
+        prev: &mut Option<(u64, u64)>,
+        home: u64,
+        word: u64,
+    ) -> Result<Option<u64>> {
+        let from = match *prev {
+            Some((h, slot)) if h + 1 == home => (slot + 1) % self.slots,
+            _ => home,
+        };
+        let claimed = self.claim_from(home, from, word)?;
+        *prev = claimed.map(|i| (home, i));
+        Ok(claimed)
+    }
+
+    /// [`claim`](Self::claim) from slot `from` of the walk from `home` on, sealing only
+    /// `[from, at)`. `from` is [`claim_next`](Self::claim_next)'s: the caller's claim just
+    /// before, for the key homed at `home - 1`, took slot `from - 1`, and with its seal (and
+    /// those of the claims it chained on) left no empty slot from `home - 1` up to it, for
+    /// as long as that slot stays non-empty. That slot (claimed, later perhaps a tombstone)
+    /// stays non-empty while slot `from` does, since a reclaim empties a slot only when the
+    /// next one is empty, and this claim's seal keeps `[from, at)` non-empty while its own
+    /// slot is claimed: the whole walk from `home` has no empty slot, as a walk of its own
+    /// would leave it. The blocks of a cluster so walk and seal the slots past their homes
+    /// once between them, not once each. A slot before `from` freed since the claim before
+    /// is skipped: this claim lands a little further out.
+    fn claim_from(&self, home: u64, from: u64, word: u64) -> Result<Option<u64>> {
         let words = self.words();
-        let mut i = home;
-        for _ in 0..self.slots {
+        let mut i = from;
+        let skipped = (from + self.slots - home) % self.slots;
+        for _ in skipped..self.slots {
             let (mut w, mut s) = self.load_in(words, i)?;
             while s.is_free() {
                 let off = self.slot_off(i);
                 match self.media.cas_u64(off, w, word)? {
                     Ok(_) => {
                         self.note_free_change(true, Some(&[i]))?;
-                        if i != home {
-                            self.seal_walk(words, home, i)?;
+                        if i != from {
+                            self.seal_walk(words, from, i)?;
                         }
                         return Ok(Some(i));
                     }
@@ -940,10 +979,10 @@ impl<M: Media> HashFs<M> {
         let mut i = at;
         while i != home {
             i = if i == 0 { self.slots - 1 } else { i - 1 };
-            let off = self.slot_off(i);
             fence_after_rmw();
             let mut w = self.word(words, i)?;
             while w == EMPTY || w == PURGING {
+                let off = self.slot_off(i);
                 match self.media.cas_u64(off, w, TOMBSTONE)? {
                     Ok(_) => {
                         self.media.flush(off, 8)?;
@@ -1183,6 +1222,7 @@ impl<M: Media> HashFs<M> {
         let mut claimed = Vec::with_capacity((end - lblk) as usize);
         let mut l = lblk;
         let mut full = false;
+        let mut prev = None;
         'claim: while l < end {
             let homes = home_slots(self.kernel, file.seed, l, self.n32(), self.shift);
             let count = BATCH.min((end - l) as usize);
@@ -1190,7 +1230,7 @@ impl<M: Media> HashFs<M> {
                 self.media.prefetch(self.slot_off(h));
             }
             for (j, &h) in homes[..count].iter().enumerate() {
-                match self.claim(h, Key::new(file.ino, l + j as u64).tentative())? {
+                match self.claim_next(&mut prev, h, Key::new(file.ino, l + j as u64).tentative())? {
                     Some(i) => claimed.push(i),
                     None => {
                         full = true;
