@@ -696,7 +696,8 @@ impl<M: Media> HashFs<M> {
     }
 
     /// The word of slot `i`, loaded through `words` (acquire, as [`Media::load_u64`]).
-    #[inline]
+    /// Inlined into every walk: a call per slot costs more than the load.
+    #[inline(always)]
     fn word(&self, words: Words<'_>, i: u64) -> Result<u64> {
         match words {
             Words::Mapped(t) => t
@@ -712,7 +713,7 @@ impl<M: Media> HashFs<M> {
     }
 
     /// [`load`](Self::load) through `words`.
-    #[inline]
+    #[inline(always)]
     fn load_in(&self, words: Words<'_>, i: u64) -> Result<(u64, Slot)> {
         let w = self.word(words, i)?;
         let s = Slot::decode(w).ok_or_else(|| Error::Corrupt {
