@@ -183,7 +183,11 @@
 //!   `fork` child or parent) is not seen: this process keeps the mode it last knew.
 //! - A served `fchown` is judged by the caller's effective user id (the kernel uses the
 //!   file-system user id, which differs only after `setfsuid`), asks no security module, and
-//!   raises no inotify/fanotify `IN_ATTRIB` event (served writes raise no `IN_MODIFY` either).
+//!   raises no inotify/fanotify `IN_ATTRIB` event.
+//! - Served reads and writes raise no file-change notifications: the kernel raises them (inotify
+//!   and fanotify `IN_ACCESS`/`IN_MODIFY`, dnotify `DN_ACCESS`/`DN_MODIFY`) in the calls that
+//!   reach it, and there is no call to raise one for another. Watchers of files that processes
+//!   under the library write wait for events that do not come (`stress-ng --dnotify` fails so).
 //! - A buffer the kernel would answer `EFAULT` for crashes the caller instead (`SIGSEGV`),
 //!   unless it lies in the first 64 KiB of the address space (a null or small bogus pointer),
 //!   where nothing is mapped: those calls are forwarded.
