@@ -221,9 +221,9 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
     Ok(())
 }
 
-/// "clean", with what the next mount frees: orphans, and blocks staged by writes that never
-/// committed.
-fn clean_with(r: &pmfs::fsck::Report) -> String {
+/// The verdict of a check: "clean" or how many problems, with what the next mount frees
+/// either way (orphans, and blocks staged by writes that never committed).
+fn verdict(r: &pmfs::fsck::Report) -> String {
     let mut left = Vec::new();
     match r.orphans.len() {
         0 => {}
@@ -235,10 +235,18 @@ fn clean_with(r: &pmfs::fsck::Report) -> String {
         1 => left.push("1 block staged by a write that never committed".to_owned()),
         n => left.push(format!("{n} blocks staged by writes that never committed")),
     }
+    let state = match r.problems.len() {
+        0 => "clean".to_owned(),
+        1 => "1 problem".to_owned(),
+        n => format!("{n} problems"),
+    };
     if left.is_empty() {
-        "clean".to_owned()
+        state
     } else {
-        format!("clean; {}, which the next mount frees", left.join(" and "))
+        format!(
+            "{state}; {}, which the next mount frees",
+            left.join(" and ")
+        )
     }
 }
 
@@ -261,11 +269,7 @@ fn fsck_cmd(a: FsckArgs) -> Result<()> {
             r.entries,
             r.used_blocks,
             r.free_blocks,
-            if r.is_clean() {
-                clean_with(&r)
-            } else {
-                format!("{} problems", r.problems.len())
-            }
+            verdict(&r)
         ));
         return if r.is_clean() {
             Ok(())
@@ -557,6 +561,33 @@ mod tests {
         assert!(parse_size("1X").is_err());
         assert!(parse_size("G").is_err());
         assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn a_verdict_names_what_the_next_mount_frees_clean_or_not() {
+        let mut r = pmfs::fsck::Report::default();
+        assert_eq!(verdict(&r), "clean");
+        r.staged_blocks = 2;
+        assert_eq!(
+            verdict(&r),
+            "clean; 2 blocks staged by writes that never committed, which the next mount frees"
+        );
+        r.problems.push(pmfs::fsck::Problem {
+            kind: pmfs::fsck::ProblemKind::NotClean,
+            at: 0x400,
+            ino: None,
+            detail: "volume was not closed cleanly".into(),
+        });
+        r.orphans = vec![7];
+        assert_eq!(
+            verdict(&r),
+            "1 problem; 1 orphan and 2 blocks staged by writes that never committed, which the \
+             next mount frees"
+        );
+        r.problems.push(r.problems[0].clone());
+        r.orphans.clear();
+        r.staged_blocks = 0;
+        assert_eq!(verdict(&r), "2 problems");
     }
 
     #[test]
