@@ -1,4 +1,5 @@
-//! The `pmfs` command line: `mkfs`, `mount`, `fsck`, `info`, and the `mount.pmfs` helper.
+//! The `pmfs` command line: `mkfs`, `mount`, `umount`, `fsck`, `info`, and the `mount.pmfs`
+//! helper.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -9,8 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pmfs::{AllocatorKind, MappingKind, Options, fsck};
 
 use crate::error::{Error, Result};
-use crate::mount;
 use crate::pool::{Pool, volume_error};
+use crate::{mount, umount};
 
 /// pmfs: a persistent-memory file system. Create, mount, check and inspect pmfs volumes
 /// stored in pool files.
@@ -27,6 +28,9 @@ enum Cmd {
     Mkfs(MkfsArgs),
     /// Mount the volume of a pool through FUSE (in the background unless --foreground).
     Mount(MountArgs),
+    /// Unmount a volume and wait until its daemon has closed it.
+    #[command(alias = "unmount")]
+    Umount(UmountArgs),
     /// Check a volume for damage, and optionally repair it.
     Fsck(FsckArgs),
     /// Show the geometry, mapping, utilisation, fragmentation and journal state of a volume.
@@ -97,6 +101,20 @@ struct MountArgs {
     /// Internal: print "ready" on stdout once mounted (used by the background start).
     #[arg(long, hide = true)]
     notify_ready: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct UmountArgs {
+    /// The mount point.
+    mountpoint: PathBuf,
+    /// Detach the mount even while files on it are open, and do not wait for the daemon: it
+    /// serves those files until they are closed.
+    #[arg(long, short)]
+    lazy: bool,
+    /// Abort the FUSE connection first, then detach the mount: every call on it fails with
+    /// ENOTCONN, on open files too. For a daemon that hangs, is stopped or was killed.
+    #[arg(long, short)]
+    force: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -478,6 +496,13 @@ where
     let r = match cli.command {
         Cmd::Mkfs(a) => mkfs(a),
         Cmd::Mount(a) => mount_cmd(a),
+        Cmd::Umount(a) => umount::umount(
+            &a.mountpoint,
+            umount::How {
+                lazy: a.lazy,
+                force: a.force,
+            },
+        ),
         Cmd::Fsck(a) => fsck_cmd(a),
         Cmd::Info(a) => info_cmd(a),
     };
@@ -592,7 +617,7 @@ mod tests {
 
     #[test]
     fn every_command_has_help() {
-        for cmd in ["mkfs", "mount", "fsck", "info"] {
+        for cmd in ["mkfs", "mount", "umount", "unmount", "fsck", "info"] {
             let e = Cli::try_parse_from(["pmfs", cmd, "--help"]).unwrap_err();
             assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
         }

@@ -1,8 +1,8 @@
 //! # pmfs-fuse
 //!
 //! The `pmfs` command and the FUSE frontend of the engine: `pmfs mkfs`, `pmfs mount` (a FUSE
-//! daemon serving a volume through [fuser]), `pmfs fsck` and `pmfs info`, plus the
-//! `mount.pmfs` helper that `mount -t fuse.pmfs` and fstab entries run.
+//! daemon serving a volume through [fuser]), `pmfs umount`, `pmfs fsck` and `pmfs info`, plus
+//! the `mount.pmfs` helper that `mount -t fuse.pmfs` and fstab entries run.
 //!
 //! This crate owns the FUSE plumbing and the conversion of engine errors to errno, at the
 //! edge only ([`fs`]); it never touches PM bytes itself: every file-system decision is the
@@ -31,5 +31,6 @@ pub mod fs;
 pub mod mount;
 pub mod poll;
 pub mod pool;
+pub mod umount;
 
 pub use error::{Error, Result};

@@ -9,10 +9,11 @@
 //! 2. mounts the FUSE file system (`fuse.pmfs`, source = the pool file);
 //! 3. serves requests on several threads (one of them polling for a while after each request,
 //!    with `-o poll`, see [`crate::poll`]) until the file system is unmounted: by
-//!    `fusermount3 -u` / `umount`, or by `SIGINT`, `SIGTERM` or `SIGHUP`, which make the daemon
-//!    unmount it itself (a busy mount point is reported and kept; a second signal detaches it
-//!    lazily), and, on a thread of its own, data clients' requests to have the kernel drop
-//!    its pages of files they updated ([`pmfs::kernel_pages`]; not on a read-only mount);
+//!    `pmfs umount` ([`crate::umount`]), `fusermount3 -u` or `umount`, or by `SIGINT`,
+//!    `SIGTERM` or `SIGHUP`, which make the daemon unmount it itself (a busy mount point is
+//!    reported and kept; a second signal detaches it lazily), and, on a thread of its own,
+//!    data clients' requests to have the kernel drop its pages of files they updated
+//!    ([`pmfs::kernel_pages`]; not on a read-only mount);
 //! 4. closes the volume cleanly and releases the lock.
 
 use std::io::{BufRead, BufReader, Write};
@@ -181,30 +182,55 @@ pub fn check_mount_point(dir: &Path) -> Result<PathBuf> {
     }
 }
 
-/// Whether `dir` is a mount point of a pmfs file system now.
-pub fn is_mounted(dir: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let want = dir.as_os_str().to_string_lossy();
-    info.lines().any(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        let fstype = f.iter().skip_while(|&&x| x != "-").nth(1);
-        f.get(4).is_some_and(|m| unescape(m) == want) && fstype == Some(&"fuse.pmfs")
-    })
+/// A pmfs file system in the mount table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountEntry {
+    /// Where it is mounted.
+    pub dir: PathBuf,
+    /// Its pool file: the mount's source, an absolute path.
+    pub pool: PathBuf,
+    /// Its device number, which also names its FUSE connection in `/sys/fs/fuse/connections`.
+    pub dev: u32,
+}
+
+/// The pmfs file systems mounted now (`/proc/self/mountinfo`).
+pub fn pmfs_mounts() -> Vec<MountEntry> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|info| parse_mounts(&info))
+        .unwrap_or_default()
+}
+
+/// The pmfs file systems among the lines of a `mountinfo` text.
+fn parse_mounts(info: &str) -> Vec<MountEntry> {
+    info.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let mut after = f.iter().skip_while(|&&x| x != "-").skip(1);
+            let (fstype, source) = (after.next()?, after.next()?);
+            if *fstype != "fuse.pmfs" {
+                return None;
+            }
+            // The kernel's own encoding of a device number: 12 bits of major, 20 of minor.
+            let (major, minor) = f.get(2)?.split_once(':')?;
+            let (major, minor) = (major.parse::<u32>().ok()?, minor.parse::<u32>().ok()?);
+            if major >= 1 << 12 || minor >= 1 << 20 {
+                return None;
+            }
+            Some(MountEntry {
+                dir: PathBuf::from(unescape(f.get(4)?)),
+                pool: PathBuf::from(unescape(source)),
+                dev: major << 20 | minor,
+            })
+        })
+        .collect()
 }
 
 /// Where the pool file `pool` (an absolute path) is mounted now, if it is.
 pub fn mount_point_of(pool: &Path) -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let want = pool.as_os_str().to_string_lossy();
-    info.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        let mut after = f.iter().skip_while(|&&x| x != "-").skip(1);
-        let (fstype, source) = (after.next()?, after.next()?);
-        let dir = f.get(4)?;
-        (*fstype == "fuse.pmfs" && unescape(source) == want).then(|| PathBuf::from(unescape(dir)))
-    })
+    pmfs_mounts()
+        .into_iter()
+        .find(|m| m.pool == pool)
+        .map(|m| m.dir)
 }
 
 /// Undoes the octal escapes of mountinfo paths (`\040` for a space).
@@ -278,7 +304,7 @@ pub fn spawn_daemon(pool: &Path, mountpoint: &Path, options: &[String]) -> Resul
 
 /// Unmounts `dir` with `fusermount3 -u` (`-z`: lazily), retrying for a moment while the
 /// mount is busy: a program that closed its last file on it just before may still be ending.
-fn unmount(dir: &Path, lazy: bool) -> std::result::Result<(), String> {
+pub fn unmount(dir: &Path, lazy: bool) -> std::result::Result<(), String> {
     let mut tries = 0;
     loop {
         let mut cmd = Command::new("fusermount3");
@@ -570,6 +596,32 @@ mod tests {
         assert!(parse_options(&["poll=1000001"]).is_err());
         assert!(parse_options(&["poll=-1"]).is_err());
         assert!(parse_options(&["poll"]).is_err());
+    }
+
+    #[test]
+    fn the_mount_table_yields_pmfs_mounts_with_their_connections() {
+        let info = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+42 27 0:39 / /tmp/a\\040b rw,nosuid shared:9 - fuse.pmfs /dev/shm/p\\040q.pool rw,user_id=0
+43 27 0:40 / /mnt/other rw - fuse.sshfs host: rw
+44 27 259:3 / /mnt/p rw - fuse.pmfs /pools/p rw
+45 27 0:41 / /mnt/bad rw - fuse.pmfs
+";
+        assert_eq!(
+            parse_mounts(info),
+            [
+                MountEntry {
+                    dir: "/tmp/a b".into(),
+                    pool: "/dev/shm/p q.pool".into(),
+                    dev: 39,
+                },
+                MountEntry {
+                    dir: "/mnt/p".into(),
+                    pool: "/pools/p".into(),
+                    dev: 259 << 20 | 3,
+                },
+            ]
+        );
     }
 
     #[test]
