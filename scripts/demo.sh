@@ -41,10 +41,8 @@ fi
 mnt="$(mktemp -d "${TMPDIR:-/tmp}/pmfs-demo.XXXXXX")"
 cleanup() {
     if grep -qs " $mnt fuse.pmfs " /proc/self/mounts; then
-        fusermount3 -u "$mnt" 2>/dev/null || fusermount3 -u -z "$mnt" || true
+        pmfs umount "$mnt" 2>/dev/null || pmfs umount --force "$mnt" || true
     fi
-    # The daemon closes the volume and releases the pool once unmounted.
-    for _ in $(seq 100); do pmfs info "$pool" >/dev/null 2>&1 && break; sleep 0.1; done
     rmdir "$mnt" 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -75,9 +73,8 @@ step "df and a directory listing on the mount"
 df -h "$mnt"
 ls -la "$mnt/demo"
 
-step "unmount"
-fusermount3 -u "$mnt"
-for _ in $(seq 100); do pmfs info "$pool" >/dev/null 2>&1 && break; sleep 0.1; done
+step "pmfs umount $mnt (returns once the volume is closed)"
+pmfs umount "$mnt"
 
 step "pmfs info $pool"
 pmfs info "$pool"
