@@ -206,9 +206,8 @@ kernel_copies! {
         from in_fd to out_fd;
 }
 
-/// Writes served attributes `$st` ([`served::Stat`]) into `$buf`, a `stat` or `stat64`
-/// (zeroed first: the types have private padding fields). The block size is the daemon's (a
-/// block).
+/// Writes attributes `$st` ([`served::Stat`]) into `$buf`, a `stat` or `stat64` (zeroed
+/// first: the types have private padding fields).
 macro_rules! write_stat {
     ($buf:expr, $st:expr) => {{
         let (b, st) = (&mut *$buf, $st);
@@ -219,8 +218,9 @@ macro_rules! write_stat {
         b.st_nlink = st.nlink;
         b.st_uid = st.uid;
         b.st_gid = st.gid;
+        b.st_rdev = st.rdev;
         b.st_size = st.size as i64;
-        b.st_blksize = pmfs_core::layout::BLOCK_SIZE as i64;
+        b.st_blksize = st.blksize;
         b.st_blocks = st.blocks as i64;
         let [a, m, c] = st
             .times
@@ -245,8 +245,9 @@ macro_rules! fill_stat {
 }
 
 /// The path forms of `stat`: a pmfs regular file's attributes come from its inode in the
-/// pool once the kernel has resolved the name from its caches ([`served::stat_path`]);
-/// anything else is `$forward`.
+/// pool once the kernel has resolved the name from its caches, and a file on a mount that
+/// answers exactly from them gets that walk's answer ([`served::stat_path`]); anything else
+/// is `$forward`.
 macro_rules! stat_path {
     ($dirfd:expr, $path:expr, $flags:expr, $buf:expr, $forward:expr) => {{
         match (active() && !$buf.is_null())
@@ -268,7 +269,8 @@ macro_rules! stat_path {
     }};
 }
 
-/// `stat`: a pmfs regular file answers from its inode in the pool (`served::stat_path`).
+/// `stat`: a pmfs regular file answers from its inode in the pool, a file on a mount that
+/// answers exactly from one path walk (`served::stat_path`).
 ///
 /// # Safety
 /// The C function's contract.

@@ -76,6 +76,73 @@ pub(crate) fn pmfs_mount_of(dev: u64, mnt_id: impl FnOnce() -> Option<u64>) -> O
     found
 }
 
+/// How many mounts are remembered as answering `AT_STATX_DONT_SYNC` exactly, and as not.
+const MAX_KNOWN: usize = 64;
+/// Unique ids of mounts found to answer `statx` with `AT_STATX_DONT_SYNC` as they answer
+/// `stat`, in the first `EXACT_LEN` slots (a slot still reads 0, which is no mount's id,
+/// while its id is being stored; a full table takes no more).
+static EXACT: [AtomicU64; MAX_KNOWN] = [const { AtomicU64::new(0) }; MAX_KNOWN];
+static EXACT_LEN: AtomicUsize = AtomicUsize::new(0);
+/// Unique ids of mounts found not to, or whose kind the kernel did not tell; as `EXACT`.
+static INEXACT: [AtomicU64; MAX_KNOWN] = [const { AtomicU64::new(0) }; MAX_KNOWN];
+static INEXACT_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether the mount with unique id `id` answers a `statx` with `AT_STATX_DONT_SYNC` exactly
+/// as it answers `stat`: its file system keeps every attribute in the kernel's inode, and
+/// `stat` asks nobody else (not FUSE, where it asks the daemon, nor a network file system,
+/// nor overlayfs, which asks the file systems under it). Asked once per mount with
+/// `statmount` (Linux 6.8; without it, `false`). Mount ids are never reused, so an answer
+/// holds as long as the process lives. Takes no lock: threads asking about a new mount at
+/// once each ask the kernel, and may each remember the answer.
+pub(crate) fn answers_exactly(id: u64) -> bool {
+    if find(&EXACT, &EXACT_LEN, id).is_some() {
+        return true;
+    }
+    if find(&INEXACT, &INEXACT_LEN, id).is_some() {
+        return false;
+    }
+    let mut out = [0u8; 512];
+    let asked = statmount(id, SB_BASIC, &mut out).is_ok();
+    // struct statmount: mask at byte 8, sb_magic at 24.
+    let u64_at = |o: usize| u64::from_ne_bytes(out[o..o + 8].try_into().unwrap_or_default());
+    let exact = asked && u64_at(8) & SB_BASIC != 0 && LOCAL_MAGICS.contains(&u64_at(24));
+    let (table, len) = if exact {
+        (&EXACT, &EXACT_LEN)
+    } else {
+        (&INEXACT, &INEXACT_LEN)
+    };
+    if let Some(slot) = table.get(len.fetch_add(1, Ordering::Relaxed)) {
+        slot.store(id, Ordering::Relaxed);
+    }
+    exact
+}
+
+/// Superblock magic numbers (`linux/magic.h`) of the file systems whose `getattr` answers from
+/// the kernel's inode alone, whatever the sync type: disk and memory file systems, and the
+/// kernel's own.
+const LOCAL_MAGICS: [u64; 20] = [
+    0xEF53,      // ext2, ext3, ext4
+    0x5846_5342, // xfs
+    0x9123_683E, // btrfs
+    0xF2F5_2010, // f2fs
+    0x4d44,      // msdos, vfat
+    0x7371_7368, // squashfs
+    0xE0F5_E1E2, // erofs
+    0x9660,      // iso9660
+    0x0102_1994, // tmpfs, devtmpfs
+    0x8584_58f6, // ramfs
+    0x9584_58f6, // hugetlbfs
+    0x9fa0,      // proc
+    0x6265_6572, // sysfs
+    0x1cd1,      // devpts
+    0x6367_7270, // cgroup2
+    0x1980_0202, // mqueue
+    0x6462_6720, // debugfs
+    0x7472_6163, // tracefs
+    0x6E73_6673, // nsfs
+    0xcafe_4a11, // bpf
+];
+
 /// The unique id of the mount a `statx` answer is about, if it reports one.
 pub(crate) fn unique_mount_id(stx: &libc::statx) -> Option<u64> {
     (stx.stx_mask & libc::STATX_MNT_ID_UNIQUE != 0).then_some(stx.stx_mnt_id)
@@ -435,6 +502,16 @@ mod tests {
             // A device that is not the mount's: the kernel's answer is not trusted.
             assert!(identify(id, dev + 1, &mut buf).is_none());
         }
+    }
+
+    #[test]
+    fn memory_and_kernel_file_systems_answer_exactly_and_unknown_mounts_do_not() {
+        for path in [c"/proc/self", c"/dev/null"] {
+            assert!(answers_exactly(mount_of(path).1), "{path:?}");
+        }
+        let gone = u64::MAX;
+        assert!(!answers_exactly(gone));
+        assert!(find(&INEXACT, &INEXACT_LEN, gone).is_some());
     }
 
     #[test]

@@ -1011,11 +1011,13 @@ impl Served {
     }
 }
 
-/// The attributes of the pmfs regular file that `path` names (from `dirfd`; `flags` may hold
-/// `AT_SYMLINK_NOFOLLOW` and `AT_NO_AUTOMOUNT`), from its inode in the pool, for `stat` and
-/// its relatives (see [`cached_statx`]). `Some(Err(errno))` when the walk fails (its answer
-/// is the call's); `None` for anything that is not a pmfs regular file this process can
-/// attach to (left to the kernel).
+/// The attributes of the file that `path` names (from `dirfd`; `flags` may hold
+/// `AT_SYMLINK_NOFOLLOW` and `AT_NO_AUTOMOUNT`) for `stat` and its relatives: for a pmfs
+/// regular file this process can attach to, from its inode in the pool (see
+/// [`cached_statx`]); for any file on a mount that answers exactly from the kernel's cache
+/// ([`mounts::answers_exactly`]), as that walk found them.
+/// `Some(Err(errno))` when the walk fails (its answer is the call's); `None` for anything
+/// else (left to the kernel).
 pub(crate) fn stat_path(
     dirfd: c_int,
     path: *const c_char,
@@ -1030,9 +1032,21 @@ pub(crate) fn stat_path(
     }
     // SAFETY: a zeroed statx buffer is a valid one.
     let mut stx = unsafe { core::mem::zeroed::<libc::statx>() };
-    // The mount's unique id tells a device not seen before without a second call.
-    match cached_statx(dirfd, path, flags, libc::STATX_MNT_ID_UNIQUE, &mut stx) {
-        Ok(st) => st.map(Ok),
+    // The mount's unique id tells a device not seen before without a second call. The basic
+    // fields are asked for as `stat` asks for them: file systems with fine-grained timestamps
+    // report the change and modification times only when asked. The `stat` calls never
+    // trigger an automount.
+    let flags = flags | libc::AT_NO_AUTOMOUNT;
+    let mask = libc::STATX_BASIC_STATS | libc::STATX_MNT_ID_UNIQUE;
+    match cached_statx(dirfd, path, flags, mask, &mut stx) {
+        Ok(Some(st)) => Some(Ok(st)),
+        // Anything else: the walk's answer is the call's where the mount answers exactly, and
+        // the call is forwarded (a second walk) where it does not.
+        Ok(None) => (stx.stx_mask & libc::STATX_BASIC_STATS == libc::STATX_BASIC_STATS
+            && crate::mounts::unique_mount_id(&stx).is_some_and(crate::mounts::answers_exactly))
+        .then(|| Stat::walked(&stx))
+        .flatten()
+        .map(Ok),
         Err(libc::ENOSYS) => None,
         Err(e) => Some(Err(e)),
     }
@@ -1094,7 +1108,9 @@ pub(crate) fn cached_statx(
     })
 }
 
-/// The attributes of a served file `fstat` reports ([`Served::stat`]).
+/// The attributes `stat` and `fstat` report for a file the library answers for: a served file
+/// ([`Served::stat`]), or any file whose mount answers exactly from the kernel's cache
+/// ([`stat_path`]).
 pub(crate) struct Stat {
     pub dev: u64,
     pub ino: u64,
@@ -1102,7 +1118,9 @@ pub(crate) struct Stat {
     pub nlink: u64,
     pub uid: u32,
     pub gid: u32,
+    pub rdev: u64,
     pub size: u64,
+    pub blksize: i64,
     pub blocks: u64,
     /// Access, modification and change times, ns since the epoch.
     pub times: [i64; 3],
@@ -1136,10 +1154,35 @@ impl Stat {
             nlink: a.nlink,
             uid: a.uid,
             gid: a.gid,
+            rdev: 0,
             size: a.size,
+            blksize: pmfs_core::layout::BLOCK_SIZE as i64,
             blocks: a.blocks,
             times: [a.atime, a.mtime, a.ctime],
         }
+    }
+
+    /// What a path walk's `statx` answer `x` says, with every basic field filled; `None` for
+    /// a time too far from 1970 for nanoseconds in 64 bits (the call is then forwarded).
+    fn walked(x: &libc::statx) -> Option<Stat> {
+        let ns = |t: libc::statx_timestamp| {
+            t.tv_sec
+                .checked_mul(1_000_000_000)?
+                .checked_add(i64::from(t.tv_nsec))
+        };
+        Some(Stat {
+            dev: libc::makedev(x.stx_dev_major, x.stx_dev_minor),
+            ino: x.stx_ino,
+            mode: u32::from(x.stx_mode),
+            nlink: u64::from(x.stx_nlink),
+            uid: x.stx_uid,
+            gid: x.stx_gid,
+            rdev: libc::makedev(x.stx_rdev_major, x.stx_rdev_minor),
+            size: x.stx_size,
+            blksize: i64::from(x.stx_blksize),
+            blocks: x.stx_blocks,
+            times: [ns(x.stx_atime)?, ns(x.stx_mtime)?, ns(x.stx_ctime)?],
+        })
     }
 }
 
@@ -1151,4 +1194,31 @@ fn iovecs<'a>(iov: *const libc::iovec, cnt: c_int) -> Option<&'a [libc::iovec]> 
     }
     // SAFETY: the C contract of the vectored calls: `iov` points at `cnt` iovecs.
     Some(unsafe { core::slice::from_raw_parts(iov, cnt) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_on_mounts_that_answer_exactly_take_one_walk() {
+        // A device node on devtmpfs (or tmpfs), and proc's root: both exact file systems.
+        for path in [c"/dev/null", c"/proc"] {
+            let st = stat_path(libc::AT_FDCWD, path.as_ptr(), 0)
+                .expect("answered by the library")
+                .expect("the walk succeeds");
+            // SAFETY: a zeroed stat buffer is a valid one.
+            let mut k: libc::stat = unsafe { core::mem::zeroed() };
+            // SAFETY: a NUL-terminated path and a stat buffer (in tests, the C library's).
+            assert_eq!(unsafe { libc::stat(path.as_ptr(), &mut k) }, 0);
+            assert_eq!(
+                (st.dev, st.ino, st.mode, st.rdev, st.blksize),
+                (k.st_dev, k.st_ino, k.st_mode, k.st_rdev, k.st_blksize)
+            );
+        }
+        assert!(matches!(
+            stat_path(libc::AT_FDCWD, c"/proc/no/such/file".as_ptr(), 0),
+            Some(Err(libc::ENOENT))
+        ));
+    }
 }
