@@ -21,7 +21,10 @@ use libc::{FILE, iovec, off_t, size_t, ssize_t};
 
 use crate::mapped::{self, MapCall};
 use crate::served::{self, Served};
-use crate::{active, closed, duplicated, flags_set, limits, note_data_call, opened, real, signals};
+use crate::{
+    active, closed, duplicated, flags_set, keeps_table, limits, note_data_call, opened, real,
+    signals,
+};
 
 /// Data calls whose first argument is the descriptor, served in userspace by `$serve` (on
 /// the description's [`Served`] object) when it returns `Some`, else forwarded.
@@ -618,11 +621,17 @@ pub unsafe extern "C" fn creat64(path: *const c_char, mode: libc::mode_t) -> c_i
 /// another file before `call` returns, and another thread may have classified the old one
 /// meanwhile (see module `fdtable`).
 fn closing<R>(first: usize, last: usize, call: impl FnOnce() -> R) -> R {
-    closed(first, last);
+    // Asked once: a process keeps the table or not for the whole call.
+    let keeps = keeps_table();
+    if keeps {
+        closed(first, last);
+    }
     let r = call();
-    let saved = crate::errno();
-    closed(first, last);
-    crate::set_errno(saved);
+    if keeps {
+        let saved = crate::errno();
+        closed(first, last);
+        crate::set_errno(saved);
+    }
     r
 }
 
@@ -766,6 +775,7 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 fn replacing(old: c_int, new: c_int, call: impl FnOnce() -> c_int) -> c_int {
     if let Ok(i) = usize::try_from(new)
         && old != new
+        && keeps_table()
     {
         closed(i, i);
     }

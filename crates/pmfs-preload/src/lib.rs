@@ -492,9 +492,10 @@ fn note_data_call(fd: c_int) -> bool {
     pmfs
 }
 
-/// A descriptor was just opened: classify it afresh.
+/// A descriptor was just opened: classify it afresh ([`learn`] records the answer only in a
+/// process that [owns the table](owns_table)).
 fn opened(fd: c_int) {
-    if fdtable::recorded(fd) && active() && owns_table() {
+    if fdtable::recorded(fd) && active() {
         learn(fd);
     }
 }
@@ -538,12 +539,16 @@ fn flags_set(fd: c_int) {
     }
 }
 
-/// Descriptors `first..=last` were closed.
+/// Whether this process keeps the descriptor table: the library is on, and the process
+/// [owns the table](owns_table) (a system call).
+fn keeps_table() -> bool {
+    active() && owns_table()
+}
+
+/// Descriptors `first..=last` were closed, in a process that [keeps the table](keeps_table).
 fn closed(first: usize, last: usize) {
-    if active() && owns_table() {
-        fdtable::forget_range(first, last);
-        served::forget_range(first, last);
-    }
+    fdtable::forget_range(first, last);
+    served::forget_range(first, last);
 }
 
 #[used]
