@@ -30,16 +30,16 @@
 //!   whose mount keeps every attribute in the kernel (disk and memory file systems, proc,
 //!   sysfs: `statmount` tells, once per mount), so a program under the library walks each
 //!   path once, as without it; on other mounts (FUSE, network file systems, overlayfs) the
-//!   call is forwarded and the path walked twice. `fchown` that changes nothing but the ctime (the file's own owner and
-//!   group, asked by root or the owner, of a file with no set-ID bit and no extended attribute,
-//!   on a writable mount: `statmount`, or a description open for writing) raises the ctime in
-//!   the pool; `sqlite3` running as root asks for one after every open of its journal, two FUSE
-//!   requests (GETXATTR, SETATTR) through the kernel. Every other change of owner goes to the
-//!   kernel. The kernel's file offset stays the truth (`read`/`write` take their range from it
-//!   with one atomic `lseek(n, SEEK_CUR)` and give back what a short transfer left unused), so
-//!   `dup`s, threads, `fork` children and kernel-path users of the same description agree on
-//!   it, and concurrent transfers on one description get ranges of their own, as through the
-//!   kernel.
+//!   call is forwarded and the path walked twice. `fchown` that changes nothing but the ctime
+//!   (the file's own owner and group, asked by root or the owner, of a file with no set-ID bit
+//!   and no extended attribute, on a writable mount: `statmount`, or a description open for
+//!   writing) raises the ctime in the pool; `sqlite3` running as root asks for one after every
+//!   open of its journal, two FUSE requests (GETXATTR, SETATTR) through the kernel. Every other
+//!   change of owner goes to the kernel. The kernel's file offset stays the truth
+//!   (`read`/`write` take their range from it with one atomic `lseek(n, SEEK_CUR)` and give
+//!   back what a short transfer left unused), so `dup`s, threads, `fork` children and
+//!   kernel-path users of the same description agree on it, and concurrent transfers on one
+//!   description get ranges of their own, as through the kernel.
 //! - **`O_APPEND`**: writes on appending descriptions (`write`, `writev`, and `pwrite`/
 //!   `pwritev`, which append on Linux as well) use the engine's atomic append: the bytes land
 //!   at the end of file as the log says when the update commits, so appenders in any number
@@ -158,10 +158,10 @@
 //!   makes no call on the mount's files never finds the mount gone: its stores keep reaching
 //!   the pool. `munmap` is not async-signal safe for a handler installed some other way than
 //!   `sigaction`/`signal` (a handler calling it while its thread is in the library's `mmap`,
-//!   `munmap`, `msync` or `mremap` leaves the table as it was). The mapping table is a spin-locked vector: these calls serialise while any served
-//!   mapping exists. A file unlinked while served mappings of it remain after its last `close`
-//!   is freed only at the owner's next mount (the daemon frees it at that close only if no
-//!   process pins it).
+//!   `munmap`, `msync` or `mremap` leaves the table as it was). The mapping table is a
+//!   spin-locked vector: these calls serialise while any served mapping exists. A file
+//!   unlinked while served mappings of it remain after its last `close` is freed only at the
+//!   owner's next mount (the daemon frees it at that close only if no process pins it).
 //! - Processes without the library read and map a file through the kernel's page cache.
 //!   They see each update served in userspace once it returned, and stores through a served
 //!   mapping once `msync`ed or unmapped (see "The kernel's pages"); a served mapping's stores

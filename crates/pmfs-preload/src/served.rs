@@ -606,9 +606,9 @@ pub(crate) fn peek<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option
 }
 
 /// `fd` is being mapped through the kernel: its description goes to the kernel from now on
-/// (its node is released), and the kernel learns the file's size first (it faults in the mapping against the size it last asked the
-/// daemon for, which misses extensions written in userspace since: touching pages past it
-/// would raise SIGBUS).
+/// (its node is released), and the kernel learns the file's size first (it faults in the
+/// mapping against the size it last asked the daemon for, which misses extensions written in
+/// userspace since: touching pages past it would raise SIGBUS).
 pub(crate) fn mapped(fd: c_int) {
     let Some(i) = index(fd) else { return };
     if !ANY.load(Ordering::Relaxed) {
