@@ -388,7 +388,8 @@ pub unsafe extern "C" fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int {
 
 /// `statx`: a pmfs regular file (named by a path, or open at `dirfd` with `AT_EMPTY_PATH`)
 /// gets the kernel's cached answer with its attributes from its inode in the pool
-/// (`served::cached_statx`), with no request to the daemon; anything else is forwarded.
+/// (`served::cached_statx`), with no request to the daemon; a file on a mount that answers
+/// exactly gets that walk's answer (`served::exact_as_asked`); anything else is forwarded.
 ///
 /// # Safety
 /// The C function's contract.
@@ -406,11 +407,14 @@ pub unsafe extern "C" fn statx(
         if !on_fd || note_data_call(dirfd) {
             // SAFETY: the contract makes `buf` a writable statx buffer.
             let out = unsafe { &mut *buf };
-            match served::cached_statx(dirfd, path, flags, mask, out) {
-                Ok(Some(st)) => {
+            // The mount's unique id tells pmfs mounts, and mounts that answer exactly, apart.
+            let walk = mask | libc::STATX_MNT_ID_UNIQUE;
+            match served::cached_statx(dirfd, path, flags, walk, out) {
+                Ok(Some(st)) if served::as_asked(out, mask) => {
                     st.patch(out);
                     return 0;
                 }
+                Ok(None) if served::exact_as_asked(out, mask) => return 0,
                 Err(e) if e != libc::ENOSYS => {
                     crate::set_errno(e);
                     return -1;

@@ -26,11 +26,11 @@
 //!   daemon (whose mount caches no file attributes); `stat`, `lstat`, `fstatat` (and their `64`
 //!   forms) and `statx` of a pmfs regular file let the kernel resolve the name from its caches
 //!   (`statx` with `AT_STATX_DONT_SYNC`: permission checks, no attribute refresh) and answer
-//!   from the inode too. That walk also answers `stat`, `lstat` and `fstatat` of any file
-//!   whose mount keeps every attribute in the kernel (disk and memory file systems, proc,
-//!   sysfs: `statmount` tells, once per mount), so a program under the library walks each
-//!   path once, as without it; on other mounts (FUSE, network file systems, overlayfs) the
-//!   call is forwarded and the path walked twice. `fchown` that changes nothing but the ctime
+//!   from the inode too. That walk also answers these calls for any file whose mount keeps
+//!   every attribute in the kernel (disk and memory file systems, proc, sysfs: `statmount`
+//!   tells, once per mount), so a program under the library walks each path once, as without
+//!   it; on other mounts (FUSE, network file systems, overlayfs) the call is forwarded and the
+//!   path walked twice. `fchown` that changes nothing but the ctime
 //!   (the file's own owner and group, asked by root or the owner, of a file with no set-ID bit
 //!   and no extended attribute, on a writable mount: `statmount`, or a description open for
 //!   writing) raises the ctime in the pool; `sqlite3` running as root asks for one after every

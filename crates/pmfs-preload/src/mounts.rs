@@ -76,45 +76,78 @@ pub(crate) fn pmfs_mount_of(dev: u64, mnt_id: impl FnOnce() -> Option<u64>) -> O
     found
 }
 
-/// How many mounts are remembered as answering `AT_STATX_DONT_SYNC` exactly, and as not.
+/// How many mounts' [`MountFacts`] are remembered.
 const MAX_KNOWN: usize = 64;
-/// Unique ids of mounts found to answer `statx` with `AT_STATX_DONT_SYNC` as they answer
-/// `stat`, in the first `EXACT_LEN` slots (a slot still reads 0, which is no mount's id,
-/// while its id is being stored; a full table takes no more).
-static EXACT: [AtomicU64; MAX_KNOWN] = [const { AtomicU64::new(0) }; MAX_KNOWN];
-static EXACT_LEN: AtomicUsize = AtomicUsize::new(0);
-/// Unique ids of mounts found not to, or whose kind the kernel did not tell; as `EXACT`.
-static INEXACT: [AtomicU64; MAX_KNOWN] = [const { AtomicU64::new(0) }; MAX_KNOWN];
-static INEXACT_LEN: AtomicUsize = AtomicUsize::new(0);
+/// Unique ids of the mounts whose facts are known, in the first `KNOWN_LEN` slots (a slot
+/// reads 0, which is no mount's id, until its facts are stored; a full table takes no more).
+static KNOWN: [AtomicU64; MAX_KNOWN] = [const { AtomicU64::new(0) }; MAX_KNOWN];
+/// The facts of each, stored before its id: [`FACTS_TOLD`] if `statmount` told them,
+/// [`FACTS_EXACT`] if the mount answers exactly, and its reused id in the low 32 bits.
+static FACTS: [AtomicU64; MAX_KNOWN] = [const { AtomicU64::new(0) }; MAX_KNOWN];
+static KNOWN_LEN: AtomicUsize = AtomicUsize::new(0);
+const FACTS_TOLD: u64 = 1 << 33;
+const FACTS_EXACT: u64 = 1 << 32;
 
-/// Whether the mount with unique id `id` answers a `statx` with `AT_STATX_DONT_SYNC` exactly
-/// as it answers `stat`: its file system keeps every attribute in the kernel's inode, and
-/// `stat` asks nobody else (not FUSE, where it asks the daemon, nor a network file system,
-/// nor overlayfs, which asks the file systems under it). Asked once per mount with
-/// `statmount` (Linux 6.8; without it, `false`). Mount ids are never reused, so an answer
-/// holds as long as the process lives. Takes no lock: threads asking about a new mount at
-/// once each ask the kernel, and may each remember the answer.
-pub(crate) fn answers_exactly(id: u64) -> bool {
-    if find(&EXACT, &EXACT_LEN, id).is_some() {
-        return true;
-    }
-    if find(&INEXACT, &INEXACT_LEN, id).is_some() {
-        return false;
-    }
-    let mut out = [0u8; 512];
-    let asked = statmount(id, SB_BASIC, &mut out).is_ok();
-    // struct statmount: mask at byte 8, sb_magic at 24.
-    let u64_at = |o: usize| u64::from_ne_bytes(out[o..o + 8].try_into().unwrap_or_default());
-    let exact = asked && u64_at(8) & SB_BASIC != 0 && LOCAL_MAGICS.contains(&u64_at(24));
-    let (table, len) = if exact {
-        (&EXACT, &EXACT_LEN)
-    } else {
-        (&INEXACT, &INEXACT_LEN)
+/// What the library needs to know of a mount to answer `stat` and `statx` from its own path
+/// walk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MountFacts {
+    /// The mount answers a `statx` with `AT_STATX_DONT_SYNC` exactly as it answers `stat`: its
+    /// file system keeps every attribute in the kernel's inode, and `stat` asks nobody else
+    /// (not FUSE, where it asks the daemon, nor a network file system, nor overlayfs, which
+    /// asks the file systems under it).
+    pub exact: bool,
+    /// The mount's id as mountinfo and `statx` without `STATX_MNT_ID_UNIQUE` give it (such
+    /// ids are reused once a mount is gone).
+    pub old_id: u32,
+}
+
+/// The facts of the mount with unique id `id`: asked once per mount with `statmount` (Linux
+/// 6.8; `None` where it does not answer). Unique ids are never reused, so the facts hold as
+/// long as the process lives. Takes no lock: threads asking about a new mount at once each
+/// ask the kernel, and may each remember the answer.
+pub(crate) fn mount_facts(id: u64) -> Option<MountFacts> {
+    let n = KNOWN_LEN.load(Ordering::Relaxed).min(MAX_KNOWN);
+    let word = match KNOWN[..n]
+        .iter()
+        .position(|k| k.load(Ordering::Acquire) == id)
+    {
+        Some(i) => FACTS[i].load(Ordering::Relaxed),
+        None => learn_facts(id),
     };
-    if let Some(slot) = table.get(len.fetch_add(1, Ordering::Relaxed)) {
-        slot.store(id, Ordering::Relaxed);
+    (word & FACTS_TOLD != 0).then_some(MountFacts {
+        exact: word & FACTS_EXACT != 0,
+        old_id: word as u32,
+    })
+}
+
+/// Asks `statmount` for the facts of mount `id` and remembers them; returns their word.
+fn learn_facts(id: u64) -> u64 {
+    let wanted = SB_BASIC | MNT_BASIC;
+    let mut out = [0u8; 512];
+    let told = statmount(id, wanted, &mut out).is_ok();
+    // struct statmount: mask at byte 8, sb_magic at 24, mnt_id_old at 56.
+    let u64_at = |o: usize| u64::from_ne_bytes(out[o..o + 8].try_into().unwrap_or_default());
+    let word = if told && u64_at(8) & wanted == wanted {
+        let exact = if LOCAL_MAGICS.contains(&u64_at(24)) {
+            FACTS_EXACT
+        } else {
+            0
+        };
+        FACTS_TOLD
+            | exact
+            | u64::from(u32::from_ne_bytes(
+                out[56..60].try_into().unwrap_or_default(),
+            ))
+    } else {
+        0
+    };
+    let i = KNOWN_LEN.fetch_add(1, Ordering::Relaxed);
+    if let (Some(k), Some(f)) = (KNOWN.get(i), FACTS.get(i)) {
+        f.store(word, Ordering::Relaxed);
+        k.store(id, Ordering::Release);
     }
-    exact
+    word
 }
 
 /// Superblock magic numbers (`linux/magic.h`) of the file systems whose `getattr` answers from
@@ -505,13 +538,18 @@ mod tests {
     }
 
     #[test]
-    fn memory_and_kernel_file_systems_answer_exactly_and_unknown_mounts_do_not() {
+    fn memory_and_kernel_file_systems_answer_exactly_and_unknown_mounts_not_at_all() {
         for path in [c"/proc/self", c"/dev/null"] {
-            assert!(answers_exactly(mount_of(path).1), "{path:?}");
+            let id = mount_of(path).1;
+            let s = crate::statx_at(libc::AT_FDCWD, path, 0, libc::STATX_MNT_ID)
+                .expect("statx of a path every system has");
+            let facts = mount_facts(id).expect("statmount tells");
+            assert!(facts.exact, "{path:?}");
+            assert_eq!(u64::from(facts.old_id), s.stx_mnt_id, "{path:?}");
+            // Remembered: the same answer again.
+            assert_eq!(mount_facts(id), Some(facts));
         }
-        let gone = u64::MAX;
-        assert!(!answers_exactly(gone));
-        assert!(find(&INEXACT, &INEXACT_LEN, gone).is_some());
+        assert_eq!(mount_facts(u64::MAX), None);
     }
 
     #[test]

@@ -1015,7 +1015,7 @@ impl Served {
 /// `AT_SYMLINK_NOFOLLOW` and `AT_NO_AUTOMOUNT`) for `stat` and its relatives: for a pmfs
 /// regular file this process can attach to, from its inode in the pool (see
 /// [`cached_statx`]); for any file on a mount that answers exactly from the kernel's cache
-/// ([`mounts::answers_exactly`]), as that walk found them.
+/// ([`MountFacts::exact`](crate::mounts::MountFacts::exact)), as that walk found them.
 /// `Some(Err(errno))` when the walk fails (its answer is the call's); `None` for anything
 /// else (left to the kernel).
 pub(crate) fn stat_path(
@@ -1043,13 +1043,41 @@ pub(crate) fn stat_path(
         // Anything else: the walk's answer is the call's where the mount answers exactly, and
         // the call is forwarded (a second walk) where it does not.
         Ok(None) => (stx.stx_mask & libc::STATX_BASIC_STATS == libc::STATX_BASIC_STATS
-            && crate::mounts::unique_mount_id(&stx).is_some_and(crate::mounts::answers_exactly))
+            && crate::mounts::unique_mount_id(&stx)
+                .and_then(crate::mounts::mount_facts)
+                .is_some_and(|m| m.exact))
         .then(|| Stat::walked(&stx))
         .flatten()
         .map(Ok),
         Err(libc::ENOSYS) => None,
         Err(e) => Some(Err(e)),
     }
+}
+
+/// Makes `out`, the answer of a walk that asked for `STATX_MNT_ID_UNIQUE` besides `mask`, what
+/// a `statx` asking for `mask` gets: the mount's reused id unless `mask` asked for the unique
+/// one (the kernel reports one or the other). `false` if that id is not known.
+pub(crate) fn as_asked(out: &mut libc::statx, mask: u32) -> bool {
+    // Asked for, or not reported (a kernel without unique ids answered with the reused one).
+    if mask & libc::STATX_MNT_ID_UNIQUE != 0 || out.stx_mask & libc::STATX_MNT_ID_UNIQUE == 0 {
+        return true;
+    }
+    let Some(facts) = crate::mounts::mount_facts(out.stx_mnt_id) else {
+        return false;
+    };
+    out.stx_mnt_id = u64::from(facts.old_id);
+    out.stx_mask = (out.stx_mask & !libc::STATX_MNT_ID_UNIQUE) | libc::STATX_MNT_ID;
+    true
+}
+
+/// Whether `out`, the answer of a walk that asked for `STATX_MNT_ID_UNIQUE` besides `mask`
+/// with `AT_STATX_DONT_SYNC`, is on a mount that answers exactly; if it is, makes it what a
+/// `statx` asking for `mask` gets ([`as_asked`]).
+pub(crate) fn exact_as_asked(out: &mut libc::statx, mask: u32) -> bool {
+    crate::mounts::unique_mount_id(out)
+        .and_then(crate::mounts::mount_facts)
+        .is_some_and(|m| m.exact)
+        && as_asked(out, mask)
 }
 
 /// A `statx` of `path` from `dirfd` (`flags` and `mask` as the call's) into `out` that lets

@@ -2,9 +2,9 @@
 //! every kind of file: pmfs regular files (answered from the pool), files on mounts that
 //! answer exactly from the kernel's cache (answered from the library's own path walk: device
 //! nodes, directories, symbolic links, regular files on a disk or memory file system), and
-//! the rest (pmfs directories and symbolic links, missing paths: forwarded). A C program
-//! (`programs/stats.c`) compares each form with the `newfstatat` system call, which the
-//! library does not see.
+//! the rest (pmfs directories and symbolic links, missing paths: forwarded). So does `statx`,
+//! with the mount id the caller asked for. A C program (`programs/stats.c`) compares each form
+//! with the `newfstatat` or `statx` system call, which the library does not see.
 
 mod common;
 
@@ -13,8 +13,9 @@ use std::os::unix::fs::symlink;
 
 use common::{Mounted, TempDir, With, compile, sh_ok};
 
-/// The calls `stats.c` makes per path.
-const FORMS: usize = 6;
+/// The calls `stats.c` makes per path: six forms of `stat`, `statx` with six masks, following
+/// symbolic links and not.
+const FORMS: usize = 6 + 6 * 2;
 
 #[test]
 fn every_path_form_of_stat_gives_the_kernels_answer() {
