@@ -121,8 +121,12 @@ pub(crate) fn mount_facts(id: u64) -> Option<MountFacts> {
     })
 }
 
-/// Asks `statmount` for the facts of mount `id` and remembers them; returns their word.
+/// Asks `statmount` for the facts of mount `id` and remembers them; returns their word (0,
+/// nothing told, once the table is full: the calls then go to the kernel).
 fn learn_facts(id: u64) -> u64 {
+    if KNOWN_LEN.load(Ordering::Relaxed) >= MAX_KNOWN {
+        return 0;
+    }
     let wanted = SB_BASIC | MNT_BASIC;
     let mut out = [0u8; 512];
     let told = statmount(id, wanted, &mut out).is_ok();
