@@ -200,25 +200,45 @@ pub fn pmfs_mounts() -> Vec<MountEntry> {
         .unwrap_or_default()
 }
 
+/// The fields of a `mountinfo` line this crate reads: the device (`major:minor`), the mount
+/// point (escaped), the file system type and the source (escaped). Format (proc(5)): `id
+/// parent major:minor root mount-point options [optional...] - fstype source super-options`.
+pub(crate) struct Line<'a> {
+    pub dev: &'a str,
+    pub dir: &'a str,
+    pub fstype: &'a str,
+    pub source: &'a str,
+}
+
+/// Splits a `mountinfo` line into its [`Line`] fields; `None` if it is malformed.
+pub(crate) fn line(l: &str) -> Option<Line<'_>> {
+    let f: Vec<&str> = l.split(' ').collect();
+    let mut after = f.iter().skip_while(|&&x| x != "-").skip(1);
+    Some(Line {
+        dev: f.get(2)?,
+        dir: f.get(4)?,
+        fstype: after.next()?,
+        source: after.next()?,
+    })
+}
+
 /// The pmfs file systems among the lines of a `mountinfo` text.
 fn parse_mounts(info: &str) -> Vec<MountEntry> {
     info.lines()
         .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            let mut after = f.iter().skip_while(|&&x| x != "-").skip(1);
-            let (fstype, source) = (after.next()?, after.next()?);
-            if *fstype != "fuse.pmfs" {
+            let l = line(l)?;
+            if l.fstype != "fuse.pmfs" {
                 return None;
             }
             // The kernel's own encoding of a device number: 12 bits of major, 20 of minor.
-            let (major, minor) = f.get(2)?.split_once(':')?;
+            let (major, minor) = l.dev.split_once(':')?;
             let (major, minor) = (major.parse::<u32>().ok()?, minor.parse::<u32>().ok()?);
             if major >= 1 << 12 || minor >= 1 << 20 {
                 return None;
             }
             Some(MountEntry {
-                dir: PathBuf::from(unescape(f.get(4)?)),
-                pool: PathBuf::from(unescape(source)),
+                dir: PathBuf::from(unescape(l.dir)),
+                pool: PathBuf::from(unescape(l.source)),
                 dev: major << 20 | minor,
             })
         })

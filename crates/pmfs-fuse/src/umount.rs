@@ -134,11 +134,9 @@ fn abort(m: &MountEntry) -> Result<()> {
 /// Whether `fusectl` is mounted on [`CONNECTIONS`].
 fn fusectl_mounted() -> bool {
     std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|info| {
-        info.lines().any(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            f.get(4) == Some(&CONNECTIONS)
-                && f.iter().skip_while(|&&x| x != "-").nth(1) == Some(&"fusectl")
-        })
+        info.lines()
+            .filter_map(mount::line)
+            .any(|l| l.dir == CONNECTIONS && l.fstype == "fusectl")
     })
 }
 

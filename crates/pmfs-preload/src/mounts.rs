@@ -107,11 +107,7 @@ pub(crate) struct MountFacts {
 /// long as the process lives. Takes no lock: threads asking about a new mount at once each
 /// ask the kernel, and may each remember the answer.
 pub(crate) fn mount_facts(id: u64) -> Option<MountFacts> {
-    let n = KNOWN_LEN.load(Ordering::Relaxed).min(MAX_KNOWN);
-    let word = match KNOWN[..n]
-        .iter()
-        .position(|k| k.load(Ordering::Acquire) == id)
-    {
+    let word = match find(&KNOWN, &KNOWN_LEN, id) {
         Some(i) => FACTS[i].load(Ordering::Relaxed),
         None => learn_facts(id),
     };
@@ -329,11 +325,13 @@ pub(crate) fn after_fork_in_child() {
     SCANNING.store(false, Ordering::Release);
 }
 
-fn find(table: &[AtomicU64], len: &AtomicUsize, dev: u64) -> Option<usize> {
+/// The slot of `value` among the first `len` of `table`. Slots are loaded with `Acquire`: the
+/// facts table stores a mount's facts before its id.
+fn find(table: &[AtomicU64], len: &AtomicUsize, value: u64) -> Option<usize> {
     let n = len.load(Ordering::Acquire).min(table.len());
     table[..n]
         .iter()
-        .position(|d| d.load(Ordering::Relaxed) == dev)
+        .position(|d| d.load(Ordering::Acquire) == value)
 }
 
 /// Appends `dev` (the caller holds `SCANNING`); a full table keeps what it has.

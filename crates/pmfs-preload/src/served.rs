@@ -1058,26 +1058,35 @@ pub(crate) fn stat_path(
 /// a `statx` asking for `mask` gets: the mount's reused id unless `mask` asked for the unique
 /// one (the kernel reports one or the other). `false` if that id is not known.
 pub(crate) fn as_asked(out: &mut libc::statx, mask: u32) -> bool {
-    // Asked for, or not reported (a kernel without unique ids answered with the reused one).
-    if mask & libc::STATX_MNT_ID_UNIQUE != 0 || out.stx_mask & libc::STATX_MNT_ID_UNIQUE == 0 {
-        return true;
-    }
-    let Some(facts) = crate::mounts::mount_facts(out.stx_mnt_id) else {
-        return false;
-    };
-    out.stx_mnt_id = u64::from(facts.old_id);
-    out.stx_mask = (out.stx_mask & !libc::STATX_MNT_ID_UNIQUE) | libc::STATX_MNT_ID;
-    true
+    with_reused_id(out, mask, |out| {
+        crate::mounts::unique_mount_id(out).and_then(crate::mounts::mount_facts)
+    })
 }
 
 /// Whether `out`, the answer of a walk that asked for `STATX_MNT_ID_UNIQUE` besides `mask`
 /// with `AT_STATX_DONT_SYNC`, is on a mount that answers exactly; if it is, makes it what a
 /// `statx` asking for `mask` gets ([`as_asked`]).
 pub(crate) fn exact_as_asked(out: &mut libc::statx, mask: u32) -> bool {
-    crate::mounts::unique_mount_id(out)
-        .and_then(crate::mounts::mount_facts)
-        .is_some_and(|m| m.exact)
-        && as_asked(out, mask)
+    let facts = crate::mounts::unique_mount_id(out).and_then(crate::mounts::mount_facts);
+    facts.is_some_and(|m| m.exact) && with_reused_id(out, mask, |_| facts)
+}
+
+/// [`as_asked`], with `facts` giving the facts of `out`'s mount when they are needed.
+fn with_reused_id(
+    out: &mut libc::statx,
+    mask: u32,
+    facts: impl FnOnce(&libc::statx) -> Option<crate::mounts::MountFacts>,
+) -> bool {
+    // Asked for, or not reported (a kernel without unique ids answered with the reused one).
+    if mask & libc::STATX_MNT_ID_UNIQUE != 0 || out.stx_mask & libc::STATX_MNT_ID_UNIQUE == 0 {
+        return true;
+    }
+    let Some(facts) = facts(out) else {
+        return false;
+    };
+    out.stx_mnt_id = u64::from(facts.old_id);
+    out.stx_mask = (out.stx_mask & !libc::STATX_MNT_ID_UNIQUE) | libc::STATX_MNT_ID;
+    true
 }
 
 /// A `statx` of `path` from `dirfd` (`flags` and `mask` as the call's) into `out` that lets
