@@ -34,9 +34,8 @@
 //!   is durable when it returns, and neither files nor directory listings need per-open
 //!   state, so `open`, `close`, `fsync` and `opendir` cost no round trip (`sqlite3` does all
 //!   of them per transaction). Once it has had an OPEN declined, the kernel sends no RELEASE
-//!   either, not even for the files it makes with CREATE; before that (a mount whose first
-//!   opens all create), each file it made with CREATE gets one at its last close, which
-//!   fuser answers and nothing waits for.
+//!   either. CREATE is declined too: the kernel then makes files with MKNOD, whose reply
+//!   lets it keep the new name for `entry_timeout`, and opens them like any other file.
 //! - **Files by node id.** With no opens, the kernel's reads and writes name a file by its
 //!   node id alone (file handle 0). The daemon serves them through one engine handle per
 //!   regular file the kernel knows (`Known`), and that handle is what keeps a file alive
@@ -71,10 +70,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use pmfs::{
     Attr, AttrChange, Ino, NodeKind, OpenMode, OpenNode, Owner, SeekTarget, SetTime, Volume,
@@ -736,9 +735,8 @@ impl Filesystem for PmfsFs {
         self.busy();
         // Files need no per-open state (see the module documentation): ENOSYS lets the
         // kernel open them without asking (FUSE_NO_OPEN_SUPPORT), and close them without a
-        // RELEASE (files it made with CREATE too, from then on). It then truncates for
-        // O_TRUNC with a SETATTR, which clears the set-ID bits of a caller without
-        // CAP_FSETID as any truncation does.
+        // RELEASE. It then truncates for O_TRUNC with a SETATTR, which clears the set-ID
+        // bits of a caller without CAP_FSETID as any truncation does.
         reply.error(Errno::ENOSYS);
     }
 
@@ -1022,60 +1020,22 @@ impl Filesystem for PmfsFs {
 
     fn create(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        flags: i32,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
         reply: ReplyCreate,
     ) {
         self.busy();
-        let parent = self.ino(parent);
-        let flags = OpenFlags(flags);
-        // The handle becomes the kernel's handle of the file ([`Known::node`]): it reads and
-        // writes whatever the access mode of this open description.
-        let open = OpenMode {
-            read: true,
-            write: true,
-            truncate: flags.0 & libc::O_TRUNC != 0 && flags.acc_mode() != OpenAccMode::O_RDONLY,
-        };
-        let r = self
-            .new_owner(req, parent, mode, umask, false)
-            .and_then(|(owner, perm)| {
-                self.vol.create_open(
-                    parent,
-                    name.as_bytes(),
-                    perm,
-                    owner,
-                    flags.0 & libc::O_EXCL != 0,
-                    open,
-                )
-            });
-        match r {
-            Ok((a, node, _)) => {
-                self.told(&a);
-                let spare = self
-                    .known_files()
-                    .entry(a.ino)
-                    .or_default()
-                    .node
-                    .replace(Arc::new(node));
-                // A handle the kernel's requests opened on a file that existed: closed
-                // outside the lock.
-                drop(spare);
-                // One lifetime covers name and attributes here: the attributes' (shorter).
-                // Requests on the file go by node id (handle 0), as after any other open.
-                reply.created(
-                    &self.ttl.attr,
-                    &self.attr(&a),
-                    Generation(u64::from(a.ino.generation())),
-                    FileHandle(0),
-                    FopenFlags::empty(),
-                );
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+        // ENOSYS makes the kernel create files with MKNOD from now on, and then open them as
+        // any other (OPEN is declined too). The reason is the name's lifetime: a CREATE
+        // reply gives name and attributes one, which must be the attributes' (none: see
+        // `attr_ttl`), so the kernel would look the new name up again at its next use (the
+        // `unlink` of a `sqlite3` journal, the `rename` of a file saved under a temporary
+        // name). A MKNOD reply keeps the name for `entry_timeout`.
+        reply.error(Errno::ENOSYS);
     }
 
     fn fallocate(
