@@ -809,17 +809,49 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
 /// `ioctl` (variadic in C; the argument is taken as a pointer, wide enough for every request's
 /// argument and passed on unchanged): forwarded; `FIONREAD` on a pmfs file after the kernel
 /// fetched its size (`refresh_kernel_size`), since it answers the size less the offset, and
-/// served writes and truncations change the size behind its back.
+/// served writes and truncations change the size behind its back. `TCGETS` on a pmfs file
+/// served in userspace fails with `ENOTTY` there, as `isatty` answers.
 ///
 /// # Safety
 /// The C function's contract.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: libc::c_ulong, arg: *mut c_void) -> c_int {
+    if request == libc::TCGETS
+        && note_data_call(fd)
+        && let Some(r) = no_terminal(fd)
+    {
+        return r;
+    }
     if request == libc::FIONREAD && note_data_call(fd) {
         crate::refresh_kernel_size(fd);
     }
     // SAFETY: forwarded under the same contract.
     unsafe { real::ioctl(fd, request, arg) }
+}
+
+/// `isatty`: false, with `ENOTTY`, for a pmfs file served in userspace (see `no_terminal`);
+/// else forwarded.
+///
+/// # Safety
+/// The C function's contract.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn isatty(fd: c_int) -> c_int {
+    if note_data_call(fd) && no_terminal(fd).is_some() {
+        return 0;
+    }
+    // SAFETY: forwarded under the same contract.
+    unsafe { real::isatty(fd) }
+}
+
+/// The answer to a terminal request (`TCGETS`, what `isatty` asks) on regular file `fd`, if it
+/// is served in userspace: -1 with `ENOTTY`, or `EIO` once its mount is gone. Through the
+/// kernel, every `ioctl` the kernel does not answer itself is a round trip to the daemon,
+/// which answers this one the same way; Python's `open` asks once per file.
+fn no_terminal(fd: c_int) -> Option<c_int> {
+    served::with(fd, |_| {
+        crate::set_errno(libc::ENOTTY);
+        Some(-1)
+    })
 }
 
 /// `fcntl64` (what `fcntl` compiles to with `_FILE_OFFSET_BITS=64` on glibc 2.28+): as

@@ -35,11 +35,13 @@
 //!   and no extended attribute, on a writable mount: `statmount`, or a description open for
 //!   writing) raises the ctime in the pool; `sqlite3` running as root asks for one after every
 //!   open of its journal, two FUSE requests (GETXATTR, SETATTR) through the kernel. Every other
-//!   change of owner goes to the kernel. The kernel's file offset stays the truth
-//!   (`read`/`write` take their range from it with one atomic `lseek(n, SEEK_CUR)` and give
-//!   back what a short transfer left unused), so `dup`s, threads, `fork` children and
-//!   kernel-path users of the same description agree on it, and concurrent transfers on one
-//!   description get ranges of their own, as through the kernel.
+//!   change of owner goes to the kernel. `isatty` (and `ioctl(TCGETS)`, what it asks) answers
+//!   that a served file is no terminal: through the kernel, an `ioctl` on a FUSE file is a
+//!   round trip to the daemon, and Python's `open` asks once per file. The kernel's file
+//!   offset stays the truth (`read`/`write` take their range from it with one atomic
+//!   `lseek(n, SEEK_CUR)` and give back what a short transfer left unused), so `dup`s,
+//!   threads, `fork` children and kernel-path users of the same description agree on it, and
+//!   concurrent transfers on one description get ranges of their own, as through the kernel.
 //! - **`O_APPEND`**: writes on appending descriptions (`write`, `writev`, and `pwrite`/
 //!   `pwritev`, which append on Linux as well) use the engine's atomic append: the bytes land
 //!   at the end of file as the log says when the update commits, so appenders in any number
@@ -111,10 +113,11 @@
 //!   `execl*` through a small x86-64 trampoline that gathers the argument list into an array
 //!   for `execv*`), `preadv2`/`pwritev2` and their `64v2` forms (which programs built with
 //!   64-bit file offsets call), `ioctl` (`FIONREAD` on a pmfs file once the kernel has fetched
-//!   its size), and `setrlimit`/`setrlimit64`/`prlimit`/`prlimit64` (followed for the file size
-//!   limit). Everything not served goes to the next definition (`dlsym(RTLD_NEXT)`, resolved
-//!   lazily; raw system calls while that is not possible, see module `real`), so calls made
-//!   before the library initialised (another object's constructor) work.
+//!   its size; `TCGETS`, above), `isatty`, and `setrlimit`/`setrlimit64`/`prlimit`/
+//!   `prlimit64` (followed for the file size limit). Everything not served goes to the next
+//!   definition (`dlsym(RTLD_NEXT)`, resolved lazily; raw system calls while that is not
+//!   possible, see module `real`), so calls made before the library initialised (another
+//!   object's constructor) work.
 //! - **Signal handlers** (module `signals`): the handlers a program installs with `sigaction`
 //!   or `signal` for signals other than faults run when the library call their thread is in
 //!   is done, as the kernel runs handlers between system calls: a handler may call the

@@ -8,8 +8,8 @@
 //! instead (`libc::syscall`, which sets `errno` the same way). So calls that arrive before the
 //! library initialised, from other libraries' constructors, are forwarded without recursion
 //! and without allocating. The few stdio-level functions that have no system call behind
-//! them ([`fclose`], [`freopen`], [`freopen64`], [`closefrom`], [`sigaction`], [`signal`]) are
-//! looked up without that guard: the dynamic linker calls none of them.
+//! them ([`fclose`], [`freopen`], [`freopen64`], [`isatty`], [`closefrom`], [`sigaction`],
+//! [`signal`]) are looked up without that guard: the dynamic linker calls none of them.
 //!
 //! # Safety
 //! Every function here has exactly the contract of the C function of the same name: the
@@ -315,6 +315,7 @@ libc_only! {
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char)
         -> c_int = -1;
     fn fclose(stream: *mut FILE) -> c_int = libc::EOF;
+    fn isatty(fd: c_int) -> c_int = 0;
     fn freopen(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE =
         core::ptr::null_mut();
     fn freopen64(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE =

@@ -1,15 +1,14 @@
 //! A C program (`programs/descriptors.c`) drives every interposed call — read/write at offsets,
 //! holes and short reads at EOF, vectored I/O, lseek, dup/dup2/dup3/F_DUPFD(_CLOEXEC) sharing
-//! offsets, O_APPEND and F_SETFL, ftruncate, fallocate and punch hole, fstat/statx sizes,
-//! ranges ending past the largest offset, fsync, EBADF after close, a fork child and an exec'd
-//! image writing through a shared descriptor, a vfork child closing its copy of a descriptor,
-//! threads writing at once (at offsets, and with write/read on one shared offset: each record
-//! in a range of its own), a shared mapping against read and write, stdio, buffers at bad
-//! addresses (`EFAULT`, or a copy up to the bad one), close_range, a pipe, and file calls from
-//! a constructor before `main`, and the numbers new descriptors get (the lowest free one: the
-//! library keeps its own out of the way) — and prints a transcript. On a pmfs mount the
-//! transcript and the files are the same with and without the library, and the same as on a
-//! local directory.
+//! offsets, O_APPEND and F_SETFL, ftruncate, fallocate and punch hole, fstat/statx sizes, isatty
+//! and TCGETS, ranges ending past the largest offset, fsync, EBADF after close, a fork child and an
+//! exec'd image writing through a shared descriptor, a vfork child closing its copy of a
+//! descriptor, threads writing at once (at offsets, and with write/read on one shared offset: each
+//! record in a range of its own), a shared mapping against read and write, stdio, buffers at bad
+//! addresses (`EFAULT`, or a copy up to the bad one), close_range, a pipe, and file calls from a
+//! constructor before `main`, and the numbers new descriptors get (the lowest free one: the library
+//! keeps its own out of the way) — and prints a transcript. On a pmfs mount the transcript and the
+//! files are the same with and without the library, and the same as on a local directory.
 //!
 //! A second program (`programs/copies.c`) grows and shrinks a file with calls the library
 //! serves, then copies it with calls it forwards (copy_file_range, sendfile, splice) and
@@ -46,7 +45,8 @@ fn descriptor_calls_give_the_same_results_with_and_without_the_library() {
     // classified `f` a second time).
     assert_eq!(c.pmfs_fds, 9, "{c:?}");
     assert!(c.pmfs_calls >= 60, "{c:?}");
-    assert!(c.served >= 40, "{c:?}");
+    // About 1850 calls, and the program's 1000 `isatty` calls: a served file is no terminal.
+    assert!(c.served >= 2000, "{c:?}");
     m.unmount_and_fsck();
 }
 

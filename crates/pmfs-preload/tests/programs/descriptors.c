@@ -9,11 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "transcript.h"
@@ -169,6 +171,17 @@ int main(int argc, char **argv) {
     show("offset", lseek(fd, 0, SEEK_CUR));
     show("pwrite past eof", pwrite(fd, buf + 7, 100, 20000));
     show("size", size_of(fd));
+    /* A regular file is no terminal: under the library, answered without a FUSE round trip. */
+    int ttys = 0, enotty = 0;
+    for (int i = 0; i < 1000; i++) {
+        errno = 0;
+        ttys += isatty(fd);
+        enotty += errno == ENOTTY;
+    }
+    show("isatty, of 1000", ttys);
+    show("ENOTTY, of 1000", enotty);
+    struct termios tio;
+    show("ioctl TCGETS", ioctl(fd, TCGETS, &tio));
     sum_at(fd, "pread across the hole", 9950, 200);
     sum_at(fd, "pread short at eof", 20050, 100);
     sum_at(fd, "pread past eof", 30000, 10);
