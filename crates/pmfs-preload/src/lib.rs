@@ -53,7 +53,8 @@
 //!   owner's next mount to sweep). A clean unmount is seen at once (the pool's mount-state
 //!   word, one load per call); a killed daemon or a detached mount within 10 ms (a probe of
 //!   the daemon's `/proc/<pid>/stat` and of the mount table, at most every 10 ms). Attaching
-//!   needs the daemon: the holder of the pool's `flock` in `/proc/locks`.
+//!   needs the daemon: the process the pool records as its owner, if it still runs, else the
+//!   holder of the pool's `flock` in `/proc/locks`.
 //! - **Mapped files** (module `mapped`): `mmap`/`mmap64` with `MAP_SHARED` (or
 //!   `MAP_SHARED_VALIDATE`) of a served description maps the file's blocks straight from the
 //!   pool: the engine puts the file in *mapped mode* (while any process maps it, every process

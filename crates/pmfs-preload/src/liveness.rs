@@ -8,13 +8,12 @@
 //!   ([`pmfs::Client::owner_state`]) and compares it with its value at attach: a daemon that
 //!   unmounted and closed the volume is seen at once;
 //! - **at most every [`PROBE_NS`]** (read from the vDSO's coarse clock, no system call) one
-//!   thread probes the daemon, named by the `flock` it holds on the pool (found in
-//!   `/proc/locks` at attach): its `/proc/<pid>/stat` must still show the same process (same
-//!   start time, not a zombie), and the mount must still be in this process's mount table
-//!   ([`mounts::still_mounted`]: one `statmount`, or a read of mountinfo). A
-//!   daemon killed with SIGKILL, or a lazy unmount (`fusermount3 -u -z`, after which the
-//!   daemon serves only the descriptors still open and exits with the last), is seen by the
-//!   first call made `PROBE_NS` or more after it.
+//!   thread probes the daemon, found at attach ([`owner_of`]): its `/proc/<pid>/stat` must
+//!   still show the same process (same start time, not a zombie), and the mount must still be
+//!   in this process's mount table ([`mounts::still_mounted`]: one `statmount`, or a read of
+//!   mountinfo). A daemon killed with SIGKILL, or a lazy unmount (`fusermount3 -u -z`, after
+//!   which the daemon serves only the descriptors still open and exits with the last), is
+//!   seen by the first call made `PROBE_NS` or more after it.
 //!
 //! The first call that finds the mount gone also makes the process's mappings of its files
 //! private (module `mapped`), so stores into them stop reaching the pool too.
@@ -24,6 +23,8 @@
 
 use core::ffi::CStr;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+
+use pmfs_core::pm::procs::start_of_stat;
 
 use crate::mounts::{self, MAX_PMFS, number};
 
@@ -43,10 +44,19 @@ static PROBING: [AtomicBool; MAX_PMFS] = [const { AtomicBool::new(false) }; MAX_
 /// The mount is gone, for good.
 static GONE: [AtomicBool; MAX_PMFS] = [const { AtomicBool::new(false) }; MAX_PMFS];
 
-/// The daemon serving the pool file `pool`: the holder of its exclusive `flock`, and its
-/// start time. `None` if no process holds it (nothing to attach next to) or it cannot be
-/// told.
-pub(crate) fn owner_of(pool: &CStr) -> Option<(i32, u64)> {
+/// The daemon serving the pool file `pool` (open as `file`), and its start time: the process
+/// the pool records as its owner if that process still runs (`pmfs::Volume::recorded_owner`),
+/// else the holder of the pool's exclusive `flock` as `/proc/locks` lists it (an owner of an
+/// older build, or one in another PID namespace). `None` if no process owns the pool (nothing
+/// to attach next to) or it cannot be told. `/proc/locks` is the slow way: listing it waits
+/// for an RCU grace period unless one ended moments before, 10–20 ms on the test VM.
+pub(crate) fn owner_of(pool: &CStr, file: &std::fs::File) -> Option<(i32, u64)> {
+    if let Some((pid, start)) = pmfs::Volume::recorded_owner(file)
+        && let Ok(pid) = i32::try_from(pid)
+        && started(pid) == Some(start)
+    {
+        return Some((pid, start));
+    }
     let s = crate::statx_at(libc::AT_FDCWD, pool, 0, libc::STATX_INO)?;
     let mut pid = None;
     mounts::each_line(c"/proc/locks", |line| {
@@ -98,20 +108,6 @@ fn started(pid: i32) -> Option<u64> {
         len
     };
     start_of_stat(&stat[..usize::try_from(len).ok()?])
-}
-
-/// Field 22 (start time) of a `/proc/<pid>/stat` line, unless field 3 says the process is a
-/// zombie or dead. The name (field 2, in parentheses) may hold spaces and parentheses: the
-/// fields are counted after its last `)`.
-fn start_of_stat(stat: &[u8]) -> Option<u64> {
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    let mut fields = stat[close + 1..]
-        .split(|&b| b == b' ')
-        .filter(|f| !f.is_empty());
-    if matches!(fields.next()?, b"Z" | b"X" | b"x") {
-        return None;
-    }
-    number(fields.nth(18)?, 10)
 }
 
 /// Mount `m` was attached next to daemon `owner`, its mount-state word reading `state`.
@@ -199,17 +195,26 @@ mod tests {
         }
     }
 
+    /// A pool this process formatted without taking the owner's `flock` (which `/proc/locks`
+    /// would list): its owner is found through the record alone, and none once it closed.
     #[test]
-    fn stat_lines_give_the_start_time_of_live_processes_only() {
-        let line = |state: &str| {
-            format!(
-                "42 (a (weird) name) {state} 1 42 42 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 \
-                 123456 1000 10"
-            )
+    fn the_owner_a_pool_records_is_found_while_it_runs() {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::env::temp_dir().join(format!("pmfs-owner-{}.pool", std::process::id()));
+        let region = pmfs_core::pm::PmRegion::create(&path, 16 << 20).unwrap();
+        let opts = pmfs::Options {
+            inodes: Some(64),
+            ..pmfs::Options::with_mapping(pmfs::MappingKind::HashFs)
         };
-        assert_eq!(start_of_stat(line("S").as_bytes()), Some(123456));
-        assert_eq!(start_of_stat(line("Z").as_bytes()), None);
-        assert_eq!(start_of_stat(b"garbage"), None);
+        let vol = pmfs::Volume::format(std::sync::Arc::new(region), &opts).unwrap();
+        let name = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        // SAFETY: getpid takes no arguments.
+        let me = unsafe { libc::getpid() };
+        assert_eq!(owner_of(&name, &file), Some((me, started(me).unwrap())));
+        vol.close().unwrap();
+        assert_eq!(owner_of(&name, &file), None);
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

@@ -237,9 +237,10 @@ fn attach(m: usize, state: &AtomicU8) -> Option<()> {
         Some(parent) => parent.reattach().ok().map(|c| (None, c)),
         // The daemon is found first: the pool is attached while it owns it.
         None => mounts::pool_of(m).and_then(|pool| {
-            let owner = liveness::owner_of(pool)?;
+            let file = crate::mapped::pool_file(m)?;
+            let owner = liveness::owner_of(pool, &file)?;
             let path = std::ffi::OsStr::from_bytes(pool.to_bytes());
-            let c = pmfs::Volume::attach_file(crate::mapped::pool_file(m)?, path).ok()?;
+            let c = pmfs::Volume::attach_file(file, path).ok()?;
             Some((Some(owner), c))
         }),
     };

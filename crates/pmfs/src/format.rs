@@ -48,6 +48,11 @@ pub(crate) const MOUNT_STATE_OFF: PmOff = PmOff(1024);
 /// mount, which names the owner's socket for data clients ([`crate::kernel_pages`]), so that
 /// only processes that may read the pool know it.
 pub(crate) const RENDEZVOUS_OFF: PmOff = PmOff(1032);
+/// Offset in block 0 of the owner record: the process id (a word) and the start time (the
+/// next word, `/proc/<pid>/stat` field 22) of the process that mounted the volume read-write,
+/// stored at each such mount and cleared when it closes the volume cleanly
+/// ([`recorded_owner`]).
+pub(crate) const OWNER_OFF: PmOff = PmOff(1040);
 /// Mount-state value after a clean close.
 pub(crate) const STATE_CLEAN: u64 = u64::from_le_bytes(*b"CLEAN\0\0\0");
 /// Mount-state value while mounted read-write (or after a crash).
@@ -454,6 +459,41 @@ pub(crate) fn new_rendezvous(m: &dyn Media) -> Result<()> {
     m.store_u64(RENDEZVOUS_OFF, word)?;
     m.flush(RENDEZVOUS_OFF, 8)?;
     Ok(())
+}
+
+/// Records this process as the volume's owner ([`OWNER_OFF`]), or clears the record if its
+/// start time cannot be read. Not flushed: the record matters only while the process lives,
+/// and other processes read it through the file's pages.
+pub(crate) fn record_owner(m: &dyn Media) -> Result<()> {
+    let pid = std::process::id();
+    match pmfs_core::pm::procs::start_time(pid) {
+        Some(start) => {
+            m.store_u64(OWNER_OFF, u64::from(pid))?;
+            m.store_u64(OWNER_OFF + 8, start)?;
+            Ok(())
+        }
+        None => clear_owner(m),
+    }
+}
+
+/// Clears the owner record ([`OWNER_OFF`]): the volume is closed.
+pub(crate) fn clear_owner(m: &dyn Media) -> Result<()> {
+    m.store_u64(OWNER_OFF, 0)?;
+    m.store_u64(OWNER_OFF + 8, 0)?;
+    Ok(())
+}
+
+/// The owner record of the pool file `pool` ([`OWNER_OFF`]): the process id and start time
+/// of the process that has the volume mounted read-write, if one recorded itself. A record is
+/// only a claim: the process may have died since (then its start time no longer matches, or
+/// it does not exist), and owners of older builds record nothing.
+pub(crate) fn recorded_owner(pool: &std::fs::File) -> Option<(u32, u64)> {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 16];
+    pool.read_exact_at(&mut b, OWNER_OFF.0).ok()?;
+    let pid = u32::try_from(get64(&b, 0)).ok()?;
+    let start = get64(&b, 8);
+    (pid != 0 && start != 0).then_some((pid, start))
 }
 
 #[cfg(test)]

@@ -64,6 +64,35 @@ pub fn exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// The start time of live process `pid` (`/proc/<pid>/stat` field 22, clock ticks after
+/// boot): with the pid, it names one process for good, where a pid alone may be reused. `None`
+/// if no such process exists or it is a zombie.
+pub fn start_time(pid: u32) -> Option<u64> {
+    start_of_stat(&std::fs::read(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Field 22 (start time) of the text of a `/proc/<pid>/stat` file, unless field 3 says the
+/// process is a zombie or dead. The name (field 2, in parentheses) may hold spaces and
+/// parentheses: the fields are counted after its last `)`. Allocates nothing (a library
+/// interposed on a program's calls parses with it inside them).
+pub fn start_of_stat(stat: &[u8]) -> Option<u64> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let mut fields = stat[close + 1..]
+        .split(|&b| b == b' ')
+        .filter(|f| !f.is_empty());
+    if matches!(fields.next()?, b"Z" | b"X" | b"x") {
+        return None;
+    }
+    let digits = fields.nth(18)?;
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        let v = u64::from(char::from(d).to_digit(10)?);
+        n.checked_mul(10)?.checked_add(v)
+    })
+}
+
 /// Whether the text of a `maps` file has a line mapping file `id`. A line reads
 /// `start-end perms offset major:minor inode [path]`, the device numbers in hexadecimal.
 fn lists_file(maps: &[u8], id: DevIno) -> bool {
@@ -107,6 +136,27 @@ mod tests {
         assert!(!lists_file(maps, other_dev));
         assert!(!lists_file(b"7f00-7f10 rw-p 00000000 00:00 0 [heap]\n", id));
         assert!(!lists_file(b"garbage\n\n", id));
+    }
+
+    #[test]
+    fn stat_lines_give_the_start_time_of_live_processes_only() {
+        let line = |state: &str| {
+            format!(
+                "42 (a (weird) name) {state} 1 42 42 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 \
+                 123456 1000 10"
+            )
+        };
+        assert_eq!(start_of_stat(line("S").as_bytes()), Some(123456));
+        assert_eq!(start_of_stat(line("Z").as_bytes()), None);
+        assert_eq!(start_of_stat(b"garbage"), None);
+    }
+
+    #[test]
+    fn this_process_has_one_start_time_and_no_process_has_pid_max() {
+        let me = std::process::id();
+        let t = start_time(me).expect("this process runs");
+        assert_eq!(start_time(me), Some(t));
+        assert_eq!(start_time(u32::MAX), None);
     }
 
     #[test]

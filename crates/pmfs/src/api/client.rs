@@ -87,6 +87,18 @@ impl Volume {
         Self::attach_region(PmRegion::open_file(file, path)?)
     }
 
+    /// The process that has the volume in the pool file `pool` mounted read-write, as the
+    /// owner recorded itself at mount: its process id and start time (`/proc/<pid>/stat`
+    /// field 22, which tells a reused pid apart). `None` when no owner recorded itself (the
+    /// volume is closed, or was mounted read-only or by an older build). A record is only a
+    /// claim: an owner that died leaves its record, so check that the process still exists
+    /// with that start time. Finding the owner this way costs a read of the file, where
+    /// `/proc/locks` (which names the holder of the owner's `flock`) can take the kernel
+    /// milliseconds to list.
+    pub fn recorded_owner(pool: &std::fs::File) -> Option<(u32, u64)> {
+        crate::format::recorded_owner(pool)
+    }
+
     fn attach_region(region: PmRegion) -> Result<Client> {
         region.lock_as_client()?;
         Ok(Client {

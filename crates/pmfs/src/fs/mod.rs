@@ -319,6 +319,7 @@ impl Fs {
         let m = &*media;
         // Everything but the superblock first: a crash during mkfs leaves no valid volume.
         format::new_rendezvous(m)?;
+        format::record_owner(m)?;
         m.store_u64(MOUNT_STATE_OFF, STATE_DIRTY)?;
         m.persist(MOUNT_STATE_OFF, 8)?;
         m.fill_nt(
@@ -427,6 +428,7 @@ impl Fs {
                 format::restore_primary(m, &geo)?;
             }
             format::new_rendezvous(m)?;
+            format::record_owner(m)?;
             m.store_u64(MOUNT_STATE_OFF, STATE_DIRTY)?;
             m.persist(MOUNT_STATE_OFF, 8)?;
             // The owner is alone with the table until this returns (its lock keeps other
@@ -1320,6 +1322,7 @@ impl Fs {
             a.sync()?;
         }
         let m = self.m();
+        format::clear_owner(m)?;
         m.fence();
         m.store_u64(MOUNT_STATE_OFF, STATE_CLEAN)?;
         m.persist(MOUNT_STATE_OFF, 8)?;
