@@ -401,10 +401,12 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
         first_err.map_or(Ok(freed), Err)
     }
 
-    /// Whether this handle holds retired blocks it has not freed.
-    pub(super) fn has_retired(&self) -> bool {
-        let q = self.retired_queue();
-        !q.batches.is_empty() || !q.held.is_empty()
+    /// Whether this handle holds blocks its compactions unlinked and it has not freed. Blocks
+    /// it keeps because entries of the current chain still use their segments (`held`) do
+    /// not count: the compaction that drops those entries retires them again, whichever
+    /// handle makes it, so a handle that closes holding only those orphans nothing.
+    pub(super) fn has_unlinked(&self) -> bool {
+        !self.retired_queue().batches.is_empty()
     }
 
     /// Sets the orphans flag in the head word: this handle closes with retired blocks that

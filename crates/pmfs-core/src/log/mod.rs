@@ -150,8 +150,10 @@
 //! hint into, is never reused under it; such a process keeps walking the old chain into the
 //! shared suffix. If another process keeps the log open, retired blocks wait.
 //!
-//! A handle that closes while another is open hands its retired blocks on: it sets the head
-//! word's *orphans* flag (bit 47), and the next reclamation that finds its handle alone
+//! A handle that closes while another is open hands its retired blocks on (those it holds
+//! because live entries use their segments excepted: the compaction that drops the entries
+//! retires them again): it sets the head word's *orphans* flag (bit 47), and the next
+//! reclamation that finds its handle alone
 //! *sweeps* ([`Log::reclaim`]): it asks the allocator for every block it handed out for this
 //! log ([`BlockAllocator::outstanding`]; HashFS's per-file log-block allocator scans its table
 //! for them) and frees those that are not in the current chain, hold no segment of its entries,
@@ -701,7 +703,7 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
 
     fn shutdown(&mut self) -> Result<()> {
         let reclaimed = self.reclaim().map(drop);
-        let orphaned = if self.has_retired() {
+        let orphaned = if self.has_unlinked() {
             self.mark_orphans()
         } else {
             Ok(())
