@@ -71,9 +71,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use pmfs::{
     Attr, AttrChange, Ino, NodeKind, OpenMode, OpenNode, Owner, SeekTarget, SetTime, Volume,
@@ -154,6 +154,46 @@ fn file_type(k: NodeKind) -> FileType {
         NodeKind::CharDevice => FileType::CharDevice,
         NodeKind::BlockDevice => FileType::BlockDevice,
         _ => FileType::RegularFile,
+    }
+}
+
+/// `FS_IOC_FSGETXATTR` and `FS_IOC_FSSETXATTR` (linux/fs.h): the inode flags in the form XFS
+/// introduced, with a project id, as a `struct fsxattr` of 28 bytes.
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// The size of `struct fsxattr`, the largest answer [`inode_flags_request`] gives.
+const FSXATTR_SIZE: usize = 28;
+
+/// The answer to ioctl `cmd` with argument `arg` on a file or directory: the number of zero
+/// bytes it reads back, or the errno. The kernel asks the daemon for the inode flags `lsattr`
+/// shows and `chattr` sets (append-only, immutable, no-dump and the like: `FS_IOC_GETFLAGS`
+/// and `FS_IOC_SETFLAGS`, or their XFS form). pmfs keeps none: reading them answers none,
+/// setting none (what `chattr -i` of a file without the flag asks) succeeds, and setting any
+/// fails with `EOPNOTSUPP`, as on a tmpfs before Linux 6.0. Nothing else is a request pmfs
+/// knows (`ENOTTY`, which `isatty` reads as "not a terminal").
+fn inode_flags_request(cmd: u32, arg: &[u8]) -> Result<usize, Errno> {
+    let zero = |at: std::ops::Range<usize>| arg.get(at).is_some_and(|b| b.iter().all(|&x| x == 0));
+    match cmd {
+        // An int, whatever the request's number says.
+        c if c == libc::FS_IOC_GETFLAGS as u32 => Ok(size_of::<libc::c_int>()),
+        c if c == libc::FS_IOC_SETFLAGS as u32 => {
+            if zero(0..4) {
+                Ok(0)
+            } else {
+                Err(Errno::EOPNOTSUPP)
+            }
+        }
+        FS_IOC_FSGETXATTR => Ok(FSXATTR_SIZE),
+        // The flags (bytes 0..4) and the project id (12..16); the extent size hints mean
+        // nothing without the flags that enable them.
+        FS_IOC_FSSETXATTR => {
+            if zero(0..4) && zero(12..16) {
+                Ok(0)
+            } else {
+                Err(Errno::EOPNOTSUPP)
+            }
+        }
+        _ => Err(Errno::ENOTTY),
     }
 }
 
@@ -1002,6 +1042,27 @@ impl Filesystem for PmfsFs {
             Ok(true) => reply.ok(),
             Ok(false) => reply.error(Errno::NO_XATTR),
             Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        self.busy();
+        match inode_flags_request(cmd, in_data) {
+            Ok(out) => {
+                let zeros = [0u8; FSXATTR_SIZE];
+                reply.ioctl(0, &zeros[..out.min(out_size as usize)]);
+            }
+            Err(e) => reply.error(e),
         }
     }
 
