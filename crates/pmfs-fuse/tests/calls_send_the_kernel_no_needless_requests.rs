@@ -34,11 +34,13 @@ impl Requests {
                 .success();
             assert!(ok, "tracefs is not mounted on {TRACEFS} and could not be");
         }
-        let dir = Path::new(TRACEFS).join("instances").join(format!(
-            "pmfs-test-{}-{}",
-            std::process::id(),
-            next()
-        ));
+        // The event's connection is the kernel's encoding of the mount's device number, which
+        // no other mount has while this one exists: it names the instance too.
+        let dev = fs::metadata(mnt).unwrap().dev();
+        let conn = (u64::from(libc::major(dev)) << 20) | u64::from(libc::minor(dev));
+        let dir = Path::new(TRACEFS)
+            .join("instances")
+            .join(format!("pmfs-test-{}-{conn}", std::process::id()));
         fs::create_dir(&dir).unwrap();
         let r = Requests { dir };
         let ev = r.dir.join("events/fuse/fuse_request_send");
@@ -46,9 +48,6 @@ impl Requests {
             ev.is_dir(),
             "this kernel has no fuse:fuse_request_send event"
         );
-        // The event's connection is the kernel's encoding of the mount's device number.
-        let dev = fs::metadata(mnt).unwrap().dev();
-        let conn = (u64::from(libc::major(dev)) << 20) | u64::from(libc::minor(dev));
         fs::write(ev.join("filter"), format!("connection == {conn}")).unwrap();
         fs::write(ev.join("enable"), "1").unwrap();
         r
@@ -74,12 +73,6 @@ impl Drop for Requests {
         let _ = fs::write(self.dir.join("events/fuse/fuse_request_send/enable"), "0");
         let _ = fs::remove_dir(&self.dir);
     }
-}
-
-fn next() -> u32 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
 }
 
 #[test]
