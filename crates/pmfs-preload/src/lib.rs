@@ -342,6 +342,7 @@ fn getpid() -> i32 {
 }
 
 extern "C" fn before_fork() {
+    real::resolve_exec_family();
     mapped::before_fork();
 }
 
