@@ -25,6 +25,9 @@
 //! A third (`programs/limits.c`) sets a file size limit (`RLIMIT_FSIZE`) and writes, appends,
 //! truncates and allocates across it, then has an exec'd image inherit it: short writes,
 //! `EFBIG` and `SIGXFSZ` as the kernel gives them.
+//!
+//! And `programs/random_calls.c` makes random sequences of those calls on three files
+//! (`PMFS_RANDOM_CALLS` of them, 4800 by default).
 
 mod common;
 
@@ -119,5 +122,44 @@ fn the_file_size_limit_holds_under_the_library() {
     }
     // The writes within the limit were served.
     assert!(c.served >= 6, "{c:?}");
+    m.unmount_and_fsck();
+}
+
+#[test]
+fn random_call_sequences_give_the_same_results_with_and_without_the_library() {
+    // Where holes start and how many blocks a file holds are the same through FUSE and the
+    // library, and may differ on the local file system: those lines are left out there only.
+    let local_answers = |t: &str| {
+        t.lines()
+            .filter(|l| !l.starts_with('~'))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    };
+    let ((transcript, _), c, m) = runs_agree("random_calls", local_answers);
+    // Sequences of 300 calls; all but a `dup` onto its own slot print a line.
+    let wanted: usize = std::env::var("PMFS_RANDOM_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4800);
+    let sequences = transcript.lines().filter(|l| l.starts_with("sequence "));
+    assert_eq!(sequences.count(), wanted.div_ceil(300), "{transcript}");
+    let calls = transcript.lines().filter(|l| l.contains(" = ")).count();
+    assert!(calls >= wanted * 9 / 10, "{calls} calls:\n{transcript}");
+    // Each kind of call succeeded somewhere, and some failed.
+    let kinds = "open dup close pwrite write pread read lseek ftruncate fallocate fstat pwritev \
+        writev preadv readv setfl fsync fdatasync unlink";
+    for call in kinds.split_whitespace().map(|k| format!(" {k} ")) {
+        assert!(
+            transcript
+                .lines()
+                .any(|l| l.contains(&call) && !l.contains("errno")),
+            "no {call:?} succeeded:\n{transcript}"
+        );
+    }
+    assert!(transcript.contains("errno"), "{transcript}");
+    // Of the calls on pmfs descriptors, seeks go to the kernel, which keeps the offsets, and
+    // so do reads and writes the descriptor's access mode forbids (for the kernel's errno);
+    // most others are served in userspace.
+    assert!(c.served * 2 >= c.pmfs_calls, "{c:?}");
     m.unmount_and_fsck();
 }
