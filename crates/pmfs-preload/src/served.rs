@@ -909,11 +909,19 @@ impl Served {
         self.write_slice(fd, &all, off)
     }
 
-    /// `lseek(fd, off, SEEK_END)` against the size the log says now.
+    /// `lseek(fd, off, SEEK_END)` against the size the log says now: the kernel sets the
+    /// offset it comes to. One that lands before the start of the file fails with `EINVAL`
+    /// here, and one the kernel refuses (past the largest offset) with its errno: the kernel,
+    /// asked to seek from the end instead, would judge the offset against the size it last
+    /// saw, which a mount that caches attributes (`-o attr_timeout=`) keeps for seconds after
+    /// served writes.
     pub(crate) fn seek_end(&self, fd: c_int, off: i64) -> Option<i64> {
         let size = i64::try_from(self.node().size().ok()?).ok()?;
-        let to = size.checked_add(off).filter(|&t| t >= 0)?;
-        seek(fd, to, libc::SEEK_SET).map(|o| o as i64)
+        let Some(to) = size.checked_add(off).filter(|&t| t >= 0) else {
+            crate::set_errno(libc::EINVAL);
+            return Some(-1);
+        };
+        Some(seek(fd, to, libc::SEEK_SET).map_or(-1, |o| o as i64))
     }
 
     /// `fsync`/`fdatasync`: every update is durable on return already; a fence orders them.

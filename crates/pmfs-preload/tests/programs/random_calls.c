@@ -5,7 +5,7 @@
  * the checksum of what it read) is one transcript line. Lines a local file system may answer
  * differently (where holes start, how many blocks a file holds) start with '~'.
  *
- * PMFS_RANDOM_CALLS (default 4800) calls in all, in sequences of 300, each with a seed of its
+ * PMFS_RANDOM_CALLS (default 9000) calls in all, in sequences of 300, each with a seed of its
  * own and files of its own, which it reads whole at its end and then removes (the last
  * sequence leaves them). The local run's directory is in $TMPDIR (or /tmp): where that file
  * system cannot zero a range (tmpfs), every run punches a hole instead. */
@@ -241,7 +241,7 @@ static void sequence(unsigned seed, unsigned calls, int last) {
 
 int main(void) {
     const char *env = getenv("PMFS_RANDOM_CALLS");
-    unsigned calls = env != NULL ? (unsigned)strtoul(env, NULL, 10) : 4800;
+    unsigned calls = env != NULL ? (unsigned)strtoul(env, NULL, 10) : 9000;
     zero_range = zero_range_works();
     for (unsigned seed = 0; seed * 300 < calls; seed++)
         sequence(seed, calls - seed * 300 < 300 ? calls - seed * 300 : 300,
