@@ -62,8 +62,12 @@
 //!   first mapped through the kernel from its own descriptor (the kernel checks the call and
 //!   gives the exact errno), then each piece of the pool file is mapped over it (`MAP_FIXED`).
 //!   Stores through the mapping are what `read` returns in any process, and `write`s of any
-//!   process (served in userspace or through the daemon) appear in it at once; holes in the
-//!   range are allocated (zeroed) first. The description stays served in userspace. `munmap`
+//!   process (served in userspace or through the daemon) appear in it at once. Holes in the
+//!   range are allocated (zeroed, the file's times kept) first for a writable description;
+//!   a read-only one leaves them to the kernel's mapping, which reads them as zeros, so that
+//!   mapping a file to read changes neither its allocation nor its times (and moving or
+//!   growing such a mapping gives them blocks then). The description stays served in
+//!   userspace. `munmap`
 //!   and `MAP_FIXED` mappings over it follow it (the file's pin is released with the last
 //!   page), `msync` also flushes the CPU caches over it, `mremap` shrinking it is followed,
 //!   moving or growing it (within the file) is served from the pool, a `fork` child takes pins
@@ -87,8 +91,9 @@
 //!   the library leaves to the kernel) shows the update once it returned. That costs a round
 //!   trip to the daemon (about 50 µs here), once per kernel read of the file between updates.
 //! - **Left to the kernel on pmfs files**: descriptions mapped any other way (`MAP_PRIVATE`,
-//!   `PROT_EXEC`, `MAP_SYNC` and other flags, a range of more than 16384 pool pieces or whose
-//!   holes would need more than 16384 fresh blocks, as in a large sparse file) are released
+//!   `PROT_EXEC`, `MAP_SYNC` and other flags, a range of more than 16384 pool pieces or, on a
+//!   writable description, whose holes would need more than 16384 fresh blocks, as in a large
+//!   sparse file) are released
 //!   from userspace at the `mmap`: the kernel's page cache backs the mapping; the kernel is
 //!   made to refresh the size first. So is a description whose shared mapping reaches past the
 //!   end of file (its pages within the file still come from the pool). So are

@@ -2,21 +2,27 @@
 //! mappings that `munmap`, `msync`, `mremap`, `fork`, exec, exit and the mount going away
 //! consult.
 //!
-//! - **Mapping**: the engine puts the file in *mapped mode* ([`pmfs::Client::map`]: every
-//!   process writes its blocks in place while a pin lives, so they stay the file's bytes) and
-//!   names the pool pieces that hold the range. The caller's own descriptor is mapped first,
-//!   through the kernel, exactly as the call asks (minus `MAP_POPULATE`/`MAP_LOCKED`, which
-//!   would fault it in through FUSE): the kernel validates the call (access mode, `prot`,
-//!   address, `MAP_FIXED_NOREPLACE`, …) and gives its exact errno, and the range it returns
-//!   is the caller's. Then every piece of the pool file is mapped over it with
-//!   `MAP_SHARED | MAP_FIXED`, at the place of its bytes in the file. Pages past the end of
-//!   file stay the kernel's mapping of the descriptor (they raise `SIGBUS` like on any file);
-//!   a mapping that has such pages also leaves its description to the kernel (as
-//!   `served::mapped` does), so that writes which grow the file reach the kernel's page cache
-//!   of those pages and its idea of the size. The pool file is opened once per mount and
-//!   access mode (read-only for read-only descriptions, so `mprotect(PROT_WRITE)` fails as it
-//!   would on their file), `O_CLOEXEC`, moved to a high descriptor number, and checked to
-//!   still be the pool before each use.
+//! - **Mapping**: the engine puts the file in *mapped mode* ([`pmfs::Client::map`]: every process
+//!   writes its blocks in place while a pin lives, so they stay the file's bytes) and names the
+//!   pool pieces that hold the range: for a writable description, after filling the holes in it
+//!   with zeroed blocks (stores must reach the pool, where served `read`s look); for a read-only
+//!   one, which never stores, the holes stay holes ([`pmfs::Client::map_leaving_holes`]), as
+//!   through the kernel: a mapping made only to read changes neither the file's allocation nor its
+//!   times. The caller's own descriptor is mapped first, through the kernel, exactly as the call
+//!   asks (minus `MAP_POPULATE`/`MAP_LOCKED`, which would fault it in through FUSE): the kernel
+//!   validates the call (access mode, `prot`, address, `MAP_FIXED_NOREPLACE`, …) and gives its
+//!   exact errno, and the range it returns is the caller's. Then every piece of the pool file is
+//!   mapped over it with `MAP_SHARED | MAP_FIXED`, at the place of its bytes in the file. The pages
+//!   of holes left so stay the kernel's mapping of the descriptor, which reads them as zeros and
+//!   sees the block a write gives one later (the writer has the kernel drop the pages it read); the
+//!   kernel first fetches the file's size, so that a fault there does not meet a size from before
+//!   served writes grew the file (`SIGBUS`). Pages past the end of file stay the kernel's mapping
+//!   too (they raise `SIGBUS` like on any file); a mapping that has such pages also leaves its
+//!   description to the kernel (as `served::mapped` does), so that writes which grow the file reach
+//!   the kernel's page cache of those pages and its idea of the size. The pool file is opened once
+//!   per mount and access mode (read-only for read-only descriptions, so `mprotect(PROT_WRITE)`
+//!   fails as it would on their file), `O_CLOEXEC`, moved to a high descriptor number, and checked
+//!   to still be the pool before each use.
 //! - **The table**: one [`Record`] per served call: the pin and the pool pieces of it still
 //!   mapped (segments). `munmap` and `MAP_FIXED` mappings over a segment trim, split or drop
 //!   it; the pin is released with the last segment. `msync` writes the CPU caches back over
@@ -57,10 +63,10 @@ const PAGE: usize = 4096;
 /// The most pool pieces one call is served with (Linux allows 65530 mappings per process by
 /// default); a file more fragmented than that over the range takes the kernel path.
 const MAX_PIECES: usize = 16384;
-/// The most blocks a call may fill in the holes of its range (64 MiB): mapping a large sparse
-/// file from the pool would first allocate and zero all of it (2 GiB of holes took 38 s, and
-/// the space), where the kernel's page cache allocates nothing; such a call takes the kernel
-/// path.
+/// The most blocks a call on a writable description may fill in the holes of its range (64
+/// MiB): mapping a large sparse file from the pool would first allocate and zero all of it
+/// (2 GiB of holes took 38 s, and the space), where the kernel's page cache allocates nothing;
+/// such a call takes the kernel path.
 const MAX_FILL: u64 = 16384;
 /// `mmap` flags a served mapping accepts besides the mapping type.
 const SERVED_FLAGS: c_int = libc::MAP_FIXED
@@ -293,11 +299,23 @@ pub(crate) fn map(
     call: &MapCall,
 ) -> Option<isize> {
     let saved = crate::errno();
-    let file = client.map_filling_at_most(ino, call.off as u64, call.span() as u64, MAX_FILL);
+    let (off, span) = (call.off as u64, call.span() as u64);
+    // A read-only description never stores: its holes stay holes, mapped by the kernel.
+    let file = if writable {
+        client.map_filling_at_most(ino, off, span, MAX_FILL)
+    } else {
+        client.map_leaving_holes(ino, off, span)
+    };
     crate::set_errno(saved);
     let file = file.ok()?;
     if file.pieces().len() > MAX_PIECES {
         return None;
+    }
+    let covered: u64 = file.pieces().iter().map(|p| p.len).sum();
+    if covered < file.end().saturating_sub(off) {
+        // Holes left to the kernel's mapping: a page fault there past the size the kernel last
+        // saw (before served writes grew the file) would raise SIGBUS.
+        crate::refresh_kernel_size(call.fd);
     }
     let pool = pool_fd(m, writable);
     let mut t = Locked::take()?;
@@ -337,9 +355,7 @@ pub(crate) fn map(
             .map(|()| segs)
     });
     let failed = segs.is_none();
-    let whole = segs
-        .as_ref()
-        .is_some_and(|s| s.last().is_some_and(|l| l.end() == base + call.span()));
+    let whole = !failed && file.end() - off >= span;
     if failed {
         // SAFETY: the caller's range, given by the kernel above, mapped again from the
         // caller's descriptor as the call asked (over the pieces mapped so far).
@@ -522,20 +538,21 @@ pub(crate) unsafe fn mremap(
 }
 
 /// Serves an `mremap` of `from..from + old_span` (whole pages), which holds segments, that the
-/// kernel cannot do on them: one that grows the range (the kernel would extend the last piece
-/// over the pool bytes after it: other files' blocks) or moves it (the kernel moves one
-/// mapping at a time, and the pieces are one each). The range must be segments of one file,
-/// mapped with one access mode and protection, contiguous in the file. New pages are mapped
-/// from the pool like a new `mmap` of the file (holes allocated, a record and pin of their
-/// own), so the file must reach past the grown range (a program grows a mapping after growing
-/// its file). The range grows in place if the pages after it are free; otherwise, with
-/// `MREMAP_MAYMOVE`, it moves (to `new_addr` with `MREMAP_FIXED`, replacing what was there):
-/// the pieces it keeps are mapped there again from the pool (a shared mapping: the same
-/// bytes) and the old range unmapped. Returns the address or the errno, and puts the records
-/// nothing is left of in `emptied` (even on failure: an `MREMAP_FIXED` target is given up
-/// first). The errors are the kernel's (`EINVAL` for flags it refuses, `EFAULT` for a range
-/// that is not one mapping, `ENOMEM` for want of room), and `ENOMEM` for a file that ends
-/// before the grown range, where the kernel would map pages that raise `SIGBUS`.
+/// kernel cannot do on them: one that grows the range (the kernel would extend the last piece over
+/// the pool bytes after it: other files' blocks) or moves it (the kernel moves one mapping at a
+/// time, and the pieces are one each). The range must be segments of one file, mapped with one
+/// access mode and protection, contiguous in the file (the holes a read-only mapping leaves to the
+/// kernel get blocks and become segments first, [`fill_gaps`]). New pages are mapped from the pool
+/// like a new `mmap` of the file (holes allocated, a record and pin of their own), so the file must
+/// reach past the grown range (a program grows a mapping after growing its file). The range grows
+/// in place if the pages after it are free; otherwise, with `MREMAP_MAYMOVE`, it moves (to
+/// `new_addr` with `MREMAP_FIXED`, replacing what was there): the pieces it keeps are mapped there
+/// again from the pool (a shared mapping: the same bytes) and the old range unmapped. Returns the
+/// address or the errno, and puts the records nothing is left of in `emptied` (even on failure: an
+/// `MREMAP_FIXED` target is given up first). The errors are the kernel's (`EINVAL` for flags it
+/// refuses, `EFAULT` for a range that is not one mapping, `ENOMEM` for want of room), and `ENOMEM`
+/// for a file that ends before the grown range, where the kernel would map pages that raise
+/// `SIGBUS`.
 fn relocate(
     t: &mut Locked,
     from: usize,
@@ -578,6 +595,9 @@ fn relocate(
     }
     let (client, (mount, ino, writable, prot)) = owner.ok_or(libc::EFAULT)?;
     parts.sort_unstable_by_key(|s| s.addr);
+    if !writable {
+        fill_gaps(t, &mut parts, from, hi, (mount, client, ino, prot))?;
+    }
     let contiguous = parts
         .windows(2)
         .all(|w| w[0].end() == w[1].addr && w[0].file_off + w[0].len as u64 == w[1].file_off);
@@ -677,6 +697,72 @@ fn relocate(
         });
     }
     Ok(to)
+}
+
+/// Before a read-only mapping is grown or moved: the pages of `from..hi` that its segments
+/// `parts` (sorted) leave to the kernel's mapping, the holes of the file, get blocks and are
+/// mapped from the pool like the rest, in a record of their own, so that the range is
+/// segments alone, which are all that can be moved. Pages past the end of file stay as they
+/// are. The file offsets follow from the first segment's: one `mmap` call maps one run of the
+/// file.
+fn fill_gaps(
+    t: &mut Locked,
+    parts: &mut Vec<Seg>,
+    from: usize,
+    hi: usize,
+    (mount, client, ino, prot): (usize, &'static Client, Ino, c_int),
+) -> Result<(), c_int> {
+    let first = *parts.first().ok_or(libc::EFAULT)?;
+    let file_at = |addr: usize| (first.file_off + addr as u64).checked_sub(first.addr as u64);
+    let mut gaps = Vec::new();
+    let mut at = from;
+    for s in parts.iter().chain([&Seg {
+        addr: hi,
+        len: 0,
+        pool_off: 0,
+        file_off: 0,
+    }]) {
+        if s.addr > at {
+            gaps.push((at, s.addr - at));
+        }
+        at = at.max(s.end());
+    }
+    if gaps.is_empty() {
+        return Ok(());
+    }
+    let fd = pool_fd(mount, false).ok_or(libc::ENOMEM)?;
+    for (addr, len) in gaps {
+        let off = file_at(addr).ok_or(libc::EFAULT)?;
+        let Ok(file) = client.map(ino, off, len as u64) else {
+            return Err(libc::ENOMEM);
+        };
+        let mut segs = segs_of(file.pieces(), addr, off);
+        // One at a time, so that the record holds exactly those placed.
+        let placed = segs.iter().position(|s| {
+            // SAFETY: pages of the caller's mapping that the kernel maps from the file: the
+            // same bytes, from the pool.
+            unsafe { place(&[*s], prot, libc::MAP_SHARED | libc::MAP_FIXED, fd) }.is_err()
+        });
+        let failed = placed.is_some();
+        segs.truncate(placed.unwrap_or(segs.len()));
+        parts.extend(segs.iter().copied());
+        if !segs.is_empty() {
+            t.records().push(Record {
+                mount,
+                client,
+                ino,
+                writable: false,
+                prot,
+                pin: file.into_pin(),
+                segs,
+            });
+        }
+        if failed {
+            return Err(libc::ENOMEM);
+        }
+    }
+    parts.sort_unstable_by_key(|s| s.addr);
+    Ok(())
 }
 
 /// A mapping with `MAP_FIXED` replaced `addr..addr + len`: the segments there are gone.

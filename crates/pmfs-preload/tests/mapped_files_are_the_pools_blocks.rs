@@ -28,7 +28,7 @@ use common::{
 #[test]
 fn mapped_files_give_the_same_bytes_with_and_without_the_library() {
     let ((_, files), c, m) = runs_agree("mapped", str::to_owned);
-    assert_eq!(files.len(), 11);
+    assert_eq!(files.len(), 12);
     // The program, and the fork child whose msync and munmap of the mapping it inherited
     // are calls on a pmfs file.
     assert_eq!(c.processes, 2, "{c:?}");

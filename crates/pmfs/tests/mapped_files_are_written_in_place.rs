@@ -427,3 +427,63 @@ fn filling_holes_for_a_mapping_can_be_bounded() {
     drop((f, m));
     finish(owner, client, &pool);
 }
+
+/// Filling a mapping's holes allocates, but changes no time: the bytes read the same.
+#[test]
+fn filling_the_holes_of_a_mapping_leaves_the_times() {
+    let pool = Pool::new("fill-times");
+    let (owner, ino, client) = setup(&pool);
+    let f = client.open_ino(ino, RW).unwrap();
+    f.write_at(b"end", 8 * BS).unwrap();
+    let times = || {
+        let a = owner.getattr(ino).unwrap();
+        (a.mtime, a.ctime)
+    };
+    let before = times();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let m = client.map(ino, 0, 9 * BS).unwrap();
+    assert_eq!(
+        owner.getattr(ino).unwrap().blocks,
+        9 * BS / 512,
+        "holes filled"
+    );
+    assert_eq!(times(), before);
+    drop((f, m));
+    finish(owner, client, &pool);
+}
+
+/// `map_leaving_holes` maps what the file holds and nothing more: no block for a hole, no
+/// change of time. A write into a hole while the file is mapped gives the hole a block of its
+/// own (the pieces stay the bytes they were), which a later mapping covers.
+#[test]
+fn a_mapping_that_leaves_holes_allocates_nothing() {
+    let pool = Pool::new("leave-holes");
+    let (owner, ino, client) = setup(&pool);
+    let f = client.open_ino(ino, RW).unwrap();
+    f.write_at(&[7u8; BS as usize], 0).unwrap();
+    f.write_at(b"end", 8 * BS).unwrap();
+    let attr = || {
+        let a = owner.getattr(ino).unwrap();
+        (a.blocks, a.mtime, a.ctime)
+    };
+    let before = attr();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let m = client.map_leaving_holes(ino, 0, 16 * BS).unwrap();
+    assert_eq!(attr(), before, "nothing allocated, no time changed");
+    let pieces: Vec<(u64, u64)> = m.pieces().iter().map(|p| (p.file_off, p.len)).collect();
+    assert_eq!(pieces, [(0, BS), (8 * BS, BS)]);
+    assert_eq!(m.end(), 9 * BS, "the range ends with the file's last block");
+    let pf = File::open(&pool.path).unwrap();
+    assert_eq!(through_pieces(&pf, &m, 8 * BS, 3), b"end");
+
+    f.write_at(b"hole", 4 * BS).unwrap();
+    assert_eq!(through_pieces(&pf, &m, 0, 1), [7], "a mapped block stays");
+    let mut got = [0u8; 4];
+    f.read_at(&mut got, 4 * BS).unwrap();
+    assert_eq!(&got, b"hole");
+    let again = client.map_leaving_holes(ino, 0, 16 * BS).unwrap();
+    assert_eq!(through_pieces(&pf, &again, 4 * BS, 4), b"hole");
+    assert_eq!(again.pieces().len(), 3);
+    drop((f, m, again));
+    finish(owner, client, &pool);
+}

@@ -321,6 +321,33 @@ int main(int argc, char **argv) {
     sum_at(pv, "read ignores private", 0, 100);
     show("munmap private", munmap(p, PG));
 
+    /* A read-only mapping of a sparse file reads zeros in the hole and changes neither the
+     * file's allocation nor its times; moved, it reads the same. */
+    int sw = open("sparse-ro", O_RDWR | O_CREAT | O_TRUNC, 0644);
+    show("write past a hole", pwrite(sw, "TAIL", 4, 6 * PG + 10));
+    int sr = open("sparse-ro", O_RDONLY);
+    struct stat before, after;
+    fstat(sr, &before);
+    usleep(20000);
+    unsigned char *sm = map(7 * PG, PROT_READ, MAP_SHARED, sr, 0, "mmap sparse read-only");
+    text_at(sm + 6 * PG + 10, "sparse map tail", 4);
+    show("sparse map hole bytes", nonzero(sm, 6 * PG));
+    fstat(sr, &after);
+    show("allocation and times kept",
+         before.st_blocks == after.st_blocks &&
+                 before.st_mtim.tv_nsec == after.st_mtim.tv_nsec &&
+                 before.st_ctim.tv_nsec == after.st_ctim.tv_nsec
+             ? 0
+             : -1);
+    unsigned char *st = mmap(NULL, 7 * PG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *sm2 = mremap(sm, 7 * PG, 7 * PG, MREMAP_MAYMOVE | MREMAP_FIXED, st);
+    show("mremap move sparse", sm2 == st ? 0 : -1);
+    text_at(sm2 + 6 * PG + 10, "moved sparse map tail", 4);
+    show("moved sparse hole bytes", nonzero(sm2, 6 * PG));
+    show("munmap sparse", munmap(sm2, 7 * PG));
+    close(sr);
+    close(sw);
+
     /* Calls the kernel refuses. */
     map(PG, PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0, "write map of read-only fd");
     map(PG, PROT_READ, MAP_SHARED, fd, 100, "unaligned offset");

@@ -182,8 +182,8 @@ impl Client {
 
     /// Puts regular file `ino` in *mapped mode* and returns the pieces of the pool that hold
     /// its bytes `[offset, min(offset + len, size rounded up to a block))`, every hole in that
-    /// range allocated first (zeroed blocks). `offset` must be a multiple of the block size
-    /// (4096, the page size).
+    /// range allocated first (zeroed blocks; the file's times stay as they were). `offset` must
+    /// be a multiple of the block size (4096, the page size).
     ///
     /// While the returned pin (or another) lives, every process updates the file's mapped
     /// blocks *in place*: writes, hole punches and shrinking `set_len`s leave every block where
@@ -195,7 +195,19 @@ impl Client {
     /// # Errors
     /// [`Error::InvalidArgument`] for an unaligned `offset`; the errors of opening the file.
     pub fn map(&self, ino: Ino, offset: u64, len: u64) -> Result<FileMap> {
-        self.map_filling_at_most(ino, offset, len, u64::MAX)
+        self.map_with(ino, offset, len, Some(u64::MAX))
+    }
+
+    /// [`map`](Self::map) for a mapping that never stores (one of a read-only description):
+    /// the holes in the range stay holes, and no piece covers them. The file's allocation is
+    /// left as it was, as a read-only mapping through the kernel leaves it; the caller maps
+    /// the holes' pages some other way (the kernel's mapping of the file, which reads them as
+    /// zeros, and sees a block a write gives one later).
+    ///
+    /// # Errors
+    /// As [`map`](Self::map).
+    pub fn map_leaving_holes(&self, ino: Ino, offset: u64, len: u64) -> Result<FileMap> {
+        self.map_with(ino, offset, len, None)
     }
 
     /// [`map`](Self::map), unless the holes in the range need more than `blocks` fresh
@@ -212,6 +224,11 @@ impl Client {
         len: u64,
         blocks: u64,
     ) -> Result<FileMap> {
+        self.map_with(ino, offset, len, Some(blocks))
+    }
+
+    /// [`map`](Self::map), filling at most `fill` blocks of holes, or none (`None`).
+    fn map_with(&self, ino: Ino, offset: u64, len: u64, fill: Option<u64>) -> Result<FileMap> {
         if !offset.is_multiple_of(BLOCK_SIZE) {
             return Err(Error::InvalidArgument("mapping at an unaligned offset"));
         }
@@ -230,7 +247,7 @@ impl Client {
             node.node(),
             offset / BLOCK_SIZE,
             (end - offset) / BLOCK_SIZE,
-            blocks,
+            fill,
         )?;
         let mut pieces: Vec<MapPiece> = Vec::with_capacity(runs.len());
         for r in runs {
@@ -249,7 +266,7 @@ impl Client {
                 _ => pieces.push(piece),
             }
         }
-        Ok(FileMap { pin, pieces })
+        Ok(FileMap { pin, pieces, end })
     }
 
     /// Before a copy inside the kernel from regular file `ino` (`copy_file_range`,
@@ -340,12 +357,20 @@ impl Client {
 pub struct FileMap {
     pin: MapPin,
     pieces: Vec<MapPiece>,
+    end: u64,
 }
 
 impl FileMap {
-    /// The pieces, in file order, contiguous in the file, each contiguous in the pool.
+    /// The pieces, in file order, each contiguous in the pool; contiguous in the file too but
+    /// where [`map_leaving_holes`](Client::map_leaving_holes) left a hole.
     pub fn pieces(&self) -> &[MapPiece] {
         &self.pieces
+    }
+
+    /// Where in the file the mapped range ends: the end asked for, or the file's size rounded
+    /// up to a block if that comes first (pages past it are no part of the file).
+    pub fn end(&self) -> u64 {
+        self.end
     }
 
     /// The pin alone, to keep for as long as the pieces are mapped.

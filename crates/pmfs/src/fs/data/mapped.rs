@@ -383,17 +383,19 @@ impl Fs {
     }
 
     /// Puts `n`'s file in mapped mode and returns the runs backing its logical blocks
-    /// `[lblk, lblk + len)` after staging blocks for every hole among them, with the pin that
-    /// keeps them the file's: while any pin lives, every update of the file in any process
-    /// leaves its mapped blocks where they are (see the module documentation). Holes that
-    /// need more than `fill_at_most` blocks fail the call with [`Error::NoSpace`], before any
-    /// is filled.
+    /// `[lblk, lblk + len)`, with the pin that keeps them the file's: while any pin lives,
+    /// every update of the file in any process leaves its mapped blocks where they are (see
+    /// the module documentation). With `fill_at_most`, blocks are staged first for every hole
+    /// among them (zeroed, the file's times left as they were), and holes that need more than
+    /// that many blocks fail the call with [`Error::NoSpace`] before any is filled; without
+    /// it, the holes stay holes and have no run (for a mapping that never stores: a write
+    /// there later gives the hole a block of its own, in mapped mode as out of it).
     pub fn map_file(
         &self,
         n: &Node,
         lblk: u64,
         len: u64,
-        fill_at_most: u64,
+        fill_at_most: Option<u64>,
     ) -> Result<(MapPin, Vec<Run>)> {
         if self.read_only {
             return Err(Error::ReadOnly);
@@ -428,11 +430,16 @@ impl Fs {
         s.log.prepare(&barrier)?.commit()?;
         self.after_commit(n, &s, self.node_map(n)?, None, DigestWhen::Now)?;
         self.zero_past_end(n, &s)?;
+        let Some(at_most) = fill_at_most else {
+            return Ok((pin, self.data_runs(n, lblk, len)?));
+        };
         if len > 0 {
-            let holes = Fill::Holes {
-                at_most: fill_at_most,
+            let holes = Fill::Holes { at_most };
+            let quiet = Update {
+                times: false,
+                ..Update::NOW
             };
-            self.fill(n, lblk * BS, len * BS, true, holes)?;
+            self.fill(n, lblk * BS, len * BS, true, holes, quiet)?;
         }
         let runs = self.data_runs(n, lblk, len)?;
         // Nothing unmaps a block of a file in mapped mode: a hole here is a bug.

@@ -379,6 +379,9 @@ struct Update {
     /// turns out not to need the tail holds it anyway (appenders wait a little), and one that
     /// does not guess takes it as before.
     tail_first: bool,
+    /// Raise the file's mtime and ctime with the update. Not for the holes a mapping fills
+    /// ([`Fs::map_file`]): the bytes read the same, and mapping a file changes no time.
+    times: bool,
 }
 
 impl Update {
@@ -388,6 +391,7 @@ impl Update {
         holes: true,
         shared: false,
         tail_first: false,
+        times: true,
     };
     const NOW: Update = Update {
         append: false,
@@ -395,6 +399,7 @@ impl Update {
         holes: true,
         shared: false,
         tail_first: false,
+        times: true,
     };
 }
 

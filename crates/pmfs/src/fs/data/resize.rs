@@ -92,7 +92,8 @@ impl Fs {
     /// Maps zeroed blocks over every hole of `[offset, offset + len)` and, unless `keep_size`,
     /// makes the file at least `offset + len` long: one atomic update.
     pub fn allocate(&self, n: &Node, offset: u64, len: u64, keep_size: bool) -> Result<()> {
-        self.fill(n, offset, len, keep_size, Fill::Holes { at_most: u64::MAX })
+        let holes = Fill::Holes { at_most: u64::MAX };
+        self.fill(n, offset, len, keep_size, holes, Update::NOW)
     }
 
     /// Makes `[offset, offset + len)` read as zeros on allocated blocks and, unless
@@ -100,11 +101,12 @@ impl Fs {
     /// update, a copy-on-write of zeros over the range (the partial edge blocks keep their
     /// bytes outside it), in place in mapped mode, where holes get fresh zeroed blocks.
     pub fn zero_range(&self, n: &Node, offset: u64, len: u64, keep_size: bool) -> Result<()> {
-        self.fill(n, offset, len, keep_size, Fill::Zeros)?;
+        self.fill(n, offset, len, keep_size, Fill::Zeros, Update::NOW)?;
         self.touch_times(n.h.ino)
     }
 
-    /// [`allocate`](Fs::allocate) or [`zero_range`](Fs::zero_range), as `what` says.
+    /// [`allocate`](Fs::allocate) or [`zero_range`](Fs::zero_range), as `what` says, as one
+    /// update run as `how` says.
     pub(super) fn fill(
         &self,
         n: &Node,
@@ -112,6 +114,7 @@ impl Fs {
         len: u64,
         keep_size: bool,
         what: Fill,
+        how: Update,
     ) -> Result<()> {
         if self.read_only {
             return Err(Error::ReadOnly);
@@ -129,7 +132,7 @@ impl Fs {
             .unwrap_or_else(|e| e.into_inner());
         let first = offset / BS;
         let last = end.div_ceil(BS);
-        self.cow_update(n, Update::NOW, &mut |fs, ov, f, size| {
+        self.cow_update(n, how, &mut |fs, ov, f, size| {
             let mut segs = Segs::new();
             match what {
                 Fill::Zeros => segs.push(Seg {

@@ -488,7 +488,9 @@ impl Fs {
             let staged = (|| -> Result<()> {
                 // The times go with the data: the fence after the copies makes both durable
                 // before the commit.
-                self.stamp_write_times(n.h.ino, &s)?;
+                if how.times {
+                    self.stamp_write_times(n.h.ino, &s)?;
+                }
                 for (i, sg) in segs.iter().enumerate() {
                     let hint = hints.get(i).copied().unwrap_or_default();
                     let first = runs.len();
