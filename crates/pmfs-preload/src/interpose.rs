@@ -429,8 +429,10 @@ pub unsafe extern "C" fn statx(
 
 /// `mmap` of a pmfs file: a shared mapping of a description served in userspace maps the
 /// file's blocks straight from the pool (module `mapped`); any other is forwarded, and the
-/// description left to the kernel from then on, whose page cache backs the mapping. A
-/// `MAP_FIXED` mapping replaces what the table of served mappings knew of the range.
+/// description left to the kernel from then on, whose page cache backs the mapping, unless
+/// the kernel is sure to refuse the call (`MapCall::refused`: the description stays served,
+/// as it would after any other failed call). A `MAP_FIXED` mapping replaces what the table of
+/// served mappings knew of the range.
 ///
 /// # Safety
 /// The C function's contract, for the call's arguments.
@@ -444,7 +446,9 @@ unsafe fn map_file(
         {
             return core::ptr::without_provenance_mut(p as usize);
         }
-        served::mapped(call.fd);
+        if !served::peek(call.fd, |s| Some(s.refuses(&call))).unwrap_or(false) {
+            served::mapped(call.fd);
+        }
     }
     // SAFETY: forwarded under the same contract.
     let p = unsafe {

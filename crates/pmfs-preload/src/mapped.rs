@@ -106,6 +106,18 @@ impl MapCall {
             && page_size() == PAGE
     }
 
+    /// Whether the kernel refuses the call whatever the description's file: no length, an
+    /// offset off a page, or an access the description (`readable`, `writable`) lacks (every
+    /// file mapping reads; a shared one that writes needs a writable description).
+    pub(crate) fn refused(&self, readable: bool, writable: bool) -> bool {
+        let kind = self.flags & libc::MAP_TYPE;
+        let shared = kind == libc::MAP_SHARED || kind == libc::MAP_SHARED_VALIDATE;
+        self.len == 0
+            || u64::try_from(self.off).is_ok_and(|o| !o.is_multiple_of(PAGE as u64))
+            || !readable
+            || (shared && self.prot & libc::PROT_WRITE != 0 && !writable)
+    }
+
     /// The page-rounded length.
     fn span(&self) -> usize {
         pages(self.len)

@@ -609,7 +609,8 @@ pub(crate) fn peek<R>(fd: c_int, f: impl FnOnce(&Served) -> Option<R>) -> Option
 /// `fd` is being mapped through the kernel: its description goes to the kernel from now on
 /// (its node is released), and the kernel learns the file's size first (it faults in the
 /// mapping against the size it last asked the daemon for, which misses extensions written in
-/// userspace since: touching pages past it would raise SIGBUS).
+/// userspace since: touching pages past it would raise SIGBUS), even on a mount that caches
+/// attributes ([`crate::refresh_kernel_size`]).
 pub(crate) fn mapped(fd: c_int) {
     let Some(i) = index(fd) else { return };
     if !ANY.load(Ordering::Relaxed) {
@@ -620,11 +621,7 @@ pub(crate) fn mapped(fd: c_int) {
     // SAFETY: loaded under `guard`.
     if let Some(s) = unsafe { SLOTS[i].load(Ordering::Acquire, &guard).as_ref() } {
         s.retire();
-        let saved = crate::errno();
-        let mut st = core::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: a stat buffer; the result only refreshes the kernel's attribute cache.
-        unsafe { libc::syscall(libc::SYS_fstat, fd, st.as_mut_ptr()) };
-        crate::set_errno(saved);
+        crate::refresh_kernel_size(fd);
     }
 }
 
@@ -1009,10 +1006,15 @@ impl Served {
         Some(Stat::of(self.mount, &a))
     }
 
+    /// Whether the kernel refuses `call` on this description ([`MapCall::refused`]).
+    pub(crate) fn refuses(&self, call: &MapCall) -> bool {
+        call.refused(self.read, self.write)
+    }
+
     /// `mmap` of the file with `MAP_SHARED`, from the pool (module `mapped`); `None` for the
-    /// kernel path, which also answers the access modes it must refuse.
+    /// kernel path, which also answers the calls it must refuse.
     pub(crate) fn map(&self, call: &MapCall) -> Option<isize> {
-        if !self.read || (call.prot & libc::PROT_WRITE != 0 && !self.write) {
+        if self.refuses(call) {
             return None;
         }
         let client = client(self.mount)?;

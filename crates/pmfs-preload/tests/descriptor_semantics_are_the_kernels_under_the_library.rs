@@ -14,7 +14,9 @@
 //! serves, then copies it with calls it forwards (copy_file_range, sendfile, splice) and
 //! appends to it with one (pwritev2 with `RWF_APPEND`, and on an `O_APPEND` description): the
 //! kernel must copy up to the size the file has, not the one it last saw, and append there,
-//! also on a mount that caches attributes (`-o attr_timeout=`).
+//! also on a mount that caches attributes (`-o attr_timeout=`). A read-only description
+//! stays served after a writable `mmap` of it that the kernel refuses: handed to the kernel, it
+//! would read the size the kernel cached on such a mount.
 //!
 //! Another (`programs/inherited.c`) has a fork child, and its fork child, write through
 //! descriptors the parent used before the fork (a duplicate among them, one of a file unlinked

@@ -3,12 +3,13 @@
  * grown with write and ftruncate (served in userspace under the library, so the kernel never
  * saw its new size) and then copied with each of them, then appended to; the transcript
  * (bytes copied, checksums of the copies and of the file) must not depend on whether the
- * library is loaded. */
+ * library is loaded. Then a read-only description outlives an mmap the kernel refuses. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -105,6 +106,16 @@ int main(void) {
     show("lseek 100", lseek(src, 100, SEEK_SET));
     show("ioctl FIONREAD", ioctl(src, FIONREAD, &left));
     show("bytes left", left);
+    /* A mapping the kernel refuses (shared and writable, of a read-only description) leaves
+     * the description as it was: it reads what served calls made of the file since. */
+    int ro = open("src", O_RDONLY);
+    sum_at(ro, "read only", 0, 100);
+    void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0);
+    show("writable mmap of it refused", m == MAP_FAILED && errno == EACCES);
+    show("ftruncate 60000", ftruncate(src, 60000));
+    show("pwrite at 70000", pwrite(src, buf, 1000, 70000));
+    sum_at(ro, "read only after them", 59000, 13000);
+    close(ro);
     free(buf);
     return close(src) != 0;
 }
