@@ -163,9 +163,9 @@ fn random_call_sequences_give_the_same_results_with_and_without_the_library() {
         }
         assert!(transcript.contains("errno"), "{transcript}");
         // Of the calls on pmfs descriptors, seeks go to the kernel, which keeps the offsets,
-        // and so do reads and writes the descriptor's access mode forbids (for the kernel's
-        // errno); most others are served in userspace.
-        assert!(c.served * 2 >= c.pmfs_calls, "{options:?}: {c:?}");
+        // and so do copies, appends with RWF_APPEND, and reads and writes the descriptor's
+        // access mode forbids (for the kernel's errno); about half are served in userspace.
+        assert!(c.served * 5 >= c.pmfs_calls * 2, "{options:?}: {c:?}");
         m.unmount_and_fsck();
     }
 }

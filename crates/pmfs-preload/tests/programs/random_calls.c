@@ -1,9 +1,11 @@
 /* Random sequences of descriptor calls on three files: opens with assorted flags, duplicates,
  * closes, reads and writes (plain, positioned, vectored), seeks (SEEK_DATA and SEEK_HOLE too),
  * truncations, allocations and punched or zeroed ranges, F_SETFL O_APPEND, fsync, fstat and
- * unlinks, at unaligned offsets and lengths up to a few blocks. Every call and its result (and
- * the checksum of what it read) is one transcript line. Lines a local file system may answer
- * differently (where holes start, how many blocks a file holds) start with '~'.
+ * unlinks, and calls the library leaves to the kernel or maps from the pool (by path, copies,
+ * RWF_APPEND, shared mappings), at unaligned offsets and lengths up to a few blocks. Every
+ * call and its result (and the checksum of what it read) is one transcript line. Lines a local
+ * file system may answer differently (where holes start, how many blocks a file holds) start
+ * with '~'.
  *
  * PMFS_RANDOM_CALLS (default 9000) calls in all, in sequences of 300, each with a seed of its
  * own and files of its own, which it reads whole at its end and then removes (the last
@@ -12,6 +14,8 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/uio.h>
 
 #include "transcript.h"
@@ -65,6 +69,93 @@ static void vectored(unsigned k, int s, int fd, int writing, size_t len, off_t o
     result(what, r, writing ? NULL : got);
 }
 
+/* The calls of a sequence the library leaves to the kernel, or serves from the pool: by path
+ * (stat, truncate, rename), copies between descriptors (copy_file_range, sendfile), an append
+ * with RWF_APPEND, and shared mappings read, or stored into and synced. */
+static void by_path_or_kernel(unsigned k, int s, const int *fds, char (*names)[32], off_t off,
+                              size_t len) {
+    char what[160];
+    int fd = fds[s], t = (int)next(SLOTS);
+    const char *name = names[next(3)];
+    switch (next(8)) {
+    case 0: {
+        struct stat st;
+        snprintf(what, sizeof what, "%u stat %s", k, name);
+        result(what, stat(name, &st) < 0 ? -1 : (long)st.st_size, NULL);
+        break;
+    }
+    case 1:
+        snprintf(what, sizeof what, "%u truncate %s %ld", k, name, (long)off);
+        result(what, truncate(name, off), NULL);
+        break;
+    case 2: {
+        const char *to = names[next(3)];
+        snprintf(what, sizeof what, "%u rename %s %s", k, name, to);
+        result(what, rename(name, to), NULL);
+        break;
+    }
+    case 3: {
+        loff_t from = off, at = (loff_t)next(SPAN);
+        snprintf(what, sizeof what, "%u copy_file_range %d %ld -> %d %ld %zu", k, s, (long)from,
+                 t, (long)at, len);
+        result(what, copy_file_range(fd, &from, fds[t], &at, len, 0), NULL);
+        break;
+    }
+    case 4: {
+        off_t from = off;
+        snprintf(what, sizeof what, "%u sendfile %d %ld -> %d %zu", k, s, (long)from, t, len);
+        result(what, sendfile(fds[t], fd, &from, len), NULL);
+        break;
+    }
+    case 5: {
+        fill(k, len);
+        struct iovec v = {data, len};
+        snprintf(what, sizeof what, "%u pwritev2 append %d %zu", k, s, len);
+        result(what, pwritev2(fd, &v, 1, off, RWF_APPEND), NULL);
+        break;
+    }
+    default: {
+        /* A shared mapping: of the whole file through a read-only descriptor of its own, read
+         * in a range; or of the pages of a range of the descriptor's file, stored into and
+         * synced (only those pages, and none for no bytes: a store allocates the pages it
+         * touches, through the kernel, and the library the holes of the range it maps). */
+        int store = next(8) == 7;
+        int mfd = store ? fd : open(name, O_RDONLY);
+        long size = size_of(mfd);
+        if (store)
+            snprintf(what, sizeof what, "%u mmap store %d", k, s);
+        else
+            snprintf(what, sizeof what, "%u mmap read %s", k, name);
+        if (size <= 0) {
+            result(what, size, NULL);
+        } else if (store && len == 0) {
+            result(what, 0, NULL);
+        } else {
+            size_t a = (size_t)off % (size_t)size;
+            size_t n = len < (size_t)size - a ? len : (size_t)size - a;
+            size_t from = store ? a / 4096 * 4096 : 0;
+            size_t span = store ? a + n - from : (size_t)size;
+            int prot = store ? PROT_READ | PROT_WRITE : PROT_READ;
+            unsigned char *m = mmap(NULL, span, prot, MAP_SHARED, mfd, (off_t)from);
+            if (m == MAP_FAILED) {
+                result(what, -1, NULL);
+            } else if (store) {
+                fill(k, n);
+                memcpy(m + (a - from), data, n);
+                result(what, msync(m, span, MS_SYNC) < 0 ? -1 : (long)n, NULL);
+                munmap(m, span);
+            } else {
+                memcpy(got, m + a, n);
+                result(what, (long)n, got);
+                munmap(m, span);
+            }
+        }
+        if (!store && mfd >= 0)
+            close(mfd);
+    }
+    }
+}
+
 /* Whether the temporary directory's file system zeroes ranges (FALLOC_FL_ZERO_RANGE). */
 static int zero_range_works(void) {
     const char *dir = getenv("TMPDIR");
@@ -106,7 +197,7 @@ static void sequence(unsigned seed, unsigned calls, int last) {
         int fd = fds[s];
         off_t off = (off_t)next(SPAN);
         size_t len = next(4) == 0 ? next(64) : next(MAX_LEN);
-        switch (next(17)) {
+        switch (next(25)) {
         case 0:
         case 1: {
             int f = open_flags[next(sizeof open_flags / sizeof open_flags[0])];
@@ -200,16 +291,20 @@ static void sequence(unsigned seed, unsigned calls, int last) {
             result(what, fl < 0 ? -1 : fcntl(fd, F_SETFL, fl ^ O_APPEND), NULL);
             break;
         }
-        case 15:
-            snprintf(what, sizeof what, "%u %s %d", k, next(2) ? "fsync" : "fdatasync", s);
-            result(what, next(2) ? fsync(fd) : fdatasync(fd), NULL);
+        case 15: {
+            int data_only = (int)next(2);
+            snprintf(what, sizeof what, "%u %s %d", k, data_only ? "fdatasync" : "fsync", s);
+            result(what, data_only ? fdatasync(fd) : fsync(fd), NULL);
             break;
+        }
         case 16: {
             const char *name = names[next(3)];
             snprintf(what, sizeof what, "%u unlink %s", k, name);
             result(what, unlink(name), NULL);
             break;
         }
+        default:
+            by_path_or_kernel(k, s, fds, names, off, len);
         }
     }
     for (int i = 0; i < SLOTS; i++) {
