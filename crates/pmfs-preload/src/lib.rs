@@ -56,32 +56,29 @@
 //!   needs the daemon: the process the pool records as its owner, if it still runs, else the
 //!   holder of the pool's `flock` in `/proc/locks`.
 //! - **Mapped files** (module `mapped`): `mmap`/`mmap64` with `MAP_SHARED` (or
-//!   `MAP_SHARED_VALIDATE`) of a served description maps the file's blocks straight from the
-//!   pool: the engine puts the file in *mapped mode* (while any process maps it, every process
-//!   writes it in place) and names the pool pieces that hold the range; the caller's range is
-//!   first mapped through the kernel from its own descriptor (the kernel checks the call and
-//!   gives the exact errno), then each piece of the pool file is mapped over it (`MAP_FIXED`).
-//!   Stores through the mapping are what `read` returns in any process, and `write`s of any
-//!   process (served in userspace or through the daemon) appear in it at once. Holes in the
-//!   range are allocated (zeroed, the file's times kept) first for a writable description;
-//!   a read-only one leaves them to the kernel's mapping, which reads them as zeros, so that
-//!   mapping a file to read changes neither its allocation nor its times (and moving or
-//!   growing such a mapping gives them blocks then). The description stays served in
-//!   userspace. `munmap`
-//!   and `MAP_FIXED` mappings over it follow it (the file's pin is released with the last
-//!   page), `msync` also flushes the CPU caches over it, `mremap` shrinking it is followed,
-//!   moving or growing it (within the file) is served from the pool, a `fork` child takes pins
-//!   of its own, and exit and exec make the pages private before releasing the pins. Once the
-//!   mount is found gone the mapping is made private (`MAP_PRIVATE` of the same bytes), so
-//!   later stores stay in the process. These calls count as served. Stores change no time
-//!   and bypass the pages the kernel may cache of the file (copies inside the kernel read
-//!   those, as do processes without the library): `msync` and the release of the last page
-//!   of a mapping of a writable description raise the file's mtime and ctime
-//!   (`pmfs::MapPin::stored`; a kernel file system raises them at a store's page fault) and
-//!   have the kernel drop its pages (below), and so does a `sendfile`/`splice`/
-//!   `copy_file_range` from a served file that some process maps, before the kernel copies
-//!   (`pmfs::Client::reveal_mapped`). Until then, another process's `stat` shows the mtime
-//!   from before the stores.
+//!   `MAP_SHARED_VALIDATE`) of a served description maps the file's blocks straight from the pool:
+//!   the engine puts the file in *mapped mode* (while any process maps it, every process writes it
+//!   in place) and names the pool pieces that hold the range; the caller's range is first mapped
+//!   through the kernel from its own descriptor (the kernel checks the call and gives the exact
+//!   errno), then each piece of the pool file is mapped over it (`MAP_FIXED`). Stores through the
+//!   mapping are what `read` returns in any process, and `write`s of any process (served in
+//!   userspace or through the daemon) appear in it at once. Holes in the range are allocated
+//!   (zeroed, the file's times kept) first for a writable description; a read-only one leaves them
+//!   to the kernel's mapping, which reads them as zeros, so that mapping a file to read changes
+//!   neither its allocation nor its times (and moving or growing such a mapping gives them blocks
+//!   then). The description stays served in userspace. `munmap` and `MAP_FIXED` mappings over it
+//!   follow it (the file's pin is released with the last page), `msync` also flushes the CPU caches
+//!   over it, `mremap` shrinking it is followed, moving or growing it (within the file) is served
+//!   from the pool, a `fork` child takes pins of its own, and exit and exec make the pages private
+//!   before releasing the pins. Once the mount is found gone the mapping is made private
+//!   (`MAP_PRIVATE` of the same bytes), so later stores stay in the process. These calls count as
+//!   served. Stores change no time and bypass the pages the kernel may cache of the file (copies
+//!   inside the kernel read those, as do processes without the library): `msync` and the release of
+//!   the last page of a mapping of a writable description raise the file's mtime and ctime
+//!   (`pmfs::MapPin::stored`; a kernel file system raises them at a store's page fault) and have
+//!   the kernel drop its pages (below), and so does a `sendfile`/`splice`/`copy_file_range` from a
+//!   served file that some process maps, before the kernel copies (`pmfs::Client::reveal_mapped`).
+//!   Until then, another process's `stat` shows the mtime from before the stores.
 //! - **The kernel's pages** (module `kernel_pages`): after an update of a file whose pages the
 //!   kernel may hold (the daemon read it for the kernel since they were last dropped), the
 //!   update raises the mtime, which makes each later `read` through the kernel drop them, and
@@ -93,23 +90,21 @@
 //! - **Left to the kernel on pmfs files**: descriptions mapped any other way (`MAP_PRIVATE`,
 //!   `PROT_EXEC`, `MAP_SYNC` and other flags, a range of more than 16384 pool pieces or, on a
 //!   writable description, whose holes would need more than 16384 fresh blocks, as in a large
-//!   sparse file) are released
-//!   from userspace at the `mmap`: the kernel's page cache backs the mapping; the kernel is
-//!   made to refresh the size first. So is a description whose shared mapping reaches past the
-//!   end of file (its pages within the file still come from the pool). So are
-//!   `preadv2`/`pwritev2` (`pwritev2` once the kernel has fetched the file's size, as appends
-//!   through it go where the kernel thinks the file ends), other `lseek` and `fallocate` modes,
-//!   and calls the kernel must reject (wrong access mode, negative offsets, ranges ending past
-//!   the largest offset, zero lengths), for the exact errno. So are writes, truncations and
-//!   allocations that reach past the process's file size limit (`RLIMIT_FSIZE`), and appends
-//!   while it has one (module `limits`): the kernel cuts them short or sends `SIGXFSZ` and
-//!   answers `EFBIG`. So are updates that find no space in the pool (the daemon may hold blocks
-//!   of deleted files it has yet to free: it frees them, or answers `ENOSPC` itself). So are
-//!   the updates (reads stay served) of a file that has set-ID bits which a write by this
-//!   process clears (a process not running as root; set-user-ID, or set-group-ID with
-//!   group-execute) when its node is opened: only the daemon changes modes, and it clears them
-//!   on those updates as the kernel would. Bits set by a `chmod` after that stay until the next
-//!   update through the kernel.
+//!   sparse file) are released from userspace at the `mmap`: the kernel's page cache backs the
+//!   mapping; the kernel is made to refresh the size first. So is a description whose shared
+//!   mapping reaches past the end of file (its pages within the file still come from the pool). So
+//!   are `preadv2`/`pwritev2` (`pwritev2` once the kernel has fetched the file's size, as appends
+//!   through it go where the kernel thinks the file ends), other `lseek` and `fallocate` modes, and
+//!   calls the kernel must reject (wrong access mode, negative offsets, ranges ending past the
+//!   largest offset, zero lengths), for the exact errno. So are writes, truncations and allocations
+//!   that reach past the process's file size limit (`RLIMIT_FSIZE`), and appends while it has one
+//!   (module `limits`): the kernel cuts them short or sends `SIGXFSZ` and answers `EFBIG`. So are
+//!   updates that find no space in the pool (the daemon may hold blocks of deleted files it has yet
+//!   to free: it frees them, or answers `ENOSPC` itself). So are the updates (reads stay served) of
+//!   a file that has set-ID bits which a write by this process clears (a process not running as
+//!   root; set-user-ID, or set-group-ID with group-execute) when its node is opened: only the
+//!   daemon changes modes, and it clears them on those updates as the kernel would. Bits set by a
+//!   `chmod` after that stay until the next update through the kernel.
 //! - **Interposition** of every call above plus `open`/`open64`/`openat`/`openat64`/`creat`/
 //!   `creat64`, `close`, `close_range`, `closefrom`, `dup`/`dup2`/`dup3`, `fcntl`/`fcntl64`
 //!   (`F_DUPFD`, `F_DUPFD_CLOEXEC`, `F_SETFL`'s `O_APPEND` followed; the rest forwarded),
