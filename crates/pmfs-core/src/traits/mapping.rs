@@ -56,6 +56,7 @@ pub struct FileId {
 /// Contract (checked by the conformance suite against a `BTreeMap` model):
 /// - [`lookup`](FileMapping::lookup) appends the mapped parts of a range as runs in ascending
 ///   logical order, non-overlapping, inside the range; holes are omitted.
+///   [`first_mapped`](FileMapping::first_mapped) returns the first block of those runs.
 /// - [`insert`](FileMapping::insert) allocates fresh physical blocks for a range none of whose
 ///   blocks is mapped, and maps them; if any block is mapped it returns
 ///   [`Error::InvalidArgument`](crate::Error::InvalidArgument) and changes nothing. Structures
@@ -82,6 +83,15 @@ pub trait FileMapping: Send + Sync {
 
     /// Appends to `out` the runs of `[lblk, lblk + len)` that are mapped.
     fn lookup(&self, file: &Self::File, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
+
+    /// The first mapped block of `[lblk, lblk + len)`, if any (`SEEK_DATA`): the first block
+    /// a [`lookup`](FileMapping::lookup) of the range returns. Beside concurrent mutations,
+    /// as with a lookup, each block is seen as it was at some moment during the call. The
+    /// default is [`first_mapped_by_lookups`]; the hashed structures, whose lookups probe
+    /// every block of a range, override it for long ranges with one pass over their table.
+    fn first_mapped(&self, file: &Self::File, lblk: u64, len: u64) -> Result<Option<u64>> {
+        first_mapped_by_lookups(self, file, lblk, len)
+    }
 
     /// Hints into the CPU cache the lines a [`lookup`](FileMapping::lookup) of `lblk` reads
     /// first, so that a caller with other work to do before the lookup overlaps their misses
@@ -159,6 +169,40 @@ pub trait FileMapping: Send + Sync {
     /// half-done operations). Must be called once after opening a region that was not
     /// closed cleanly, before any other call.
     fn recover(&self) -> Result<()>;
+}
+
+/// Blocks the first lookup of [`first_mapped_by_lookups`] covers.
+const FIRST_PIECE: u64 = 16;
+
+/// Blocks a lookup of [`first_mapped_by_lookups`] covers at most, which bounds the runs it
+/// gathers (a piece that maps a block is looked up whole).
+const LARGEST_PIECE: u64 = 1 << 18;
+
+/// The first mapped block of `[lblk, lblk + len)` of `file`, found by lookups of pieces of
+/// the range in order, each twice as long as the one before (from 16 blocks up to 2^18, 1 GiB)
+/// until one maps a block: an answer near `lblk` costs short lookups, and on the trees, whose
+/// lookups cost what they find rather than what they cover, a hole costs a lookup of the
+/// empty range per GiB.
+pub fn first_mapped_by_lookups<F: FileMapping + ?Sized>(
+    mapping: &F,
+    file: &F::File,
+    lblk: u64,
+    len: u64,
+) -> Result<Option<u64>> {
+    let end = lblk.saturating_add(len);
+    let (mut at, mut piece) = (lblk, FIRST_PIECE);
+    let mut runs = Vec::new();
+    while at < end {
+        let n = piece.min(end - at);
+        runs.clear();
+        mapping.lookup(file, at, n, &mut runs)?;
+        if let Some(first) = runs.iter().map(|r| r.lblk).min() {
+            return Ok(Some(first));
+        }
+        at += n;
+        piece = (piece * 2).min(LARGEST_PIECE);
+    }
+    Ok(None)
 }
 
 /// Whether the runs a lookup of `r`'s range returned in `got` (in any order) map exactly

@@ -10,6 +10,8 @@ mod simple_alloc;
 mod simple_mapping;
 
 pub use alloc::{AllocHint, AllocKind, BlockAllocator, Extent};
-pub use mapping::{FileId, FileMapping, MappingKind, Run, Runs, maps_exactly, merge_runs};
+pub use mapping::{
+    FileId, FileMapping, MappingKind, Run, Runs, first_mapped_by_lookups, maps_exactly, merge_runs,
+};
 pub use simple_alloc::SimpleAllocator;
 pub use simple_mapping::SimpleMapping;

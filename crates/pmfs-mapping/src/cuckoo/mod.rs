@@ -124,7 +124,8 @@ use std::time::{Duration, Instant};
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, CACHE_LINE, Le64, PmOff, Pod, crc32c};
 use pmfs_core::pm::{Media, MediaExt};
 use pmfs_core::traits::{
-    AllocHint, BlockAllocator, Extent, FileId, FileMapping, MappingKind, Run, maps_exactly,
+    AllocHint, BlockAllocator, Extent, FileId, FileMapping, MappingKind, Run,
+    first_mapped_by_lookups, maps_exactly,
 };
 use pmfs_core::{Error, Result};
 
@@ -1392,6 +1393,18 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
                 Err(()) => out.truncate(first),
             }
         }
+    }
+
+    /// A range longer than a quarter of the table's slots is one lookup, one pass over the
+    /// table, instead of a probe per block.
+    fn first_mapped(&self, file: &CuckooFile, lblk: u64, len: u64) -> Result<Option<u64>> {
+        let end = lblk.saturating_add(len).min(LBLK_LIMIT);
+        if lblk >= end || !self.use_scan(lblk, end) {
+            return first_mapped_by_lookups(self, file, lblk, end.saturating_sub(lblk));
+        }
+        let mut runs = Vec::new();
+        self.lookup(file, lblk, end - lblk, &mut runs)?;
+        Ok(runs.first().map(|r| r.lblk))
     }
 
     fn prefetch(&self, file: &CuckooFile, lblk: u64) {

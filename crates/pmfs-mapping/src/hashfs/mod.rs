@@ -224,7 +224,7 @@ use pmfs_core::pm::{Media, MediaExt};
 // (`tests/loom_hashfs.rs`) explores them; a handle's cursor is a per-handle hint and stays std.
 use pmfs_core::sync::atomic::fence_after_rmw;
 use pmfs_core::sync::native;
-use pmfs_core::traits::{Extent, FileId, FileMapping, MappingKind, Run};
+use pmfs_core::traits::{Extent, FileId, FileMapping, MappingKind, Run, first_mapped_by_lookups};
 use pmfs_core::{Error, Result};
 use smallvec::SmallVec;
 
@@ -1856,6 +1856,28 @@ impl<M: Media> FileMapping for HashFs<M> {
     fn lookup(&self, file: &HashFsFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
         let end = lblk.saturating_add(len).min(LBLK_LIMIT);
         self.lookup_range(file, lblk, end, out, true)
+    }
+
+    /// A range longer than a quarter of the table's slots costs one pass over the table that
+    /// keeps the least block found, instead of a probe per block.
+    fn first_mapped(&self, file: &HashFsFile, lblk: u64, len: u64) -> Result<Option<u64>> {
+        let end = lblk.saturating_add(len).min(LBLK_LIMIT);
+        if lblk >= end || !self.use_scan(lblk, end) {
+            return first_mapped_by_lookups(self, file, lblk, end.saturating_sub(lblk));
+        }
+        let mut first = None;
+        self.for_each_slot(false, |_, w, s| {
+            if let Slot::Committed(k) = s
+                && k.ino == file.ino
+                && (lblk..end).contains(&k.lblk)
+                && w == k.committed()
+                && first.is_none_or(|f| k.lblk < f)
+            {
+                first = Some(k.lblk);
+            }
+            Ok(())
+        })?;
+        Ok(first)
     }
 
     fn prefetch(&self, file: &HashFsFile, lblk: u64) {

@@ -30,7 +30,10 @@
 //! insert appends runs that cover exactly the range, in order, with physical blocks not mapped
 //! anywhere else; `remove` returns the number of blocks the model had mapped in the range, or
 //! fails with [`Error::NoSpace`] (a node had to split and no block was free) and then changes
-//! nothing; lookups only append to the caller's vector.
+//! nothing; lookups only append to the caller's vector;
+//! [`first_mapped`](FileMapping::first_mapped) of the range looked up, of the rest of the
+//! logical range from its start and of the whole logical range (after every step) is the
+//! model's first key there.
 //!
 //! [`insert_at`](FileMapping::insert_at) is exercised when the subject has a [`BlockSource`]
 //! (otherwise its operations are skipped): the suite obtains blocks for a range from the
@@ -545,6 +548,25 @@ impl<'s, F: FileMapping> Machine<'s, F> {
         Ok(out)
     }
 
+    /// Checks [`first_mapped`](FileMapping::first_mapped) of a range of file `i` against the
+    /// model.
+    fn check_first(&self, i: usize, lblk: u64, len: u64) -> Result<(), String> {
+        let got = self
+            .s
+            .mapping
+            .first_mapped(self.handle(i), lblk, len)
+            .map_err(|e| format!("first_mapped(file {i}, {lblk}, {len}): {}", err_string(&e)))?;
+        let want = self.models[i]
+            .range(lblk..lblk.saturating_add(len))
+            .next()
+            .map(|(&l, _)| l);
+        ensure!(
+            got == want,
+            "first_mapped(file {i}, {lblk}, {len}) = {got:?}, model {want:?}"
+        );
+        Ok(())
+    }
+
     fn remove_model(&mut self, i: usize, lblk: u64, end: u64) -> u64 {
         let keys: Vec<u64> = self.models[i].range(lblk..end).map(|(&l, _)| l).collect();
         for l in &keys {
@@ -861,7 +883,8 @@ impl<'s, F: FileMapping> Machine<'s, F> {
                     got == want,
                     "lookup(file {file}, {lblk}, {len}) returned {got:?}, model has {want:?}"
                 );
-                Ok(())
+                self.check_first(file, lblk, len)?;
+                self.check_first(file, lblk, self.cfg.max_lblk)
             }
             Op::Remove { file, lblk, len } => {
                 let n = match self.s.mapping.remove(self.handle(file), lblk, len) {
@@ -961,6 +984,7 @@ impl<'s, F: FileMapping> Machine<'s, F> {
                 got == want,
                 "file {i}: whole-file lookup returned {got:?}, model has {want:?}"
             );
+            self.check_first(i, 0, self.cfg.max_lblk)?;
             let mut owned = Vec::new();
             self.s
                 .mapping
