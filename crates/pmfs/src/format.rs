@@ -42,6 +42,12 @@ pub const FORMAT_VERSION: u32 = 7;
 /// The oldest version this build mounts; mounting one for writing upgrades it to
 /// [`FORMAT_VERSION`] (everything it holds reads the same).
 pub(crate) const OLDEST_VERSION: u32 = 2;
+/// The version from which every regular file's `MAPPED_END` word bounds the logical blocks
+/// its mapping maps, so that truncations, `SEEK_DATA` and block counts need not look past
+/// it however large the file's size. Version-2 volumes made before the copy-on-write data
+/// path map blocks below the size past that word: a mount for writing raises the word to
+/// the size before it upgrades them, and a read-only mount takes the size as the bound.
+pub(crate) const MAPPED_END_VERSION: u32 = 3;
 /// Offset of the mount-state word in block 0.
 pub(crate) const MOUNT_STATE_OFF: PmOff = PmOff(1024);
 /// Offset in block 0 of the owner's rendezvous word: a random word stored at each read-write

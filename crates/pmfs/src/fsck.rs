@@ -16,19 +16,21 @@
 //! - blocks: every block a mapping or a file's log reports lies in the data region and is
 //!   owned once, each log's chain and entries are readable as mount's recovery reads them and
 //!   its digest cursor lies within it, no file maps blocks past both its end and its
-//!   `MAPPED_END` word, and used + free equals the data region (no leak) where the free count
-//!   is the allocator's persistent state (the baseline bitmap) or the HashFS table, the
-//!   bitmap only on a cleanly closed volume (it is synced at the clean close, and rebuilt by
-//!   the mount after any other end). A cleanly closed volume has every log digested, so the
-//!   blocks of undigested entries are not counted.
+//!   `MAPPED_END` word (nor, on a cleanly closed volume of a format that makes the word the
+//!   bound, past the word alone), and used + free equals the data region (no leak) where the
+//!   free count is the allocator's persistent state (the baseline bitmap) or the HashFS table,
+//!   the bitmap only on a cleanly closed volume (it is synced at the clean close, and rebuilt
+//!   by the mount after any other end). A cleanly closed volume has every log digested, so
+//!   the blocks of undigested entries are not counted.
 //!
 //! [`repair`] mounts the volume (which runs crash recovery when needed), then fixes what can
 //! be fixed without guessing: it restores a damaged superblock copy, drops entries naming
 //! dead inodes, corrects link counts and parent pointers, moves a digest cursor that damage
 //! left beyond its log's tail back to the tail (before mounting: the mount digests every log),
-//! frees orphans, links unreachable objects into `/lost+found`, trims blocks past end of file
-//! and rebuilds the allocator. It reports what it found before, what it did and what remains
-//! (damaged pages, blocks owned twice).
+//! raises a mapped end that mapped blocks lie past (before mounting too), frees orphans, links
+//! unreachable objects into `/lost+found`, trims blocks past end of file and rebuilds the
+//! allocator. It reports what it found before, what it did and what remains (damaged pages,
+//! blocks owned twice).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -83,6 +85,9 @@ pub enum ProblemKind {
     BlockOwnedTwice,
     /// A file maps blocks past its end.
     BlocksBeyondEof,
+    /// A regular file maps blocks below its size but past its `MAPPED_END` word, which
+    /// truncations, `SEEK_DATA` and block counts take as the end of its mapped blocks.
+    MappedEnd,
     /// Used plus free blocks differ from the data region: blocks leaked or double-counted.
     FreeSpace,
     /// A regular file's log chain is damaged.
@@ -185,6 +190,8 @@ struct Model {
     reachable: HashSet<u32>,
     owners: HashMap<u64, u32>,
     beyond_eof: Vec<(Handle, u64, u64)>,
+    /// Files that map blocks past their `MAPPED_END` word: (file, the end of the last one).
+    low_mapped_end: Vec<(Handle, u64)>,
     /// Files whose digest cursor lies beyond their log's tail: (inode, tail LSN).
     cursor_beyond_tail: Vec<(u32, u64)>,
 }
@@ -616,7 +623,33 @@ impl Checker<'_> {
                     Some(Kind::File) => fs.inodes.load(fs.m(), ino, field::MAPPED_END)?,
                     _ => 0,
                 };
-                let eof = info.size.div_ceil(BLOCK_SIZE).max(mapped_end);
+                let size_blocks = info.size.div_ceil(BLOCK_SIZE);
+                let eof = size_blocks.max(mapped_end);
+                // From MAPPED_END_VERSION on the word alone bounds the mapped blocks, once the
+                // logs are digested (a crash may leave the word of an unfinished digest
+                // behind, which the mount's digest raises again).
+                if info.kind == Some(Kind::File)
+                    && self.clean
+                    && fs.geo.version >= format::MAPPED_END_VERSION
+                    && mapped_end < size_blocks
+                {
+                    let span = size_blocks.min(crate::fs::MAX_FILE_SIZE / BLOCK_SIZE);
+                    let mut runs = Vec::new();
+                    fs.map
+                        .lookup(&map, mapped_end, span - mapped_end, &mut runs)?;
+                    if let Some(upto) = runs.iter().map(|r| r.lblk + r.len).max() {
+                        self.problem(
+                            ProblemKind::MappedEnd,
+                            fs.inodes.field(ino, field::MAPPED_END),
+                            Some(ino),
+                            format!(
+                                "blocks mapped up to block {upto}, past the mapped end at \
+                                 block {mapped_end}"
+                            ),
+                        );
+                        self.model.low_mapped_end.push((info.h, upto));
+                    }
+                }
                 // Up to the largest file size: the log blocks (HashFS) and the
                 // extended-attribute blocks lie past it.
                 let span = data
@@ -760,6 +793,21 @@ pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
         if clean {
             relink_named(&fs, &model, &mut actions)?;
         }
+        // And before anything takes the mapped end for a bound: raised over every block the
+        // file maps.
+        for &(h, upto) in &model.low_mapped_end {
+            let m = fs.m();
+            if fs.inodes.load(m, h.ino, field::STATE)? == h.live_state()
+                && fs.inodes.load(m, h.ino, field::MAPPED_END)? < upto
+            {
+                fs.inodes.store(m, h.ino, field::MAPPED_END, upto)?;
+                m.fence();
+                actions.push(format!(
+                    "raised the mapped end of inode {} to block {upto}",
+                    h.ino
+                ));
+            }
+        }
         before
     };
     if before.is_clean() && before.orphans.is_empty() && before.staged_blocks == 0 {
@@ -840,9 +888,9 @@ pub fn check_dentry_page(page: &[u8], owner: u64, index: u64) -> Result<DentryPa
 /// Applies the fixes for what `examine` found on a mounted volume.
 fn fix(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
     let m = fs.m();
-    // Blocks still mapped to dead inodes that entries named: release them first: their numbers may be
-    // handed out again below (for HashFS this is the only way back; for the other kinds the
-    // allocator rebuild at the end covers it too).
+    // Blocks still mapped to dead inodes that entries named: release them first: their
+    // numbers may be handed out again below (for HashFS this is the only way back; for the
+    // other kinds the allocator rebuild at the end covers it too).
     for &ino in &model.dead_named {
         if fs.inodes.load(m, ino, field::STATE)? & crate::inode::LIVE == 0 {
             let f = fs.map.open_file(fs.file_id(ino))?;

@@ -25,6 +25,7 @@ pub(crate) trait Mapper: Send + Sync {
     fn kind(&self) -> MappingKind;
     fn open_file(&self, id: FileId) -> Result<MapFile>;
     fn lookup(&self, f: &MapFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
+    fn first_mapped(&self, f: &MapFile, lblk: u64, len: u64) -> Result<Option<u64>>;
     fn prefetch(&self, f: &MapFile, lblk: u64);
     fn insert(&self, f: &MapFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()>;
     fn remove(&self, f: &MapFile, lblk: u64, len: u64) -> Result<u64>;
@@ -57,6 +58,10 @@ where
 
     fn lookup(&self, f: &MapFile, lblk: u64, len: u64, out: &mut Vec<Run>) -> Result<()> {
         Ok(FileMapping::lookup(self, handle(f)?, lblk, len, out)?)
+    }
+
+    fn first_mapped(&self, f: &MapFile, lblk: u64, len: u64) -> Result<Option<u64>> {
+        Ok(FileMapping::first_mapped(self, handle(f)?, lblk, len)?)
     }
 
     fn prefetch(&self, f: &MapFile, lblk: u64) {

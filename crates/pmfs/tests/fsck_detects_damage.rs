@@ -255,6 +255,26 @@ fn damaged_directory_page_is_reported_not_repaired() {
     }
 }
 
+/// Checks that fsck finds one problem on `media`: `kind`, at `at`, in inode `ino`.
+fn finds_only(media: &Arc<dyn Media>, kind: ProblemKind, at: PmOff, ino: u64) {
+    let r = fsck::check(media.clone()).unwrap();
+    assert_eq!(r.problems.len(), 1, "{:#?}", r.problems);
+    let p = &r.problems[0];
+    assert_eq!((p.kind, p.at, p.ino), (kind, at.0, Some(ino)));
+}
+
+/// Repairs `media`, checks that the repair leaves it clean and that one of its actions
+/// mentions `action`.
+fn repairs(media: &Arc<dyn Media>, action: &str) {
+    let fixed = fsck::repair(media.clone()).unwrap();
+    assert!(fixed.after.is_clean(), "{:#?}", fixed.after.problems);
+    assert!(
+        fixed.actions.iter().any(|a| a.contains(action)),
+        "{:?}",
+        fixed.actions
+    );
+}
+
 #[test]
 fn digest_cursor_beyond_the_log_tail_is_found_and_moved_back() {
     for kind in KINDS {
@@ -265,25 +285,12 @@ fn digest_cursor_beyond_the_log_tail_is_found_and_moved_back() {
         let applied = media.load_u64(cursor).unwrap();
         media.store_u64(cursor, applied + 40).unwrap();
 
-        let r = fsck::check(media.clone()).unwrap();
-        assert_eq!(r.problems.len(), 1, "{:#?}", r.problems);
-        let p = &r.problems[0];
-        assert_eq!(
-            (p.kind, p.at, p.ino),
-            (ProblemKind::FileLog, cursor.0, Some(file))
-        );
+        finds_only(&media, ProblemKind::FileLog, cursor, file);
         assert!(matches!(
             Volume::mount(media.clone()),
             Err(Error::Corrupt { .. })
         ));
-
-        let fixed = fsck::repair(media.clone()).unwrap();
-        assert!(fixed.after.is_clean(), "{:#?}", fixed.after.problems);
-        assert!(
-            fixed.actions.iter().any(|a| a.contains("digest cursor")),
-            "{:?}",
-            fixed.actions
-        );
+        repairs(&media, "digest cursor");
         let vol = remount(&media);
         assert_eq!(vol.read("/d/e/file").unwrap(), vec![7u8; 9000]);
         // Commits land at the tail again and are digested: they survive a remount.
@@ -291,6 +298,28 @@ fn digest_cursor_beyond_the_log_tail_is_found_and_moved_back() {
         vol.close().unwrap();
         let vol = remount(&media);
         assert_eq!(vol.read("/d/e/file").unwrap(), b"after repair");
+        vol.close().unwrap();
+        assert!(fsck::check(media).unwrap().is_clean());
+    }
+}
+
+#[test]
+fn a_mapped_end_below_mapped_blocks_is_found_and_raised() {
+    for kind in KINDS {
+        let (media, info) = populated(kind);
+        let file = ino_of(&media, "/d/e/file");
+        // The file maps 3 blocks; its mapped end word, which truncations and SEEK_DATA take
+        // as the end of its blocks, says 1.
+        let word = PmOff(info.inode_table_offset + file * info.inode_size + 120);
+        assert_eq!(media.load_u64(word).unwrap(), 3);
+        media.store_u64(word, 1).unwrap();
+
+        finds_only(&media, ProblemKind::MappedEnd, word, file);
+        repairs(&media, "mapped end");
+        assert_eq!(media.load_u64(word).unwrap(), 3);
+        let vol = remount(&media);
+        assert_eq!(vol.read("/d/e/file").unwrap(), vec![7u8; 9000]);
+        vol.write("/d/e/file", b"x").unwrap();
         vol.close().unwrap();
         assert!(fsck::check(media).unwrap().is_clean());
     }

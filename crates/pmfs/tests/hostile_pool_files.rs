@@ -9,7 +9,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use pmfs::{Error, FORMAT_VERSION, MappingKind, Options, Volume, fsck};
+use pmfs::{
+    Error, FORMAT_VERSION, MappingKind, OpenMode, OpenNode, Options, SeekTarget, Volume, fsck,
+};
 use pmfs_core::layout::PmOff;
 use pmfs_core::pm::{HeapRegion, Media};
 
@@ -178,6 +180,67 @@ fn a_pool_of_the_previous_format_version_is_upgraded_when_mounted_for_writing() 
     let vol = Volume::open(&pool).unwrap();
     assert_eq!(vol.info().format_version, FORMAT_VERSION);
     assert_eq!(vol.read("/d/f").unwrap(), b"pool content, then more");
+}
+
+/// A volume of format version 2 made before the copy-on-write data path kept the inode's
+/// `MAPPED_END` word: its files map blocks below their size past the word. A mount for
+/// writing raises the word to the size before it upgrades the volume, so that truncations
+/// (which unmap up to the word) free the blocks; a read-only mount takes the size for the
+/// bound of `SEEK_DATA`.
+#[test]
+fn a_version_2_pool_gets_its_mapped_ends_raised_before_its_upgrade() {
+    const RO: OpenMode = OpenMode {
+        read: true,
+        write: false,
+        truncate: false,
+    };
+    for kind in [MappingKind::HashFs, MappingKind::Extent] {
+        let dir = Scratch::new("version-2");
+        let pool = dir.path("pool");
+        make_pool_of(&pool, kind);
+        let vol = Volume::open(&pool).unwrap();
+        vol.write("/d/g", &[5u8; 9000]).unwrap();
+        let ino = vol.symlink_metadata("/d/g").unwrap().ino();
+        let info = vol.info();
+        vol.close().unwrap();
+        let mut img = std::fs::read(&pool).unwrap();
+        for base in [0usize, 4096] {
+            img[base + 8..base + 12].copy_from_slice(&2u32.to_le_bytes());
+            let crc = crc32c(&img[base..base + 248]);
+            img[base + 248..base + 252].copy_from_slice(&crc.to_le_bytes());
+        }
+        let mapped_end = (info.inode_table_offset + ino * info.inode_size + 120) as usize;
+        img[mapped_end..mapped_end + 8].copy_from_slice(&0u64.to_le_bytes());
+        std::fs::write(&pool, &img).unwrap();
+
+        let ro = Volume::mount_read_only(region(&img)).unwrap();
+        let g = node(&ro, "g", RO);
+        assert_eq!(g.seek(0, SeekTarget::Data).unwrap(), Some(0), "{kind:?}");
+        assert_eq!(g.seek(8192, SeekTarget::Data).unwrap(), Some(8192));
+        drop(g);
+        ro.close().unwrap();
+        assert!(fsck::check(region(&img)).unwrap().is_clean());
+
+        let vol = Volume::open(&pool).unwrap();
+        assert_eq!(vol.info().format_version, FORMAT_VERSION);
+        let g = node(&vol, "g", RO);
+        assert_eq!(g.seek(4096, SeekTarget::Data).unwrap(), Some(4096));
+        drop(g);
+        vol.write("/d/g", b"short").unwrap();
+        vol.close().unwrap();
+        let r = fsck::check(region(&std::fs::read(&pool).unwrap())).unwrap();
+        assert!(r.is_clean(), "{kind:?}: {:#?}", r.problems);
+        let vol = Volume::open(&pool).unwrap();
+        assert_eq!(vol.read("/d/g").unwrap(), b"short");
+        vol.close().unwrap();
+    }
+}
+
+/// The open file `/d/<name>` of `vol`.
+fn node(vol: &Volume, name: &str, mode: OpenMode) -> OpenNode {
+    let d = vol.lookup(vol.root(), b"d").unwrap();
+    let f = vol.lookup(d.ino, name.as_bytes()).unwrap();
+    vol.open_ino(f.ino, mode).unwrap()
 }
 
 fn crc32c(bytes: &[u8]) -> u32 {

@@ -723,12 +723,14 @@ pub enum SeekTarget {
 /// The largest piece [`OpenNode::copy_range`] reads and writes at a time.
 const COPY_CHUNK: u64 = 1 << 20;
 
-/// How many blocks a seek or a usage scan looks up at once, at most.
+/// How many blocks a `SEEK_HOLE` or a usage scan looks up at once, at most.
 const SEEK_CHUNK: u64 = 4096;
 
-/// How many blocks a seek looks up first; each further lookup doubles, up to [`SEEK_CHUNK`].
-/// On the hashed mappings a lookup costs a probe per block, so a seek that lands on what it
-/// looks for answers after a few probes instead of a whole chunk's.
+/// How many blocks a `SEEK_HOLE` looks up first; each further lookup doubles, up to
+/// [`SEEK_CHUNK`]. On the hashed mappings a lookup costs a probe per block, so a seek that
+/// lands on what it looks for answers after a few probes instead of a whole chunk's.
+/// (`SEEK_DATA` asks the mapping for its first mapped block instead: see
+/// [`first_mapped`](pmfs_core::traits::FileMapping::first_mapped).)
 const SEEK_FIRST: u64 = 16;
 
 impl OpenNode {
@@ -870,36 +872,35 @@ impl OpenNode {
         }
         let end_blk = size.div_ceil(BS);
         let mut blk = offset / BS;
+        if target == SeekTarget::Data {
+            let first = self.fs.first_data(&self.node, blk, end_blk - blk)?;
+            return Ok(first.map(|l| (l * BS).max(offset)).filter(|&o| o < size));
+        }
+        // Past the mapping's bound only undigested entries map blocks: the rest of the file
+        // is one lookup there, of the overlay alone.
+        let bound = self.fs.mapped_bound(self.node.h.ino)?;
         let mut chunk = SEEK_FIRST;
         while blk < end_blk {
-            let len = chunk.min(end_blk - blk);
+            let len = if blk < bound {
+                chunk.min(bound - blk)
+            } else {
+                u64::MAX
+            }
+            .min(end_blk - blk);
             chunk = (chunk * 2).min(SEEK_CHUNK);
-            let runs = self.runs(blk, len)?;
-            match target {
-                SeekTarget::Data => {
-                    if let Some(r) = runs.iter().find(|r| r.lblk + r.len > blk) {
-                        return Ok(Some((r.lblk * BS).max(offset)).filter(|&o| o < size));
-                    }
+            let mut cursor = blk;
+            for r in &self.runs(blk, len)? {
+                if r.lblk > cursor {
+                    break;
                 }
-                SeekTarget::Hole => {
-                    let mut cursor = blk;
-                    for r in &runs {
-                        if r.lblk > cursor {
-                            break;
-                        }
-                        cursor = cursor.max(r.lblk + r.len);
-                    }
-                    if cursor < blk + len {
-                        return Ok(Some((cursor * BS).max(offset).min(size)));
-                    }
-                }
+                cursor = cursor.max(r.lblk + r.len);
+            }
+            if cursor < blk + len {
+                return Ok(Some((cursor * BS).max(offset).min(size)));
             }
             blk += len;
         }
-        Ok(match target {
-            SeekTarget::Data => None,
-            SeekTarget::Hole => Some(size),
-        })
+        Ok(Some(size))
     }
 
     /// Makes sure every block of `[offset, offset + len)` is allocated (holes get zeroed
@@ -1017,7 +1018,7 @@ impl Volume {
             u.files += 1;
             u.file_bytes += size;
             let f = fs.map.open_file(fs.file_id(ino))?;
-            let blocks = size.div_ceil(BS);
+            let blocks = size.div_ceil(BS).min(fs.mapped_bound(ino)?);
             let mut extents: Vec<pmfs_core::traits::Extent> = Vec::new();
             let mut blk = 0;
             while blk < blocks {

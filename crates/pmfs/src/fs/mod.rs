@@ -15,6 +15,11 @@
 //! had them open or mapped, which the owner could not free at their last close. Directories are
 //! loaded lazily on first use.
 //!
+//! A read-write mount of an older format version upgrades the volume once the journal is rolled
+//! back (step 2 below): a volume older than [`format::MAPPED_END_VERSION`] first gets every
+//! regular file's `MAPPED_END` raised to its size, then both superblock copies get the new
+//! version.
+//!
 //! After a crash the mount also:
 //! 1. lets the mapping structure recover its own half-done operations;
 //! 2. rolls back every armed journal transaction;
@@ -418,25 +423,10 @@ impl Fs {
             parts.map.recover()?;
         }
         if !read_only {
-            if geo.version < format::FORMAT_VERSION {
-                // What this build may write (log `GROW` entries) needs the newer version:
-                // older code must refuse the volume rather than find damage.
-                geo.version = format::FORMAT_VERSION;
-                format::restore_backup(m, &geo)?;
-                format::restore_primary(m, &geo)?;
-            } else if src == SbSource::Backup {
-                format::restore_primary(m, &geo)?;
-            }
             format::new_rendezvous(m)?;
             format::record_owner(m)?;
             m.store_u64(MOUNT_STATE_OFF, STATE_DIRTY)?;
             m.persist(MOUNT_STATE_OFF, 8)?;
-            // The owner is alone with the table until this returns (its lock keeps other
-            // owners out, and clients attach through it later): empty the tombstones no walk
-            // needs, before the log digest below walks for blocks that have no version yet.
-            if let Stager::Hash(t) = &parts.stage {
-                report.tombstones_purged = t.purge_exclusive()?;
-            }
         }
         let inodes = InodeTable::new(geo);
         let journal = Journal::new(&geo);
@@ -454,6 +444,28 @@ impl Fs {
             journal.recover(m, |off| Fs::journaled_word_ok(&geo, off))?
         };
         report.journal_rolled_back = recovered.rolled_back as u32;
+        if !read_only {
+            if geo.version < format::FORMAT_VERSION {
+                // The inode words as the journal's rollback left them, before anything takes
+                // them for bounds; a crash before the new version is written repeats this.
+                if geo.version < format::MAPPED_END_VERSION {
+                    Fs::bound_mapped_ends(m, &inodes)?;
+                }
+                // What this build may write (log `GROW` entries) needs the newer version:
+                // older code must refuse the volume rather than find damage.
+                geo.version = format::FORMAT_VERSION;
+                format::restore_backup(m, &geo)?;
+                format::restore_primary(m, &geo)?;
+            } else if src == SbSource::Backup {
+                format::restore_primary(m, &geo)?;
+            }
+            // The owner is alone with the table until this returns (its lock keeps other
+            // owners out, and clients attach through it later): empty the tombstones no walk
+            // needs, before the log digest below walks for blocks that have no version yet.
+            if let Stager::Hash(t) = &parts.stage {
+                report.tombstones_purged = t.purge_exclusive()?;
+            }
+        }
 
         // Scan the inode table.
         let mut live = Vec::new();
@@ -597,6 +609,24 @@ impl Fs {
         fs.rebuild_free_list()?;
         fs.report = report;
         Ok(fs)
+    }
+
+    /// Raises every live regular file's `MAPPED_END` word to its size in blocks, so that the
+    /// word bounds its mapped blocks as [`format::MAPPED_END_VERSION`] promises: a volume
+    /// older than that may map blocks below the size past the word. Durable when it returns.
+    fn bound_mapped_ends(m: &dyn Media, inodes: &InodeTable) -> Result<()> {
+        inodes.scan(m, |ino, r| {
+            if ino == 0 || !r.is_live() || r.kind() != Some(Kind::File) {
+                return Ok(());
+            }
+            let blocks = r.size.div_ceil(BLOCK_SIZE).min(MAX_FILE_SIZE / BLOCK_SIZE);
+            if inodes.load(m, ino, field::MAPPED_END)? < blocks {
+                inodes.store(m, ino, field::MAPPED_END, blocks)?;
+            }
+            Ok(())
+        })?;
+        m.fence();
+        Ok(())
     }
 
     /// Opens the volume for the checker: nothing is recovered and nothing is written.
@@ -1068,7 +1098,7 @@ impl Fs {
             if matches!(self.stage, Stager::Alloc(_)) {
                 pmfs_core::log::owned_blocks(m, root, &mut |b| log_blocks.push(Extent::new(b, 1)))?;
             }
-            held = self.block_span(h.ino, self.inodes.load(m, h.ino, field::SIZE)?)?;
+            held = self.mapped_bound(h.ino)?;
             // The log words go first: a crash after this leaks the log blocks until the
             // allocator is rebuilt (HashFS: remove_file below frees them), never a log whose
             // blocks were reused. The head word by a CAS from the unpinned word: a handle
@@ -1131,8 +1161,8 @@ impl Fs {
     /// ([`release_deferred`](Fs::release_deferred)); also when a write finds no space, when
     /// free space is asked for, and at unmount. Until then the inode stays live without a
     /// link, an orphan: nobody can open it, its number is not reused, and after a crash the
-    /// mount frees it as it frees every orphan. `held`: the blocks below `h`'s size or mapped
-    /// end (its log blocks aside).
+    /// mount frees it as it frees every orphan. `held`: the blocks below `h`'s
+    /// [mapped bound](Fs::mapped_bound) (its log blocks aside).
     fn defer_release(&self, h: Handle, held: u64, slots: u64) -> Result<()> {
         let mut pending = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
         pending.files.push(h);

@@ -213,19 +213,19 @@ impl Fs {
                 }
             }
             Entry::Truncate { size } => {
-                let old = self.inodes.load(m, ino, field::SIZE)?;
+                // Read before the size word moves (the bound of an older volume is its size).
+                let bound = self.mapped_bound(ino)?;
+                let upto = bound.min(MAX_FILE_SIZE / BS);
                 self.inodes.store(m, ino, field::SIZE, *size)?;
                 m.fence();
                 let from = size.div_ceil(BS);
-                let upto = self
-                    .inodes
-                    .load(m, ino, field::MAPPED_END)?
-                    .max(old.div_ceil(BS))
-                    .min(MAX_FILE_SIZE / BS);
                 if upto > from {
                     self.map.remove(f, from, upto - from)?;
                 }
-                self.inodes.store(m, ino, field::MAPPED_END, from)?;
+                // Lowered, never raised: a truncation to a size past the mapped blocks keeps
+                // the bound where they end.
+                self.inodes
+                    .store(m, ino, field::MAPPED_END, from.min(bound))?;
             }
             Entry::Resize { size } => self.inodes.store(m, ino, field::SIZE, *size)?,
             Entry::Punch { lblk, len } => {

@@ -288,6 +288,7 @@ impl Fs {
     #[allow(clippy::type_complexity)]
     pub(super) fn split_mapped<'b>(
         &self,
+        ino: u32,
         ov: Option<&Overlay>,
         f: &MapFile,
         segs: &[Seg<'b>],
@@ -312,7 +313,7 @@ impl Fs {
         let mut runs = Vec::new();
         for sg in segs {
             runs.clear();
-            self.runs_in(ov, f, sg.lblk, sg.len, &mut runs)?;
+            self.runs_in(ino, ov, f, sg.lblk, sg.len, &mut runs)?;
             let end = sg.lblk + sg.len;
             let mut at = sg.lblk;
             for r in &runs {
@@ -561,7 +562,14 @@ impl Fs {
             let size = ov.size(self.digested_size(ino)?);
             if len < size {
                 let first = len / BS;
-                self.runs_in(Some(&ov), f, first, size.div_ceil(BS) - first, &mut runs)?;
+                self.runs_in(
+                    ino,
+                    Some(&ov),
+                    f,
+                    first,
+                    size.div_ceil(BS) - first,
+                    &mut runs,
+                )?;
             }
             size
         };

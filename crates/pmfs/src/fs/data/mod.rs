@@ -11,8 +11,10 @@
 //! word (the *digested* state) plus the entries of the file's log ([`pmfs_core::log`], head
 //! word `LOG` in the inode) that are not digested yet: the digest cursor word `DIGEST` holds the
 //! LSN of the first entry not applied to the mapping. `MAPPED_END` bounds the mapped logical
-//! blocks (fallocate with KEEP_SIZE maps blocks past end of file), so a truncation knows what
-//! to unmap. A file gets its log on its first data update.
+//! blocks, whatever the size (fallocate with KEEP_SIZE maps blocks past end of file, and a
+//! growing `set_len` maps none), so a truncation knows what to unmap and the lookups of long
+//! ranges (`SEEK_DATA`, block counts) stop there ([`Fs::mapped_bound`]). A file gets its log
+//! on its first data update.
 //!
 //! Each process keeps, per open inode, one log handle and an [`Overlay`]: the DRAM fold of the
 //! undigested entries, caught up from the log before every operation.

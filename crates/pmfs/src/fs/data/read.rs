@@ -18,6 +18,10 @@ const PREFETCH_RUNS: usize = 4;
 /// Bytes at the start of a run that a read hints (one block; see [`Fs::prefetch_run`]).
 const PREFETCH_BYTES: u64 = 4096;
 
+/// Ranges of at least this many blocks are looked up below the mapping's bound only
+/// ([`Fs::runs_in`]); shorter ones, the writes' and most seeks', skip the load of the bound.
+const BOUNDED_FROM: u64 = 64;
+
 impl Fs {
     /// Where logical block `lblk` lives now: `None` for a hole.
     pub(super) fn block_at(
@@ -46,32 +50,42 @@ impl Fs {
         found.map(|()| at)
     }
 
-    /// The mapped runs of `[lblk, lblk + len)` through the overlay and the mapping, in
-    /// logical order.
+    /// The mapped runs of `[lblk, lblk + len)` of file `ino` through the overlay and the
+    /// mapping, in logical order. The mapping is looked up below its
+    /// [bound](Fs::mapped_bound) only, for ranges of [`BOUNDED_FROM`] blocks or more: a
+    /// `SEEK_DATA` through a terabyte of sparse file looks up the blocks the file may map,
+    /// not every block of its size.
     pub(super) fn runs_in(
         &self,
+        ino: u32,
         ov: Option<&Overlay>,
         f: &MapFile,
         lblk: u64,
         len: u64,
         out: &mut Vec<Run>,
     ) -> Result<()> {
+        let bound = if len >= BOUNDED_FROM {
+            self.mapped_bound(ino)?
+        } else {
+            u64::MAX
+        };
         let mut pieces = PIECES.take();
         overlay_pieces(ov, lblk, len, &mut pieces);
-        let r = self.resolve_pieces(f, &pieces, out);
+        let r = self.resolve_pieces(f, &pieces, bound, out);
         PIECES.set(pieces);
         r
     }
 
     /// The runs of `pieces` ([`overlay_pieces`]), in logical order: the overlay's blocks as
-    /// they are, the mapping's looked up. The lookups need no overlay: a digest that
-    /// changed the mapping since the pieces were taken applied only entries the overlay had
-    /// (whose blocks no piece of the mapping's covers) or later ones, which a caller that
+    /// they are, the mapping's looked up below `bound`. The lookups need no overlay: a digest
+    /// that changed the mapping since the pieces were taken applied only entries the overlay
+    /// had (whose blocks no piece of the mapping's covers) or later ones, which a caller that
     /// checks the log's tail afterwards sees.
     fn resolve_pieces(
         &self,
         f: &MapFile,
         pieces: &[crate::overlay::Piece],
+        bound: u64,
         out: &mut Vec<Run>,
     ) -> Result<()> {
         for &p in pieces {
@@ -83,8 +97,12 @@ impl Fs {
                 }),
                 Src::Hole => {}
                 Src::Base => {
+                    let len = p.len.min(bound.saturating_sub(p.lblk));
+                    if len == 0 {
+                        continue;
+                    }
                     let from = out.len();
-                    self.map.lookup(f, p.lblk, p.len, out)?;
+                    self.map.lookup(f, p.lblk, len, out)?;
                     out[from..].sort_unstable_by_key(|r| r.lblk);
                 }
             }
@@ -97,7 +115,7 @@ impl Fs {
         let f = self.node_map(n)?;
         let mut out = Vec::new();
         let Some(s) = self.shared(n, false)? else {
-            self.runs_in(None, f, lblk, len, &mut out)?;
+            self.runs_in(n.h.ino, None, f, lblk, len, &mut out)?;
             return Ok(out);
         };
         loop {
@@ -106,12 +124,64 @@ impl Fs {
             {
                 let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
                 self.catch_up(n.h.ino, &s, &mut ov, t0)?;
-                self.runs_in(Some(&ov), f, lblk, len, &mut out)?;
+                self.runs_in(n.h.ino, Some(&ov), f, lblk, len, &mut out)?;
             }
             if s.log.tail()?.lsn() == t0 {
                 return Ok(out);
             }
         }
+    }
+
+    /// The first block of `[lblk, lblk + len)` of `n` that holds data (`SEEK_DATA`), checked
+    /// against the log's tail as [`data_runs`](Fs::data_runs) is.
+    pub fn first_data(&self, n: &Node, lblk: u64, len: u64) -> Result<Option<u64>> {
+        let f = self.node_map(n)?;
+        let Some(s) = self.shared(n, false)? else {
+            return self.first_data_in(n.h.ino, None, f, lblk, len);
+        };
+        loop {
+            let t0 = s.log.tail()?.lsn();
+            let found = {
+                let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
+                self.catch_up(n.h.ino, &s, &mut ov, t0)?;
+                self.first_data_in(n.h.ino, Some(&ov), f, lblk, len)?
+            };
+            if s.log.tail()?.lsn() == t0 {
+                return Ok(found);
+            }
+        }
+    }
+
+    /// [`first_data`](Fs::first_data) through the overlay `ov`: its pieces in order, each
+    /// block the overlay maps as it is, the mapping's below its [bound](Fs::mapped_bound)
+    /// found by [`first_mapped`](pmfs_core::traits::FileMapping::first_mapped).
+    fn first_data_in(
+        &self,
+        ino: u32,
+        ov: Option<&Overlay>,
+        f: &MapFile,
+        lblk: u64,
+        len: u64,
+    ) -> Result<Option<u64>> {
+        let bound = self.mapped_bound(ino)?;
+        let mut pieces = PIECES.take();
+        overlay_pieces(ov, lblk, len, &mut pieces);
+        let mut found = Ok(None);
+        for p in &pieces {
+            found = match p.src {
+                Src::Mapped(_) => Ok(Some(p.lblk)),
+                Src::Hole => continue,
+                Src::Base => match p.len.min(bound.saturating_sub(p.lblk)) {
+                    0 => continue,
+                    len => self.map.first_mapped(f, p.lblk, len),
+                },
+            };
+            if !matches!(found, Ok(None)) {
+                break;
+            }
+        }
+        PIECES.set(pieces);
+        found
     }
 
     /// Reads at `off`; returns the bytes read (0 at or past end of file).
@@ -174,7 +244,7 @@ impl Fs {
             if off >= size || buf.is_empty() {
                 return Ok(0);
             }
-            self.resolve_pieces(f, pieces, runs)?;
+            self.resolve_pieces(f, pieces, u64::MAX, runs)?;
             let len = (buf.len() as u64).min(size - off);
             let end = off + len;
             let out = &mut buf[..len as usize];

@@ -144,7 +144,7 @@ impl Fs {
                 }),
                 Fill::Holes { at_most } => {
                     let mut runs = Vec::new();
-                    fs.runs_in(ov, f, first, last - first, &mut runs)?;
+                    fs.runs_in(n.h.ino, ov, f, first, last - first, &mut runs)?;
                     let mut cursor = first;
                     for r in runs.iter().chain([&Run {
                         lblk: last,

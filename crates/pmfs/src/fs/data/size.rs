@@ -4,6 +4,7 @@
 use pmfs_core::log::CURSOR_LSN_BITS;
 
 use crate::error::Result;
+use crate::format::MAPPED_END_VERSION;
 use crate::fs::{Fs, MAX_FILE_SIZE};
 use crate::inode::{Handle, field, flag};
 use crate::mapping::MapFile;
@@ -64,9 +65,13 @@ impl Fs {
     /// moves ([`Counted`]). The caller holds the [tree lock](Fs::tree_read_lock).
     fn mapped_blocks(&self, h: Handle, f: &MapFile, end: u64) -> Result<u64> {
         let (m, ino) = (self.m(), h.ino);
+        // The cursor before the bound: a digest that moves the bound after it was read also
+        // moves the cursor, and the count is not kept.
+        let cursor = self.inodes.load(m, ino, field::DIGEST)?;
+        let end = end.min(self.mapped_bound(ino)?);
         let counted = Counted {
             generation: h.generation,
-            cursor: self.inodes.load(m, ino, field::DIGEST)?,
+            cursor,
             end,
         };
         if let Some(&(_, n)) = self
@@ -117,9 +122,9 @@ impl Fs {
             let t0 = s.log.tail()?.lsn();
             let cursor = self.inodes.load(m, ino, field::DIGEST)?;
             let mapped = self.mapped_blocks(h, f, end)?;
-            // The mapping maps nothing past the digested size and mapped end: pieces there
-            // (a file growing, the common case) need no lookup.
-            let digested_end = self.block_span(ino, self.digested_size(ino)?)?;
+            // The mapping maps nothing past its bound: pieces there (a file growing, the
+            // common case) need no lookup.
+            let digested_end = self.mapped_bound(ino)?;
             {
                 let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
                 self.catch_up(ino, s, &mut ov, t0)?;
@@ -186,9 +191,24 @@ impl Fs {
 
     /// The logical blocks regular file `ino` of `size` bytes may map: those below its size
     /// or below its mapped end, whichever reaches further.
-    pub(crate) fn block_span(&self, ino: u32, size: u64) -> Result<u64> {
+    fn block_span(&self, ino: u32, size: u64) -> Result<u64> {
         let mapped_end = self.inodes.load(self.m(), ino, field::MAPPED_END)?;
         Ok(size.div_ceil(BS).max(mapped_end))
+    }
+
+    /// The logical block below which regular file `ino` maps every block it maps: its
+    /// `MAPPED_END` word, or on a volume older than [`MAPPED_END_VERSION`] (mounted
+    /// read-only: a mount for writing upgrades it) the [block span](Fs::block_span) of its
+    /// digested size. A digest raises the word before it maps blocks past it and lowers it
+    /// only after it unmapped them: a lookup clipped to a bound read before it misses only
+    /// blocks that a digest mapped meanwhile, those of entries that readers take from their
+    /// overlay (or see after their tail check). Undigested entries are not bounded by it.
+    pub(crate) fn mapped_bound(&self, ino: u32) -> Result<u64> {
+        if self.geo.version >= MAPPED_END_VERSION {
+            self.inodes.load(self.m(), ino, field::MAPPED_END)
+        } else {
+            self.block_span(ino, self.digested_size(ino)?)
+        }
     }
 
     /// Marks `ino` as a file that may have holes ([`flag::HOLES`]), before an update that may

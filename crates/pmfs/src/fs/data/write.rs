@@ -429,7 +429,7 @@ impl Fs {
                 _ => None,
             };
             let (segs, own) = match hold {
-                Some(_) => self.split_mapped(Some(&ov), f, &segs, how.holes)?,
+                Some(_) => self.split_mapped(n.h.ino, Some(&ov), f, &segs, how.holes)?,
                 None => (segs, Vec::new()),
             };
             if segs.is_empty() && own.is_empty() && in_place.is_none() && extend_to == 0 {

@@ -1,0 +1,192 @@
+//! A sparse file costs what it maps, not what its size spans: `SEEK_DATA`, `SEEK_HOLE`,
+//! `st_blocks` and truncations of a file of 64 GiB holding one or two blocks read a few
+//! hundred words of the volume on every mapping structure, where a walk of the size would
+//! read millions; a `SEEK_DATA` over a 32 GiB hole to a block past it reads a few hundred on
+//! the trees and one pass over the table on the hashed structures. The work is counted in
+//! words loaded from the media, not timed. Writes past the mapped blocks are found before
+//! and after their digest, and the truncations free them.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use pmfs::{Ino, MappingKind, OpenMode, OpenNode, Owner, SeekTarget, Volume, fsck};
+use pmfs_core::layout::PmOff;
+use pmfs_core::pm::{HeapRegion, Media};
+
+use common::{KINDS, options};
+
+const BS: u64 = 4096;
+/// The sparse size: 16 Mi blocks.
+const HUGE: u64 = 64 << 30;
+/// The test volume: large enough that a pass over a hashed structure's table loads more than
+/// [`LIMIT`] words.
+const VOLUME: u64 = 128 << 20;
+/// Words an operation may load: a few hundred on every structure, a few thousand where a
+/// truncation walks the nodes of a radix tree. A walk of the size in chunks loaded more than
+/// 12 000 on the trees and a table pass per chunk on the hashed structures, a truncation or a
+/// block count over the size a table pass.
+const LIMIT: u64 = 8_000;
+/// Words two passes over a hashed structure's table load, at most (a lookup and a removal;
+/// their tables take less than a 64th of the volume); a walk of a 32 GiB hole loaded more
+/// than 15 million.
+const TABLE_PASS: u64 = VOLUME / 8 / 32;
+
+const RW: OpenMode = OpenMode {
+    read: true,
+    write: true,
+    truncate: false,
+};
+
+/// A heap region that counts the words read from it, and hands out no direct access to its
+/// words (every read goes through the count).
+struct Counting {
+    inner: HeapRegion,
+    words: AtomicU64,
+}
+
+impl Counting {
+    fn words(&self) -> u64 {
+        self.words.load(Ordering::Relaxed)
+    }
+}
+
+impl Media for Counting {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read(&self, off: PmOff, buf: &mut [u8]) -> pmfs_core::Result<()> {
+        self.words
+            .fetch_add((buf.len() as u64).div_ceil(8), Ordering::Relaxed);
+        self.inner.read(off, buf)
+    }
+    fn write(&self, off: PmOff, src: &[u8]) -> pmfs_core::Result<()> {
+        self.inner.write(off, src)
+    }
+    fn write_nt(&self, off: PmOff, src: &[u8]) -> pmfs_core::Result<()> {
+        self.inner.write_nt(off, src)
+    }
+    fn fill_nt(&self, off: PmOff, len: u64, byte: u8) -> pmfs_core::Result<()> {
+        self.inner.fill_nt(off, len, byte)
+    }
+    fn flush(&self, off: PmOff, len: u64) -> pmfs_core::Result<()> {
+        self.inner.flush(off, len)
+    }
+    fn fence(&self) {
+        self.inner.fence()
+    }
+    fn load_u64(&self, off: PmOff) -> pmfs_core::Result<u64> {
+        self.words.fetch_add(1, Ordering::Relaxed);
+        self.inner.load_u64(off)
+    }
+    fn store_u64(&self, off: PmOff, val: u64) -> pmfs_core::Result<()> {
+        self.inner.store_u64(off, val)
+    }
+    fn cas_u64(&self, off: PmOff, current: u64, new: u64) -> pmfs_core::Result<Result<u64, u64>> {
+        self.words.fetch_add(1, Ordering::Relaxed);
+        self.inner.cas_u64(off, current, new)
+    }
+}
+
+/// Runs `op` and checks that it loaded fewer than `limit` words.
+fn costs<T>(media: &Counting, limit: u64, what: &str, op: impl FnOnce() -> T) -> T {
+    let before = media.words();
+    let out = op();
+    let loaded = media.words() - before;
+    assert!(loaded < limit, "{what}: {loaded} words loaded");
+    out
+}
+
+/// [`costs`] with [`LIMIT`].
+fn cheap<T>(media: &Counting, what: &str, op: impl FnOnce() -> T) -> T {
+    costs(media, LIMIT, what, op)
+}
+
+fn open(vol: &Volume, ino: Ino) -> OpenNode {
+    vol.open_ino(ino, RW).unwrap()
+}
+
+#[test]
+fn seeks_counts_and_truncations_of_a_sparse_file_read_what_it_maps() {
+    for kind in KINDS {
+        let media = Arc::new(Counting {
+            inner: HeapRegion::new(VOLUME).unwrap(),
+            words: AtomicU64::new(0),
+        });
+        let vol = Volume::format(media.clone(), &options(kind)).unwrap();
+        let who = Owner { uid: 0, gid: 0 };
+        let (attr, f, _) = vol
+            .create_open(vol.root(), b"sparse", 0o644, who, true, RW)
+            .unwrap();
+        let ino = attr.ino;
+        let free = vol.statfs().unwrap().free_blocks;
+        f.write_at(&[7u8; BS as usize], 0).unwrap();
+        f.set_len(HUGE).unwrap();
+        let what = |op: &str| format!("{kind:?}: {op}");
+        let units = |blocks: u64| blocks * (BS / 512);
+
+        cheap(&media, &what("SEEK_DATA past the data"), || {
+            assert_eq!(f.seek(BS, SeekTarget::Data).unwrap(), None)
+        });
+        cheap(&media, &what("SEEK_HOLE"), || {
+            assert_eq!(f.seek(0, SeekTarget::Hole).unwrap(), Some(BS))
+        });
+        cheap(&media, &what("st_blocks"), || {
+            assert_eq!(vol.getattr(ino).unwrap().blocks, units(1))
+        });
+
+        // A write far past the mapped blocks: found through the log before its digest, and
+        // through the mapping after it (the last close digests).
+        let far = HUGE / 2 + 5;
+        f.write_at(b"far", far).unwrap();
+        cheap(&media, &what("SEEK_DATA to an undigested write"), || {
+            assert_eq!(f.seek(BS, SeekTarget::Data).unwrap(), Some(far - 5))
+        });
+        drop(f);
+        let f = open(&vol, ino);
+        // The hashed structures have no order to skip a hole by: one pass over their table.
+        let hashed = matches!(kind, MappingKind::Cuckoo | MappingKind::HashFs);
+        let limit = if hashed { LIMIT + TABLE_PASS } else { LIMIT };
+        costs(
+            &media,
+            limit,
+            &what("SEEK_DATA to a digested write"),
+            || assert_eq!(f.seek(BS, SeekTarget::Data).unwrap(), Some(far - 5)),
+        );
+        assert_eq!(
+            f.seek(far, SeekTarget::Hole).unwrap(),
+            Some((far / BS + 1) * BS)
+        );
+        assert_eq!(vol.getattr(ino).unwrap().blocks, units(2));
+        let mut buf = [0u8; 3];
+        f.read_at(&mut buf, far).unwrap();
+        assert_eq!(&buf, b"far");
+
+        // A truncation below the far block unmaps it (a lookup of the hole before it); one
+        // from the sparse size down to the data again looks at nothing.
+        costs(
+            &media,
+            limit,
+            &what("truncation to below a far block"),
+            || f.set_len(BS).unwrap(),
+        );
+        assert_eq!(f.seek(0, SeekTarget::Data).unwrap(), Some(0));
+        assert_eq!(vol.getattr(ino).unwrap().blocks, units(1));
+        f.set_len(HUGE).unwrap();
+        assert_eq!(f.seek(BS, SeekTarget::Data).unwrap(), None);
+        cheap(&media, &what("truncation of a sparse file"), || {
+            f.set_len(BS).unwrap()
+        });
+        f.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [7u8; 3]);
+        f.set_len(0).unwrap();
+        drop(f);
+        assert_eq!(vol.getattr(ino).unwrap().blocks, 0);
+        vol.remove_file("/sparse").unwrap();
+        assert_eq!(vol.statfs().unwrap().free_blocks, free, "{kind:?}");
+        vol.close().unwrap();
+        let report = fsck::check(media.clone()).unwrap();
+        assert!(report.is_clean(), "{kind:?}: {:#?}", report.problems);
+    }
+}
