@@ -25,12 +25,12 @@ const HUGE: u64 = 64 << 30;
 const VOLUME: u64 = 128 << 20;
 /// Words an operation may load: a few hundred on every structure, a few thousand where a
 /// truncation walks the nodes of a radix tree. A walk of the size in chunks loaded more than
-/// 12 000 on the trees and a table pass per chunk on the hashed structures, a truncation or a
-/// block count over the size a table pass.
+/// 12 000 on the trees and a word or more per block (millions) on the hashed structures; a
+/// truncation or a block count over the size, a table pass (32 000 and more).
 const LIMIT: u64 = 8_000;
 /// Words two passes over a hashed structure's table load, at most (a lookup and a removal;
 /// their tables take less than a 64th of the volume); a walk of a 32 GiB hole loaded more
-/// than 15 million.
+/// than 8 million.
 const TABLE_PASS: u64 = VOLUME / 8 / 32;
 
 const RW: OpenMode = OpenMode {
