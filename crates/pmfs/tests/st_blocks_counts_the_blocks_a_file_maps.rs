@@ -108,6 +108,10 @@ fn holes_are_not_counted_and_allocations_past_the_end_are() {
                 "{kind:?} {ino:?} after a remount"
             );
         }
+        // The volume's usage counts the same blocks.
+        let usage = vol.usage(&mut |_, _| {}).unwrap();
+        let total: u64 = expect.iter().map(|&(_, n)| n).sum();
+        assert_eq!(usage.file_blocks, total, "{kind:?} usage");
     }
 }
 

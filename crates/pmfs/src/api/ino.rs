@@ -23,7 +23,7 @@ use crate::dir::Dir;
 use crate::error::{Error, Result};
 use crate::fs::data::Node;
 use crate::fs::path::check_name;
-use crate::fs::{Fs, ns};
+use crate::fs::{Fs, MAX_FILE_SIZE, ns};
 use crate::inode::{GID_WORD, Handle, InodeRaw, Kind, field};
 use crate::parts::Stager;
 
@@ -723,7 +723,7 @@ pub enum SeekTarget {
 /// The largest piece [`OpenNode::copy_range`] reads and writes at a time.
 const COPY_CHUNK: u64 = 1 << 20;
 
-/// How many blocks a `SEEK_HOLE` or a usage scan looks up at once, at most.
+/// How many blocks a `SEEK_HOLE` looks up at once, at most.
 const SEEK_CHUNK: u64 = 4096;
 
 /// How many blocks a `SEEK_HOLE` looks up first; each further lookup doubles, up to
@@ -1018,22 +1018,18 @@ impl Volume {
             u.files += 1;
             u.file_bytes += size;
             let f = fs.map.open_file(fs.file_id(ino))?;
-            let blocks = size.div_ceil(BS).min(fs.mapped_bound(ino)?);
+            // Below the mapped bound: the blocks allocated past the end of file count too.
+            let blocks = fs.mapped_bound(ino)?.min(MAX_FILE_SIZE / BS);
             let mut extents: Vec<pmfs_core::traits::Extent> = Vec::new();
-            let mut blk = 0;
-            while blk < blocks {
-                let n = SEEK_CHUNK.min(blocks - blk);
-                let mut runs = Vec::new();
-                fs.map.lookup(&f, blk, n, &mut runs)?;
-                runs.sort_unstable_by_key(|r| r.lblk);
-                for r in runs {
-                    u.file_blocks += r.len;
-                    match extents.last_mut() {
-                        Some(e) if e.start.0 + e.len == r.pblk.0 => e.len += r.len,
-                        _ => extents.push(pmfs_core::traits::Extent::new(r.pblk, r.len)),
-                    }
+            let mut runs = Vec::new();
+            fs.map.lookup(&f, 0, blocks, &mut runs)?;
+            runs.sort_unstable_by_key(|r| r.lblk);
+            for r in runs {
+                u.file_blocks += r.len;
+                match extents.last_mut() {
+                    Some(e) if e.start.0 + e.len == r.pblk.0 => e.len += r.len,
+                    _ => extents.push(pmfs_core::traits::Extent::new(r.pblk, r.len)),
                 }
-                blk += n;
             }
             u.file_extents += extents.len() as u64;
             files.push(extents);
