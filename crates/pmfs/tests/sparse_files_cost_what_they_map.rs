@@ -1,10 +1,11 @@
 //! A sparse file costs what it maps, not what its size spans: `SEEK_DATA`, `SEEK_HOLE`,
 //! `st_blocks` and truncations of a file of 64 GiB holding one or two blocks read a few
-//! hundred words of the volume on every mapping structure, where a walk of the size would
-//! read millions; a `SEEK_DATA` over a 32 GiB hole to a block past it reads a few hundred on
-//! the trees and one pass over the table on the hashed structures. The work is counted in
-//! words loaded from the media, not timed. Writes past the mapped blocks are found before
-//! and after their digest, and the truncations free them.
+//! hundred words of the volume on every mapping structure (a few thousand where a truncation
+//! walks a radix tree's nodes), where a walk of the size would read millions; a `SEEK_DATA`
+//! over a 32 GiB hole to a block past it reads about a thousand words at most on the trees
+//! and one pass over the table on the hashed structures. The work is counted in words loaded
+//! from the media, not timed. Writes past the mapped blocks are found before and after their
+//! digest, and the truncations free them.
 
 mod common;
 
