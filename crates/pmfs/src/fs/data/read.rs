@@ -110,46 +110,43 @@ impl Fs {
         Ok(())
     }
 
-    /// The mapped runs of `n`'s logical blocks `[lblk, lblk + len)`, in order.
-    pub fn data_runs(&self, n: &Node, lblk: u64, len: u64) -> Result<Vec<Run>> {
-        let f = self.node_map(n)?;
-        let mut out = Vec::new();
-        let Some(s) = self.shared(n, false)? else {
-            self.runs_in(n.h.ino, None, f, lblk, len, &mut out)?;
-            return Ok(out);
-        };
-        loop {
-            out.clear();
-            let t0 = s.log.tail()?.lsn();
-            {
-                let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
-                self.catch_up(n.h.ino, &s, &mut ov, t0)?;
-                self.runs_in(n.h.ino, Some(&ov), f, lblk, len, &mut out)?;
-            }
-            if s.log.tail()?.lsn() == t0 {
-                return Ok(out);
-            }
-        }
-    }
-
-    /// The first block of `[lblk, lblk + len)` of `n` that holds data (`SEEK_DATA`), checked
-    /// against the log's tail as [`data_runs`](Fs::data_runs) is.
-    pub fn first_data(&self, n: &Node, lblk: u64, len: u64) -> Result<Option<u64>> {
+    /// `look(overlay, mapping)` on `n`'s overlay caught up to the log's tail, again until the
+    /// tail did not move meanwhile (without a live log, once with no overlay): the answer is
+    /// the file as it was at that tail.
+    fn at_tail<R>(
+        &self,
+        n: &Node,
+        mut look: impl FnMut(Option<&Overlay>, &MapFile) -> Result<R>,
+    ) -> Result<R> {
         let f = self.node_map(n)?;
         let Some(s) = self.shared(n, false)? else {
-            return self.first_data_in(n.h.ino, None, f, lblk, len);
+            return look(None, f);
         };
         loop {
             let t0 = s.log.tail()?.lsn();
             let found = {
                 let mut ov = s.ov.lock().unwrap_or_else(|e| e.into_inner());
                 self.catch_up(n.h.ino, &s, &mut ov, t0)?;
-                self.first_data_in(n.h.ino, Some(&ov), f, lblk, len)?
+                look(Some(&ov), f)?
             };
             if s.log.tail()?.lsn() == t0 {
                 return Ok(found);
             }
         }
+    }
+
+    /// The mapped runs of `n`'s logical blocks `[lblk, lblk + len)`, in order.
+    pub fn data_runs(&self, n: &Node, lblk: u64, len: u64) -> Result<Vec<Run>> {
+        self.at_tail(n, |ov, f| {
+            let mut out = Vec::new();
+            self.runs_in(n.h.ino, ov, f, lblk, len, &mut out)?;
+            Ok(out)
+        })
+    }
+
+    /// The first block of `[lblk, lblk + len)` of `n` that holds data (`SEEK_DATA`).
+    pub fn first_data(&self, n: &Node, lblk: u64, len: u64) -> Result<Option<u64>> {
+        self.at_tail(n, |ov, f| self.first_data_in(n.h.ino, ov, f, lblk, len))
     }
 
     /// [`first_data`](Fs::first_data) through the overlay `ov`: its pieces in order, each
