@@ -165,6 +165,20 @@ pub trait FileMapping: Send + Sync {
     /// allocator rebuild and fsck).
     fn owned_blocks(&self, file: &Self::File, visit: &mut dyn FnMut(Extent)) -> Result<()>;
 
+    /// Calls `visit(ino, run)` for every mapped run of every file and returns `true`, if the
+    /// structure keeps all files in one table (the hashed ones): one pass over the table
+    /// serves every file, where [`owned_blocks`](FileMapping::owned_blocks) of each file would
+    /// be a pass per file. A file's runs come in no particular order and may be split
+    /// anywhere; merged, they are what a lookup of its whole logical range returns, and their
+    /// blocks are exactly the blocks the file owns. The default, for structures kept per file,
+    /// visits nothing and returns `false`: their callers walk each file instead. Meant for
+    /// exclusive use (mount, fsck): beside concurrent mutations a block may be missed or seen
+    /// twice.
+    fn visit_all(&self, visit: &mut dyn FnMut(u64, Run)) -> Result<bool> {
+        let _ = visit;
+        Ok(false)
+    }
+
     /// Repairs the structure after a crash (rolls back undo logs, finishes or undoes
     /// half-done operations). Must be called once after opening a region that was not
     /// closed cleanly, before any other call.

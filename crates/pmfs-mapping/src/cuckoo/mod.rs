@@ -1555,6 +1555,26 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
         Ok(())
     }
 
+    fn visit_all(&self, visit: &mut dyn FnMut(u64, Run)) -> Result<bool> {
+        self.gated(|| {
+            self.scan_all(&mut |b, bucket| {
+                for (key, v) in bucket.entries.iter().flatten() {
+                    self.alternate(*key, b)?;
+                    visit(
+                        key.ino,
+                        Run {
+                            lblk: key.lblk,
+                            pblk: BlockNo(v.pblk),
+                            len: 1,
+                        },
+                    );
+                }
+                Ok(())
+            })
+        })?;
+        Ok(true)
+    }
+
     fn recover(&self) -> Result<()> {
         let epoch_at = self.meta.start.offset() + EPOCH_OFF;
         let epoch = (self.media.load_u64(epoch_at)? + 1) & 0xffff_ffff;

@@ -1948,6 +1948,47 @@ impl<M: Media> FileMapping for HashFs<M> {
         Ok(())
     }
 
+    fn visit_all(&self, visit: &mut dyn FnMut(u64, Run)) -> Result<bool> {
+        // Consecutive slots that hold consecutive blocks of one file (a cluster) make one run.
+        let mut run: Option<(u64, Run)> = None;
+        let start = self.data.start.0;
+        self.for_each_slot(false, |i, w, s| {
+            let Slot::Committed(k) = s else {
+                return Ok(());
+            };
+            if w != k.committed() {
+                return Ok(());
+            }
+            match &mut run {
+                Some((ino, r))
+                    if *ino == k.ino
+                        && r.lblk + r.len == k.lblk
+                        && r.pblk.0 + r.len == start + i =>
+                {
+                    r.len += 1;
+                }
+                _ => {
+                    if let Some((ino, r)) = run.take() {
+                        visit(ino, r);
+                    }
+                    run = Some((
+                        k.ino,
+                        Run {
+                            lblk: k.lblk,
+                            pblk: BlockNo(start + i),
+                            len: 1,
+                        },
+                    ));
+                }
+            }
+            Ok(())
+        })?;
+        if let Some((ino, r)) = run {
+            visit(ino, r);
+        }
+        Ok(true)
+    }
+
     fn recover(&self) -> Result<()> {
         let records = self.intents.scan(
             &self.media,

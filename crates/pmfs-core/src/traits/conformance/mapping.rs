@@ -21,6 +21,9 @@
 //!   extents of all files are pairwise disjoint (no block belongs to two files, none is listed
 //!   twice);
 //! - no physical block is mapped twice across all files;
+//! - on a structure that keeps one table for all files, the runs
+//!   [`visit_all`](FileMapping::visit_all) visits are, file by file, the model's, and their
+//!   blocks are those the file owns;
 //! - if the subject reports its free-block count, `free + Σ owned == free at the start`: removes
 //!   free what they unmap, failed calls leak nothing, `remove_file` frees the structure's nodes.
 //!
@@ -974,6 +977,53 @@ impl<'s, F: FileMapping> Machine<'s, F> {
         }
     }
 
+    /// Checks [`visit_all`](FileMapping::visit_all), if the structure keeps one table for all
+    /// files: each file's runs, merged, are the model's, and their blocks are the ones the
+    /// file owns; runs of files the subject does not have are not visited.
+    fn check_visit_all(&self) -> Result<(), String> {
+        let mut by_file: Vec<Vec<Run>> = vec![Vec::new(); self.s.files.len()];
+        let mut stray = None;
+        let global = self
+            .s
+            .mapping
+            .visit_all(
+                &mut |ino, r| match self.s.files.iter().position(|f| f.ino == ino) {
+                    Some(i) => by_file[i].push(r),
+                    None => stray = Some((ino, r)),
+                },
+            )
+            .map_err(|e| format!("visit_all: {}", err_string(&e)))?;
+        if !global {
+            return Ok(());
+        }
+        ensure!(stray.is_none(), "visit_all visited {stray:?} of no file");
+        for (i, runs) in by_file.iter_mut().enumerate() {
+            runs.sort_unstable_by_key(|r| r.lblk);
+            let got = merge_runs(runs);
+            let want = model_runs(&self.models[i], 0, u64::MAX);
+            ensure!(
+                got == want,
+                "file {i}: visit_all visited {got:?}, model has {want:?}"
+            );
+            let mut owned = Vec::new();
+            self.s
+                .mapping
+                .owned_blocks(self.handle(i), &mut |e| owned.extend(e.start.0..e.end().0))
+                .map_err(|e| format!("owned_blocks(file {i}): {}", err_string(&e)))?;
+            owned.sort_unstable();
+            let mut blocks: Vec<u64> = got
+                .iter()
+                .flat_map(|r| r.extent().start.0..r.extent().end().0)
+                .collect();
+            blocks.sort_unstable();
+            ensure!(
+                owned == blocks,
+                "file {i}: visit_all's blocks {blocks:?} are not the owned blocks {owned:?}"
+            );
+        }
+        Ok(())
+    }
+
     /// The whole-state check run after every step.
     fn check(&self) -> Result<(), String> {
         let mut all_owned: Vec<(Extent, usize)> = Vec::new();
@@ -1005,6 +1055,7 @@ impl<'s, F: FileMapping> Machine<'s, F> {
             }
             all_owned.extend(owned.into_iter().map(|e| (e, i)));
         }
+        self.check_visit_all()?;
         all_owned.sort();
         for w in all_owned.windows(2) {
             let ((a, fa), (b, fb)) = (w[0], w[1]);
