@@ -36,9 +36,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 
-use pmfs_core::layout::{BLOCK_SIZE, PmOff};
+use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::pm::Media;
-use pmfs_core::traits::Extent;
+use pmfs_core::traits::{Extent, Run};
 
 use crate::dir::page::{PAGE, PageView, Pending};
 use crate::error::{Error, Result};
@@ -564,18 +564,66 @@ impl Checker<'_> {
         log_blocks(self.fs, ino, out)
     }
 
+    /// Every live inode's runs, sorted by logical block, found in one pass over the table of a
+    /// structure that keeps all files in one
+    /// ([`visit_all`](pmfs_core::traits::FileMapping::visit_all)); `None` on the others, and
+    /// where the pass cannot read the table (each file's walk then reports what it cannot
+    /// read). A block a damaged table maps twice counts once, as in a lookup.
+    fn tabled_runs(&self) -> Option<HashMap<u32, Vec<Run>>> {
+        let mut by_ino: HashMap<u32, Vec<Run>> = HashMap::new();
+        let live = &self.model.live;
+        let pass = self.fs.map.visit_all(&mut |ino, r| {
+            if let Ok(ino) = u32::try_from(ino)
+                && live.contains_key(&ino)
+            {
+                by_ino.entry(ino).or_default().push(r);
+            }
+        });
+        if !matches!(pass, Ok(true)) {
+            return None;
+        }
+        for runs in by_ino.values_mut() {
+            runs.sort_unstable_by_key(|r| r.lblk);
+            let mut end = 0u64;
+            runs.retain_mut(|r| {
+                let skip = end.saturating_sub(r.lblk).min(r.len);
+                r.lblk += skip;
+                r.pblk.0 += skip;
+                r.len -= skip;
+                end = end.max(r.lblk + r.len);
+                r.len > 0
+            });
+        }
+        Some(by_ino)
+    }
+
     fn blocks(&mut self) -> Result<()> {
         let fs = self.fs;
         let data = fs.geo.data_extent();
         let mut live: Vec<Info> = self.model.live.values().copied().collect();
         live.sort_by_key(|i| i.h.ino);
         let mut used = 0u64;
+        let mut tabled = self.tabled_runs();
         for info in live {
             let ino = info.h.ino;
             let at = self.inode_at(ino);
             let map = fs.map.open_file(fs.file_id(ino))?;
+            let runs = tabled.as_mut().map(|t| t.remove(&ino).unwrap_or_default());
+            // The runs of `[from, from + len)`, from the table's pass or by a lookup.
+            let mapped = |from: u64, len: u64| -> Result<Vec<Run>> {
+                match &runs {
+                    Some(runs) => Ok(clip(runs, from, from.saturating_add(len))),
+                    None => {
+                        let mut out = Vec::new();
+                        fs.map.lookup(&map, from, len, &mut out)?;
+                        Ok(out)
+                    }
+                }
+            };
             let mut owned: Vec<Extent> = Vec::new();
-            if let Err(e) = fs.map.owned_blocks(&map, &mut |e| owned.push(e)) {
+            if let Some(runs) = &runs {
+                owned.extend(runs.iter().map(|r| r.extent()));
+            } else if let Err(e) = fs.map.owned_blocks(&map, &mut |e| owned.push(e)) {
                 self.problem(
                     ProblemKind::BlockOutsideData,
                     at,
@@ -634,10 +682,8 @@ impl Checker<'_> {
                     && mapped_end < size_blocks
                 {
                     let span = size_blocks.min(crate::fs::MAX_FILE_SIZE / BLOCK_SIZE);
-                    let mut runs = Vec::new();
-                    fs.map
-                        .lookup(&map, mapped_end, span - mapped_end, &mut runs)?;
-                    if let Some(upto) = runs.iter().map(|r| r.lblk + r.len).max() {
+                    let past = mapped(mapped_end, span - mapped_end)?;
+                    if let Some(upto) = past.iter().map(|r| r.lblk + r.len).max() {
                         self.problem(
                             ProblemKind::MappedEnd,
                             fs.inodes.field(ino, field::MAPPED_END),
@@ -656,11 +702,12 @@ impl Checker<'_> {
                     .len
                     .max(1)
                     .min((crate::fs::MAX_FILE_SIZE / BLOCK_SIZE).saturating_sub(eof));
-                let mut runs = Vec::new();
-                if span > 0 {
-                    fs.map.lookup(&map, eof, span, &mut runs)?;
-                }
-                if let Some(last) = runs.last() {
+                let past = if span > 0 {
+                    mapped(eof, span)?
+                } else {
+                    Vec::new()
+                };
+                if let Some(last) = past.last() {
                     self.problem(
                         ProblemKind::BlocksBeyondEof,
                         at,
@@ -694,6 +741,20 @@ impl Checker<'_> {
         }
         Ok(())
     }
+}
+
+/// The parts of `runs` (sorted by logical block, disjoint) inside `[from, end)`.
+fn clip(runs: &[Run], from: u64, end: u64) -> Vec<Run> {
+    runs.iter()
+        .filter_map(|r| {
+            let (s, e) = (r.lblk.max(from), (r.lblk + r.len).min(end));
+            (s < e).then(|| Run {
+                lblk: s,
+                pblk: BlockNo(r.pblk.0 + (s - r.lblk)),
+                len: e - s,
+            })
+        })
+        .collect()
 }
 
 fn examine(fs: &Fs, src: SbSource, clean: bool) -> Result<(Report, Model)> {
@@ -984,9 +1045,8 @@ fn fix(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
             Ok(())
         })?;
         let mut used = Vec::new();
+        fs.owned_by(&now_live, &mut |e| used.push(e))?;
         for ino in now_live {
-            let f = fs.map.open_file(fs.file_id(ino))?;
-            fs.map.owned_blocks(&f, &mut |e| used.push(e))?;
             log_blocks(fs, ino, &mut used)?;
         }
         used.sort();

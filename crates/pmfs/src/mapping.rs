@@ -32,6 +32,7 @@ pub(crate) trait Mapper: Send + Sync {
     fn replace_many(&self, f: &MapFile, runs: &[Run]) -> Result<u64>;
     fn remove_file(&self, f: &MapFile) -> Result<()>;
     fn owned_blocks(&self, f: &MapFile, visit: &mut dyn FnMut(Extent)) -> Result<()>;
+    fn visit_all(&self, visit: &mut dyn FnMut(u64, Run)) -> Result<bool>;
     fn recover(&self) -> Result<()>;
 }
 
@@ -88,6 +89,10 @@ where
 
     fn owned_blocks(&self, f: &MapFile, visit: &mut dyn FnMut(Extent)) -> Result<()> {
         Ok(FileMapping::owned_blocks(self, handle(f)?, visit)?)
+    }
+
+    fn visit_all(&self, visit: &mut dyn FnMut(u64, Run)) -> Result<bool> {
+        Ok(FileMapping::visit_all(self, visit)?)
     }
 
     fn recover(&self) -> Result<()> {

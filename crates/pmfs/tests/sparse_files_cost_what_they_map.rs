@@ -10,12 +10,10 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use pmfs::{Ino, MappingKind, OpenMode, OpenNode, Owner, SeekTarget, Volume, fsck};
-use pmfs_core::layout::PmOff;
-use pmfs_core::pm::{HeapRegion, Media};
 
+use common::counting::Counting;
 use common::{KINDS, options};
 
 const BS: u64 = 4096;
@@ -40,68 +38,9 @@ const RW: OpenMode = OpenMode {
     truncate: false,
 };
 
-/// A heap region that counts the words read from it, and hands out no direct access to its
-/// words (every read goes through the count).
-struct Counting {
-    inner: HeapRegion,
-    words: AtomicU64,
-}
-
-impl Counting {
-    fn words(&self) -> u64 {
-        self.words.load(Ordering::Relaxed)
-    }
-}
-
-impl Media for Counting {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn read(&self, off: PmOff, buf: &mut [u8]) -> pmfs_core::Result<()> {
-        self.words
-            .fetch_add((buf.len() as u64).div_ceil(8), Ordering::Relaxed);
-        self.inner.read(off, buf)
-    }
-    fn write(&self, off: PmOff, src: &[u8]) -> pmfs_core::Result<()> {
-        self.inner.write(off, src)
-    }
-    fn write_nt(&self, off: PmOff, src: &[u8]) -> pmfs_core::Result<()> {
-        self.inner.write_nt(off, src)
-    }
-    fn fill_nt(&self, off: PmOff, len: u64, byte: u8) -> pmfs_core::Result<()> {
-        self.inner.fill_nt(off, len, byte)
-    }
-    fn flush(&self, off: PmOff, len: u64) -> pmfs_core::Result<()> {
-        self.inner.flush(off, len)
-    }
-    fn fence(&self) {
-        self.inner.fence()
-    }
-    fn load_u64(&self, off: PmOff) -> pmfs_core::Result<u64> {
-        self.words.fetch_add(1, Ordering::Relaxed);
-        self.inner.load_u64(off)
-    }
-    fn store_u64(&self, off: PmOff, val: u64) -> pmfs_core::Result<()> {
-        self.inner.store_u64(off, val)
-    }
-    fn cas_u64(&self, off: PmOff, current: u64, new: u64) -> pmfs_core::Result<Result<u64, u64>> {
-        self.words.fetch_add(1, Ordering::Relaxed);
-        self.inner.cas_u64(off, current, new)
-    }
-}
-
-/// Runs `op` and checks that it loaded fewer than `limit` words.
-fn costs<T>(media: &Counting, limit: u64, what: &str, op: impl FnOnce() -> T) -> T {
-    let before = media.words();
-    let out = op();
-    let loaded = media.words() - before;
-    assert!(loaded < limit, "{what}: {loaded} words loaded");
-    out
-}
-
-/// [`costs`] with [`LIMIT`].
+/// [`Counting::costs`] with [`LIMIT`].
 fn cheap<T>(media: &Counting, what: &str, op: impl FnOnce() -> T) -> T {
-    costs(media, LIMIT, what, op)
+    media.costs(LIMIT, what, op)
 }
 
 fn open(vol: &Volume, ino: Ino) -> OpenNode {
@@ -111,10 +50,7 @@ fn open(vol: &Volume, ino: Ino) -> OpenNode {
 #[test]
 fn seeks_counts_and_truncations_of_a_sparse_file_read_what_it_maps() {
     for kind in KINDS {
-        let media = Arc::new(Counting {
-            inner: HeapRegion::new(VOLUME).unwrap(),
-            words: AtomicU64::new(0),
-        });
+        let media = Arc::new(Counting::new(VOLUME));
         let vol = Volume::format(media.clone(), &options(kind)).unwrap();
         let who = Owner { uid: 0, gid: 0 };
         let (attr, f, _) = vol
@@ -149,12 +85,9 @@ fn seeks_counts_and_truncations_of_a_sparse_file_read_what_it_maps() {
         // The hashed structures have no order to skip a hole by: one pass over their table.
         let hashed = matches!(kind, MappingKind::Cuckoo | MappingKind::HashFs);
         let limit = if hashed { LIMIT + TABLE_PASS } else { LIMIT };
-        costs(
-            &media,
-            limit,
-            &what("SEEK_DATA to a digested write"),
-            || assert_eq!(f.seek(BS, SeekTarget::Data).unwrap(), Some(far - 5)),
-        );
+        media.costs(limit, &what("SEEK_DATA to a digested write"), || {
+            assert_eq!(f.seek(BS, SeekTarget::Data).unwrap(), Some(far - 5))
+        });
         assert_eq!(
             f.seek(far, SeekTarget::Hole).unwrap(),
             Some((far / BS + 1) * BS)
@@ -166,12 +99,9 @@ fn seeks_counts_and_truncations_of_a_sparse_file_read_what_it_maps() {
 
         // A truncation below the far block unmaps it (a lookup of the hole before it); one
         // from the sparse size down to the data again looks at nothing.
-        costs(
-            &media,
-            limit,
-            &what("truncation to below a far block"),
-            || f.set_len(BS).unwrap(),
-        );
+        media.costs(limit, &what("truncation to below a far block"), || {
+            f.set_len(BS).unwrap()
+        });
         assert_eq!(f.seek(0, SeekTarget::Data).unwrap(), Some(0));
         assert_eq!(vol.getattr(ino).unwrap().blocks, units(1));
         f.set_len(HUGE).unwrap();

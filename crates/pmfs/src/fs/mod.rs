@@ -6,7 +6,8 @@
 //!
 //! After a clean close (mount-state word `CLEAN`) mounting reads the superblock, scans the
 //! inode table to rebuild the inode free list and, for a volatile allocator, rebuilds the
-//! allocator from the blocks of the live inodes and of their logs. Every regular file's log is
+//! allocator from the blocks of the live inodes and of their logs (one pass over the table on
+//! the hashed structures, whatever the number of files). Every regular file's log is
 //! repaired (`log::recover`: pins, flags and a tail beyond a hole) and its digest holder reset,
 //! then digested (a clean close digested them all already, so this finds nothing unless a
 //! data-only client died). On HashFS, the log blocks that no log names any more are freed:
@@ -39,6 +40,7 @@
 pub(crate) mod data;
 pub(crate) mod ns;
 pub(crate) mod path;
+mod used;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -59,6 +61,8 @@ use crate::inode::{Handle, InodeRaw, InodeTable, Kind, LIVE, field, flag};
 use crate::journal::{Cleanup, Journal};
 use crate::mapping::{MapFile, Mapper};
 use crate::parts::{self, FreeCount, Pm, Stager};
+
+use self::used::UsedBlocks;
 
 /// Largest file size: 2^32 blocks (the logical-block limit of the global tables) less the
 /// top of a file's logical space, where HashFS keeps the file's log blocks
@@ -547,37 +551,28 @@ impl Fs {
         if let Some(alloc) = &fs.alloc
             && (!clean || !parts::alloc_is_persistent(geo.allocator))
         {
-            let mut used: Vec<Extent> = Vec::new();
+            let mut used = UsedBlocks::new(geo.data_extent());
             for &ino in &logged {
                 fs.log_used(ino, &mut used)?;
             }
-            let mut collect = |h: Handle| -> Result<()> {
-                let f = fs.map.open_file(fs.file_id(h.ino))?;
-                fs.map.owned_blocks(&f, &mut |e| used.push(e))
-            };
-            for l in &live {
-                collect(l.h)?;
-            }
-            for c in &recovered.cleanups {
-                if let Cleanup::ReleaseIfDead { inode } = *c
-                    && !live.iter().any(|l| l.h.ino == inode.ino)
-                {
-                    collect(inode)?;
-                }
-            }
+            // The live inodes, and those whose release was under way at the crash.
+            let mut owners: Vec<u32> = live.iter().map(|l| l.h.ino).collect();
+            owners.extend(recovered.cleanups.iter().filter_map(|c| match *c {
+                Cleanup::ReleaseIfDead { inode } => Some(inode.ino),
+                _ => None,
+            }));
+            owners.sort_unstable();
+            owners.dedup();
             // An entry whose digest was under way at the crash names blocks the mapping
-            // reports too: merge overlaps.
-            used.sort_unstable_by_key(|e| e.start);
-            let mut merged: Vec<Extent> = Vec::with_capacity(used.len());
-            for e in used {
-                match merged.last_mut() {
-                    Some(l) if e.start.0 <= l.start.0 + l.len => {
-                        l.len = l.len.max(e.start.0 + e.len - l.start.0);
-                    }
-                    _ => merged.push(e),
+            // reports too: the set takes them twice.
+            let mut marked = Ok(());
+            fs.owned_by(&owners, &mut |e| {
+                if marked.is_ok() {
+                    marked = used.mark(e);
                 }
-            }
-            alloc.rebuild(&mut merged.into_iter())?;
+            })?;
+            marked?;
+            alloc.rebuild(&mut used.extents())?;
         }
 
         let t0 = wall_ns();
@@ -1263,18 +1258,44 @@ impl Fs {
         done
     }
 
+    /// Calls `visit` with the blocks the mappings of inodes `inos` own: in one pass over the
+    /// table on the structures that keep all files in one
+    /// ([`visit_all`](pmfs_core::traits::FileMapping::visit_all)), by a walk of each file's
+    /// structure on the others. For exclusive use (mount, fsck).
+    pub(crate) fn owned_by(&self, inos: &[u32], visit: &mut dyn FnMut(Extent)) -> Result<()> {
+        let wanted: HashSet<u64> = inos.iter().map(|&i| u64::from(i)).collect();
+        let global = self.map.visit_all(&mut |ino, r| {
+            if wanted.contains(&ino) {
+                visit(r.extent());
+            }
+        })?;
+        if !global {
+            for &ino in inos {
+                let f = self.map.open_file(self.file_id(ino))?;
+                self.map.owned_blocks(&f, visit)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Adds the blocks inode `ino`'s log holds to `used`: its own blocks and the data blocks
     /// of the entries not digested yet (mount, before the allocator rebuild).
-    fn log_used(&self, ino: u32, used: &mut Vec<Extent>) -> Result<()> {
+    fn log_used(&self, ino: u32, used: &mut UsedBlocks) -> Result<()> {
         let m = self.m();
         let root = self.inodes.field(ino, field::LOG);
-        pmfs_core::log::owned_blocks(m, root, &mut |b| used.push(Extent::new(b, 1)))?;
+        let mut blocks = Vec::new();
+        pmfs_core::log::owned_blocks(m, root, &mut |b| blocks.push(b))?;
+        for b in blocks {
+            used.mark(Extent::new(b, 1))?;
+        }
         let log = self.open_log(ino)?;
         let from = log.digested(self.inodes.field(ino, field::DIGEST))?;
         let collected = (|| -> Result<()> {
             for item in log.iter_from_lsn(from)? {
                 if let (_, pmfs_core::log::Entry::Write { runs, .. }) = item? {
-                    used.extend(runs.iter().map(|r| Extent::new(r.pblk, r.len)));
+                    for r in runs.iter() {
+                        used.mark(Extent::new(r.pblk, r.len))?;
+                    }
                 }
             }
             Ok(())

@@ -2,6 +2,7 @@
 //! comparable snapshot of a whole namespace.
 #![allow(dead_code)]
 
+pub mod counting;
 pub mod crash;
 
 use std::collections::BTreeMap;
