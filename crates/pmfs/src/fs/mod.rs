@@ -1044,7 +1044,10 @@ impl Fs {
 
     /// Frees the blocks of incarnation `h` and makes its record free. A no-op if `h` is not
     /// live. `thorough` releases everything the mapping holds for the inode (recovery, where
-    /// blocks beyond the end of file may exist); otherwise only the blocks below end of file.
+    /// blocks beyond the end of file may exist); otherwise only the blocks below the mapped
+    /// bound of a file with a log and below the end of other inodes, and the
+    /// extended-attribute blocks (on the hashed structures, where freeing everything is a pass
+    /// over the table).
     ///
     /// A regular file's log is digested first; if another process still has the log open
     /// (its pin count in the head word), nothing is freed: the inode stays an orphan, which
@@ -1113,16 +1116,21 @@ impl Fs {
         {
             return self.defer_release(h, held, t.data().len);
         }
-        let blocks = rec.size.div_ceil(BLOCK_SIZE);
-        if self.map.kind() == MappingKind::HashFs
+        // The blocks of a file with a log lie below its mapped bound; those of other inodes
+        // below their end.
+        let bound = if has_log {
+            held
+        } else {
+            rec.size.div_ceil(BLOCK_SIZE)
+        };
+        if matches!(self.map.kind(), MappingKind::HashFs | MappingKind::Cuckoo)
             && !thorough
-            && !has_log
-            && blocks <= MAX_FILE_SIZE / BLOCK_SIZE
+            && bound <= MAX_FILE_SIZE / BLOCK_SIZE
         {
-            // The global table has no per-file structure to free: removing the file's
-            // blocks below end of file (there are none beyond it) avoids a table scan.
-            if blocks > 0 {
-                self.map.remove(f, 0, blocks)?;
+            // A global table has no per-file structure to free: removing the blocks below
+            // the bound and the extended-attribute blocks avoids a pass over the table.
+            if bound > 0 {
+                self.map.remove(f, 0, bound)?;
             }
             self.map
                 .remove(f, crate::xattr::XATTR_LBLK, crate::xattr::XATTR_BLOCKS)?;
