@@ -140,7 +140,9 @@ pub struct Report {
     pub staged_blocks: u64,
     /// Blocks owned by files (data and mapping nodes).
     pub used_blocks: u64,
-    /// Free blocks as the allocator (or HashFS table) counts them.
+    /// Free blocks as the HashFS table or a persistent allocator's state counts them (the
+    /// baseline bitmap of a cleanly closed volume); for an allocator the mount rebuilds from
+    /// the files' blocks (CFFS, and any after a crash), the data region less the used blocks.
     pub free_blocks: u64,
 }
 
@@ -721,10 +723,16 @@ impl Checker<'_> {
             }
         }
         self.report.used_blocks = used;
-        let free = fs.free_blocks()?;
-        self.report.free_blocks = free;
         let accountable =
             fs.alloc.is_none() || self.clean && crate::parts::alloc_is_persistent(fs.geo.allocator);
+        // A volatile allocator, or a persistent one a crash left behind, is rebuilt by the
+        // mount from the files' blocks: what is free then is what they leave.
+        let free = if accountable {
+            fs.free_blocks()?
+        } else {
+            data.len.saturating_sub(used)
+        };
+        self.report.free_blocks = free;
         if let crate::parts::Stager::Hash(t) = &fs.stage {
             self.report.staged_blocks = t.count_staged()?;
         }
