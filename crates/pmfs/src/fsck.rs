@@ -584,18 +584,7 @@ impl Checker<'_> {
         if !matches!(pass, Ok(true)) {
             return None;
         }
-        for runs in by_ino.values_mut() {
-            runs.sort_unstable_by_key(|r| r.lblk);
-            let mut end = 0u64;
-            runs.retain_mut(|r| {
-                let skip = end.saturating_sub(r.lblk).min(r.len);
-                r.lblk += skip;
-                r.pblk.0 += skip;
-                r.len -= skip;
-                end = end.max(r.lblk + r.len);
-                r.len > 0
-            });
-        }
+        by_ino.values_mut().for_each(sort_runs);
         Some(by_ino)
     }
 
@@ -749,6 +738,21 @@ impl Checker<'_> {
         }
         Ok(())
     }
+}
+
+/// Sorts `runs` by logical block and cuts from each the blocks a run before it maps already,
+/// as a lookup keeps one mapping of a block a damaged table holds twice.
+fn sort_runs(runs: &mut Vec<Run>) {
+    runs.sort_unstable_by_key(|r| r.lblk);
+    let mut end = 0u64;
+    runs.retain_mut(|r| {
+        let skip = end.saturating_sub(r.lblk).min(r.len);
+        r.lblk += skip;
+        r.pblk.0 += skip;
+        r.len -= skip;
+        end = end.max(r.lblk + r.len);
+        r.len > 0
+    });
 }
 
 /// The parts of `runs` (sorted by logical block, disjoint) inside `[from, end)`.
@@ -1128,4 +1132,41 @@ fn attach(fs: &Fs, lf: Handle, info: &Info, actions: &mut Vec<String>) -> Result
         info.h.ino
     ));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(lblk: u64, pblk: u64, len: u64) -> Run {
+        Run {
+            lblk,
+            pblk: BlockNo(pblk),
+            len,
+        }
+    }
+
+    #[test]
+    fn runs_of_a_pass_are_sorted_and_blocks_mapped_twice_kept_once() {
+        let mut runs = vec![
+            run(20, 500, 4),
+            run(0, 100, 8),
+            run(4, 300, 2),
+            run(6, 302, 4),
+            run(21, 900, 1),
+        ];
+        sort_runs(&mut runs);
+        assert_eq!(runs, [run(0, 100, 8), run(8, 304, 2), run(20, 500, 4)]);
+    }
+
+    #[test]
+    fn clipping_keeps_the_blocks_of_a_range() {
+        let runs = [run(0, 100, 8), run(8, 304, 2), run(20, 500, 4)];
+        assert_eq!(
+            clip(&runs, 6, 22),
+            [run(6, 106, 2), run(8, 304, 2), run(20, 500, 2)]
+        );
+        assert_eq!(clip(&runs, 10, 20), []);
+        assert_eq!(clip(&runs, 23, u64::MAX), [run(23, 503, 1)]);
+    }
 }
