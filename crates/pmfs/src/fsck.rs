@@ -36,7 +36,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 
-use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
+use pmfs_core::layout::{BLOCK_SIZE, PmOff};
 use pmfs_core::pm::Media;
 use pmfs_core::traits::{Extent, Run};
 
@@ -745,28 +745,19 @@ impl Checker<'_> {
 fn sort_runs(runs: &mut Vec<Run>) {
     runs.sort_unstable_by_key(|r| r.lblk);
     let mut end = 0u64;
-    runs.retain_mut(|r| {
-        let skip = end.saturating_sub(r.lblk).min(r.len);
-        r.lblk += skip;
-        r.pblk.0 += skip;
-        r.len -= skip;
-        end = end.max(r.lblk + r.len);
-        r.len > 0
-    });
+    *runs = runs
+        .iter()
+        .filter_map(|r| {
+            let kept = r.within(end, u64::MAX)?;
+            end = kept.lblk + kept.len;
+            Some(kept)
+        })
+        .collect();
 }
 
 /// The parts of `runs` (sorted by logical block, disjoint) inside `[from, end)`.
 fn clip(runs: &[Run], from: u64, end: u64) -> Vec<Run> {
-    runs.iter()
-        .filter_map(|r| {
-            let (s, e) = (r.lblk.max(from), (r.lblk + r.len).min(end));
-            (s < e).then(|| Run {
-                lblk: s,
-                pblk: BlockNo(r.pblk.0 + (s - r.lblk)),
-                len: e - s,
-            })
-        })
-        .collect()
+    runs.iter().filter_map(|r| r.within(from, end)).collect()
 }
 
 fn examine(fs: &Fs, src: SbSource, clean: bool) -> Result<(Report, Model)> {
@@ -1136,6 +1127,8 @@ fn attach(fs: &Fs, lf: Handle, info: &Info, actions: &mut Vec<String>) -> Result
 
 #[cfg(test)]
 mod tests {
+    use pmfs_core::layout::BlockNo;
+
     use super::*;
 
     fn run(lblk: u64, pblk: u64, len: u64) -> Run {

@@ -38,6 +38,16 @@ impl Run {
     pub fn extent(&self) -> Extent {
         Extent::new(self.pblk, self.len)
     }
+
+    /// The part of the run inside logical blocks `[from, end)`, if any.
+    pub fn within(&self, from: u64, end: u64) -> Option<Run> {
+        let (s, e) = (self.lblk.max(from), (self.lblk + self.len).min(end));
+        (s < e).then(|| Run {
+            lblk: s,
+            pblk: BlockNo(self.pblk.0 + (s - self.lblk)),
+            len: e - s,
+        })
+    }
 }
 
 /// Identifies a file to a mapping structure.
@@ -245,4 +255,29 @@ pub fn merge_runs(runs: &[Run]) -> Vec<Run> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(lblk: u64, pblk: u64, len: u64) -> Run {
+        Run {
+            lblk,
+            pblk: BlockNo(pblk),
+            len,
+        }
+    }
+
+    #[test]
+    fn within_keeps_the_blocks_of_a_range() {
+        let r = run(10, 100, 8);
+        assert_eq!(r.within(0, u64::MAX), Some(r));
+        assert_eq!(r.within(12, 15), Some(run(12, 102, 3)));
+        assert_eq!(r.within(0, 11), Some(run(10, 100, 1)));
+        assert_eq!(r.within(17, 30), Some(run(17, 107, 1)));
+        assert_eq!(r.within(18, 30), None);
+        assert_eq!(r.within(0, 10), None);
+        assert_eq!(r.within(14, 12), None);
+    }
 }

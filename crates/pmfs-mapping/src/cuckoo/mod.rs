@@ -256,22 +256,7 @@ impl Drop for InsertRunning<'_> {
 fn cut_out(out: &mut Vec<Run>, first: usize, lblk: u64, end: u64) {
     let kept: Vec<Run> = out
         .drain(first..)
-        .flat_map(|r| {
-            let (a, b) = (r.lblk, r.lblk + r.len);
-            let left = (a < lblk).then(|| Run {
-                len: b.min(lblk) - a,
-                ..r
-            });
-            let right = (b > end).then(|| {
-                let s = a.max(end);
-                Run {
-                    lblk: s,
-                    pblk: BlockNo(r.pblk.0 + (s - a)),
-                    len: b - s,
-                }
-            });
-            left.into_iter().chain(right)
-        })
+        .flat_map(|r| r.within(0, lblk).into_iter().chain(r.within(end, u64::MAX)))
         .collect();
     out.extend(kept);
 }

@@ -317,20 +317,14 @@ impl Fs {
             let end = sg.lblk + sg.len;
             let mut at = sg.lblk;
             for r in &runs {
-                let (rs, re) = (r.lblk.max(at), (r.lblk + r.len).min(end));
-                if rs >= re {
+                let Some(run) = r.within(at, end) else {
                     continue;
-                }
-                if rs > at && holes {
-                    cow.push(sub(sg, at, rs - at));
-                }
-                let run = Run {
-                    lblk: rs,
-                    pblk: BlockNo(r.pblk.0 + (rs - r.lblk)),
-                    len: re - rs,
                 };
-                own.push((run, sub(sg, rs, re - rs)));
-                at = re;
+                if run.lblk > at && holes {
+                    cow.push(sub(sg, at, run.lblk - at));
+                }
+                own.push((run, sub(sg, run.lblk, run.len)));
+                at = run.lblk + run.len;
             }
             if end > at && holes {
                 cow.push(sub(sg, at, end - at));
