@@ -1132,11 +1132,7 @@ mod tests {
     use super::*;
 
     fn run(lblk: u64, pblk: u64, len: u64) -> Run {
-        Run {
-            lblk,
-            pblk: BlockNo(pblk),
-            len,
-        }
+        Run::new(lblk, BlockNo(pblk), len)
     }
 
     #[test]

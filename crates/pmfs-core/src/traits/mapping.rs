@@ -34,6 +34,11 @@ pub struct Run {
 pub type Runs = smallvec::SmallVec<[Run; 2]>;
 
 impl Run {
+    /// Logical blocks `[lblk, lblk + len)` at physical blocks `[pblk, pblk + len)`.
+    pub const fn new(lblk: u64, pblk: BlockNo, len: u64) -> Self {
+        Run { lblk, pblk, len }
+    }
+
     /// The physical blocks of the run.
     pub fn extent(&self) -> Extent {
         Extent::new(self.pblk, self.len)
@@ -42,11 +47,7 @@ impl Run {
     /// The part of the run inside logical blocks `[from, end)`, if any.
     pub fn within(&self, from: u64, end: u64) -> Option<Run> {
         let (s, e) = (self.lblk.max(from), (self.lblk + self.len).min(end));
-        (s < e).then(|| Run {
-            lblk: s,
-            pblk: BlockNo(self.pblk.0 + (s - self.lblk)),
-            len: e - s,
-        })
+        (s < e).then(|| Run::new(s, BlockNo(self.pblk.0 + (s - self.lblk)), e - s))
     }
 }
 
@@ -262,11 +263,7 @@ mod tests {
     use super::*;
 
     fn run(lblk: u64, pblk: u64, len: u64) -> Run {
-        Run {
-            lblk,
-            pblk: BlockNo(pblk),
-            len,
-        }
+        Run::new(lblk, BlockNo(pblk), len)
     }
 
     #[test]
