@@ -189,6 +189,9 @@ pub struct CuckooMapping<M, A> {
     intents: IntentTable,
     salt: u64,
     epoch: AtomicU64,
+    /// Opened by [`open_read_only`](Self::open_read_only): the lock epoch is one past the
+    /// region's, no move gate is kept, and every change is refused.
+    read_only: bool,
 }
 
 /// The DRAM handle of one file: its inode number, its two hash seeds, and the inserts made
@@ -403,6 +406,37 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
         Ok(Self::new(media, alloc, meta, buckets, h[5].get(), epoch))
     }
 
+    /// Opens a formatted table for reading alone, as a checker reads a volume that no process
+    /// uses, whether or not it was closed cleanly: the bucket locks and the move gate a dead
+    /// process left behind are ignored, as they are once [`recover`](FileMapping::recover)
+    /// has started a new lock epoch and reopened the gate, but nothing is written. Lookups
+    /// see what the crash left (an entry halfway through a move, say, in both its buckets).
+    /// Every change through the handle fails with [`Error::Unsupported`], and so does
+    /// `recover`; a process changing the region meanwhile is not noticed.
+    pub fn open_read_only(media: M, meta: Extent, alloc: Arc<A>) -> Result<Self> {
+        let mut t = Self::open(media, meta, alloc)?;
+        let epoch = t.epoch.get_mut();
+        *epoch = (*epoch + 1) & 0xffff_ffff;
+        t.read_only = true;
+        Ok(t)
+    }
+
+    /// Fails if the table was opened read-only.
+    fn writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::Unsupported(
+                "changing a cuckoo table opened read-only",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A free intent record, for a change.
+    fn intent(&self) -> Result<Intent<'_, M>> {
+        self.writable()?;
+        self.intents.acquire(&self.media)
+    }
+
     fn new(media: M, alloc: Arc<A>, meta: Extent, buckets: u64, salt: u64, epoch: u64) -> Self {
         Self {
             media,
@@ -413,6 +447,7 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
             intents: IntentTable::new((meta.start + 1).offset(), INTENT_RECORDS, INTENT_LINES),
             salt,
             epoch: AtomicU64::new(epoch),
+            read_only: false,
         }
     }
 
@@ -530,8 +565,12 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
     /// (missed) or the other way round (seen twice). The gate word counts moves started and
     /// finished; a pass is accepted if no move was in flight when it began and none started
     /// until it ended. After [`GATE_TRIES`] overlapped passes the scanner stops new moves,
-    /// waits for the running ones and scans once more.
+    /// waits for the running ones and scans once more. A read-only table scans at once: no
+    /// move runs beside it, and the gate word may be one a dead process left.
     fn gated<T>(&self, mut scan: impl FnMut() -> Result<T>) -> Result<T> {
+        if self.read_only {
+            return scan();
+        }
         let off = self.gate_off();
         let quiet = |w: u64| w & GATE_FROZEN == 0 && (w >> 32) & GATE_COUNT == w & GATE_COUNT;
         for _ in 0..GATE_TRIES {
@@ -614,6 +653,7 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
     }
 
     fn lock_one(&self, b: u64) -> Result<u64> {
+        self.writable()?;
         let off = self.bucket_off(b);
         let mut backoff = Backoff::default();
         loop {
@@ -1005,7 +1045,7 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
         runs: &[Extent],
         give_back: impl FnOnce(&[Extent]) -> Result<()>,
     ) -> Result<()> {
-        let mut intent = match self.intents.acquire(&self.media) {
+        let mut intent = match self.intent() {
             Ok(i) => i,
             Err(e) => {
                 give_back(runs)?;
@@ -1201,7 +1241,7 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
         if len == 1 && left == lblk && right == end {
             return self.apply_replace(file.ino, fields, dirty);
         }
-        let mut intent = self.intents.acquire(&self.media)?;
+        let mut intent = self.intent()?;
         intent.begin(OP_REPLACE, [file.ino, lblk, end, pblk, left, right])?;
         self.apply_replace(file.ino, fields, dirty)?;
         self.flush_buckets(dirty)?;
@@ -1462,7 +1502,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
             Some(v) => (end - 1 + v.size).min(LBLK_LIMIT),
             None => end,
         };
-        let mut intent = self.intents.acquire(&self.media)?;
+        let mut intent = self.intent()?;
         intent.begin(OP_REMOVE, [file.ino, lblk, end, left, right, 0])?;
         let mut dirty = Vec::new();
         self.apply_remove(file.ino, [lblk, end, left, right], &mut dirty)?;
@@ -1561,6 +1601,7 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
     }
 
     fn recover(&self) -> Result<()> {
+        self.writable()?;
         let epoch_at = self.meta.start.offset() + EPOCH_OFF;
         let epoch = (self.media.load_u64(epoch_at)? + 1) & 0xffff_ffff;
         self.media.store_u64_persist(epoch_at, epoch)?;
@@ -1993,6 +2034,59 @@ mod tests {
         out.clear();
         t.lookup(&f, 0, 1, &mut out).unwrap();
         assert_eq!(out.len(), 1);
+    }
+
+    /// A table a dead process left with a bucket locked and the move gate closed: a
+    /// read-only handle reads through both at once, and writes nothing.
+    #[test]
+    fn a_read_only_table_ignores_a_dead_processs_lock_and_gate() {
+        let t = table(100);
+        let f = file(&t, 1);
+        let mut out = Vec::new();
+        t.insert(&f, 0, 3, &mut out).unwrap();
+        let want = blocks(&t, &f);
+        let (b1, _) = t.key_buckets(Key::new(1, 0));
+        let w = t.media.load_u64(t.bucket_off(b1)).unwrap();
+        t.media
+            .store_u64(t.bucket_off(b1), t.lock_rule().locked(w))
+            .unwrap();
+        t.media.store_u64(t.gate_off(), GATE_FROZEN).unwrap();
+        let image = |t: &Table| {
+            let mut v = vec![0u8; t.media.size() as usize];
+            t.media.read(PmOff(0), &mut v).unwrap();
+            v
+        };
+        let before = image(&t);
+
+        let ro = CuckooMapping::open_read_only(t.media.clone(), t.meta, t.alloc.clone()).unwrap();
+        let g = file(&ro, 1);
+        // A lookup of one block probes its buckets; one of the whole file scans the table
+        // under the gate. Before recovery either would wait for the dead process and fail.
+        let one = runs(&ro, &g, 0, 1);
+        assert_eq!(one.len(), 1);
+        assert_eq!((one[0].lblk, one[0].pblk.0), want[0]);
+        assert_eq!(blocks(&ro, &g), want);
+        let mut all = Vec::new();
+        assert!(
+            ro.visit_all(&mut |ino, r| all.push((ino, r.lblk, r.pblk.0)))
+                .unwrap()
+        );
+        all.sort_unstable();
+        let tabled: Vec<_> = want.iter().map(|&(l, p)| (1, l, p)).collect();
+        assert_eq!(all, tabled);
+        for r in [
+            ro.insert(&g, 5, 1, &mut out).map(drop),
+            ro.remove(&g, 0, 1).map(drop),
+            ro.recover(),
+        ] {
+            assert!(matches!(r, Err(Error::Unsupported(_))), "{r:?}");
+        }
+        assert!(image(&t) == before, "the read-only handle wrote");
+        // The read-write handle still waits, and then fails, until recovery.
+        assert!(matches!(
+            t.lookup(&f, 0, 1, &mut out),
+            Err(Error::Corrupt { .. })
+        ));
     }
 
     #[test]
