@@ -6,6 +6,8 @@
 //!   persistent memory), with an `mmap` backend and, behind the `libpmem` feature, a libpmem
 //!   backend; see [`region`](PmRegion) for what "real PM" means and how the fallback works.
 //! - [`HeapRegion`] is a volatile heap buffer for tests and tools.
+//! - [`ShadowRegion`] is a copy-on-write view of another region that keeps its changes in
+//!   memory (the checker recovers a crashed volume in one).
 //! - [`persist`] holds the raw primitives: `clwb` > `clflushopt` > `clflush` and AVX-512 >
 //!   AVX2 > SSE2 streaming stores chosen at run time, `sfence`, and the eADR switch.
 
@@ -15,7 +17,9 @@ pub mod persist;
 pub mod procs;
 mod raw;
 mod region;
+mod shadow;
 
 pub use heap::HeapRegion;
 pub use media::{Media, MediaExt};
 pub use region::{Backend, MIN_POOL_SIZE, PmRegion, preallocate};
+pub use shadow::ShadowRegion;
