@@ -1,7 +1,9 @@
 //! The file-system checker.
 //!
 //! [`check`] examines an unmounted volume without writing to it and lists every violated
-//! invariant with its location:
+//! invariant with its location. A volume that was not closed cleanly is examined as its
+//! next mount's recovery will leave it, recovered in memory on a
+//! [`ShadowRegion`] (see [`check`]). The invariants:
 //!
 //! - superblock: the primary is valid, the backup equals it; the volume was closed cleanly;
 //! - journal: every slot is idle;
@@ -17,11 +19,11 @@
 //!   owned once, each log's chain and entries are readable as mount's recovery reads them and
 //!   its digest cursor lies within it, no file maps blocks past both its end and its
 //!   `MAPPED_END` word (nor, on a cleanly closed volume of a format that makes the word the
-//!   bound, past the word alone), and used + free equals the data region (no leak) where the
-//!   free count is the allocator's persistent state (the baseline bitmap) or the HashFS table,
-//!   the bitmap only on a cleanly closed volume (it is synced at the clean close, and rebuilt
-//!   by the mount after any other end). A cleanly closed volume has every log digested, so
-//!   the blocks of undigested entries are not counted.
+//!   bound, past the word alone, unless it is an orphan), and used + free equals the data
+//!   region (no leak) where the free count is the allocator's persistent state (the baseline
+//!   bitmap) or the HashFS table, the bitmap only on a cleanly closed volume (it is synced at
+//!   the clean close, and rebuilt by the mount after any other end). A cleanly closed volume
+//!   has every log digested, so the blocks of undigested entries are not counted.
 //!
 //! [`repair`] mounts the volume (which runs crash recovery when needed), then fixes what can
 //! be fixed without guessing: it restores a damaged superblock copy, drops entries naming
@@ -37,7 +39,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use pmfs_core::layout::{BLOCK_SIZE, PmOff};
-use pmfs_core::pm::Media;
+use pmfs_core::pm::{Media, ShadowRegion};
 use pmfs_core::traits::{Extent, Run};
 
 use crate::dir::page::{PAGE, PageView, Pending};
@@ -161,7 +163,7 @@ impl Report {
 /// The result of a repair.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Repair {
-    /// The problems before repairing.
+    /// The problems before repairing, as [`check`] reports them.
     pub before: Report,
     /// What was done, one line per action.
     pub actions: Vec<String>,
@@ -595,6 +597,7 @@ impl Checker<'_> {
         live.sort_by_key(|i| i.h.ino);
         let mut used = 0u64;
         let mut tabled = self.tabled_runs();
+        let orphans: HashSet<u64> = self.report.orphans.iter().copied().collect();
         for info in live {
             let ino = info.h.ino;
             let at = self.inode_at(ino);
@@ -666,9 +669,11 @@ impl Checker<'_> {
                 let eof = size_blocks.max(mapped_end);
                 // From MAPPED_END_VERSION on the word alone bounds the mapped blocks, once the
                 // logs are digested (a crash may leave the word of an unfinished digest
-                // behind, which the mount's digest raises again).
+                // behind, which the mount's digest raises again). Not on an orphan: freeing a
+                // file zeroes the word first, and the mount frees what a crash left halfway.
                 if info.kind == Some(Kind::File)
                     && self.clean
+                    && !orphans.contains(&u64::from(ino))
                     && fs.geo.version >= format::MAPPED_END_VERSION
                     && mapped_end < size_blocks
                 {
@@ -760,7 +765,16 @@ fn clip(runs: &[Run], from: u64, end: u64) -> Vec<Run> {
     runs.iter().filter_map(|r| r.within(from, end)).collect()
 }
 
-fn examine(fs: &Fs, src: SbSource, clean: bool) -> Result<(Report, Model)> {
+/// Examines `fs`, opened with [`Fs::open_for_check`] from superblock copy `src`. `clean`
+/// says whether it was closed cleanly; `crashed`, the detail of a [`ProblemKind::NotClean`]
+/// problem to report first (a volume recovered on a shadow for the check was closed cleanly
+/// there, but not where it came from).
+fn examine(
+    fs: &Fs,
+    src: SbSource,
+    clean: bool,
+    crashed: Option<String>,
+) -> Result<(Report, Model)> {
     let mut c = Checker {
         fs,
         clean,
@@ -783,13 +797,8 @@ fn examine(fs: &Fs, src: SbSource, clean: bool) -> Result<(Report, Model)> {
             "backup superblock differs from the primary".into(),
         );
     }
-    if !clean {
-        c.problem(
-            ProblemKind::NotClean,
-            format::MOUNT_STATE_OFF,
-            None,
-            "volume was not closed cleanly; mounting will recover it".into(),
-        );
+    if let Some(detail) = crashed {
+        c.problem(ProblemKind::NotClean, format::MOUNT_STATE_OFF, None, detail);
     }
     c.journal()?;
     c.inodes()?;
@@ -804,11 +813,41 @@ fn examine(fs: &Fs, src: SbSource, clean: bool) -> Result<(Report, Model)> {
     Ok((c.report, c.model))
 }
 
+/// The detail of the [`ProblemKind::NotClean`] problem of a volume examined as a crash left
+/// it.
+const AS_LEFT: &str = "volume was not closed cleanly; mounting will recover it";
+
 /// Checks the volume on `media` without writing to it. Fails only when the volume cannot be
 /// examined at all (no valid superblock, no root directory).
+///
+/// A volume that was not closed cleanly is checked as its next mount will leave it: the
+/// check recovers it on a [`ShadowRegion`] over `media`, which keeps what recovery writes in
+/// memory, and examines the result. A crash leaves half-done operations that recovery undoes
+/// or completes (a journal transaction, a directory insertion, an unfinished table update);
+/// they are not damage, and only damage that survives recovery is reported, after the
+/// [`ProblemKind::NotClean`] problem, whose detail says what recovery did. Where recovery
+/// fails, the volume is examined as the crash left it.
 pub fn check(media: Arc<dyn Media>) -> Result<Report> {
-    let (fs, src, clean) = Fs::open_for_check(media)?;
-    examine(&fs, src, clean).map(|(r, _)| r)
+    let (fs, src, clean) = Fs::open_for_check(media.clone())?;
+    if clean {
+        return examine(&fs, src, true, None).map(|(r, _)| r);
+    }
+    let shadow: Arc<dyn Media> = Arc::new(ShadowRegion::new(media)?);
+    let recovered = Fs::mount_for_check(shadow.clone()).and_then(|recovered| {
+        recovered.shutdown()?;
+        Ok(recovered.report)
+    });
+    match recovered {
+        Ok(r) => {
+            let (shadow_fs, _, _) = Fs::open_for_check(shadow)?;
+            let detail = format!("{AS_LEFT} ({r}; checked as recovered)");
+            examine(&shadow_fs, src, true, Some(detail)).map(|(r, _)| r)
+        }
+        Err(e) => {
+            let detail = format!("{AS_LEFT}, but recovery fails ({e}); checked as left");
+            examine(&fs, src, false, Some(detail)).map(|(r, _)| r)
+        }
+    }
 }
 
 /// Sets the link count of each live inode that has names but a zero count to its number of
@@ -838,7 +877,14 @@ pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
     let mut actions = Vec::new();
     let before = {
         let (fs, src, clean) = Fs::open_for_check(media.clone())?;
-        let (before, model) = examine(&fs, src, clean)?;
+        // What a check reports, before anything changes: of a crashed volume, what survives
+        // its recovery. The fixes before mounting below work from the volume as it is.
+        let checked = if clean {
+            None
+        } else {
+            Some(check(media.clone())?)
+        };
+        let (as_left, model) = examine(&fs, src, clean, (!clean).then(|| AS_LEFT.into()))?;
         // Before mounting, which digests every log: a cursor beyond its log's tail (damage
         // took entries the mapping already holds) goes back to the tail, where the next
         // commit lands.
@@ -872,7 +918,7 @@ pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
                 ));
             }
         }
-        before
+        checked.unwrap_or(as_left)
     };
     if before.is_clean() && before.orphans.is_empty() && before.staged_blocks == 0 {
         return Ok(Repair {
@@ -900,7 +946,7 @@ pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
             format::restore_backup(m, &fs.geo)?;
             actions.push("rewrote the backup superblock".into());
         }
-        let (_, model) = examine(&fs, SbSource::Primary, true)?;
+        let (_, model) = examine(&fs, SbSource::Primary, true, None)?;
         fix(&fs, &model, &mut actions)?;
         fs.shutdown()?;
     }

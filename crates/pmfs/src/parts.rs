@@ -43,6 +43,19 @@ pub(crate) enum Stager {
     Hash(Arc<HashFs<Pm>>),
 }
 
+/// How [`build`] comes to the parts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Opening {
+    /// Formats them.
+    Format,
+    /// Opens them for use (recovering them after a crash is the caller's step).
+    Open,
+    /// Opens them for the checker, which only reads: state a dead process left behind that
+    /// recovery would discard (cuckoo bucket locks and move gate) is ignored, and HashFS
+    /// free slots are counted without the tokens that keep a count.
+    Inspect,
+}
+
 /// Blocks of the allocator region for a data region of `data_blocks`.
 pub(crate) fn alloc_meta_blocks(
     mapping: MappingKind,
@@ -76,13 +89,13 @@ pub(crate) fn alloc_is_persistent(kind: AllocatorKind) -> bool {
     }
 }
 
-fn build_alloc(media: &Pm, g: &Geometry, fresh: bool) -> Result<Arc<dyn BlockAllocator>> {
+fn build_alloc(media: &Pm, g: &Geometry, how: Opening) -> Result<Arc<dyn BlockAllocator>> {
     Ok(match g.allocator {
         AllocatorKind::Simple => Arc::new(SimpleAllocator::new(g.data_start, g.data_blocks)),
         AllocatorKind::Cffs => Arc::new(CffsAllocator::new(g.data_start, g.data_blocks)),
         AllocatorKind::Baseline => {
             let area = g.alloc_start.offset();
-            let a = if fresh {
+            let a = if how == Opening::Format {
                 FreeExtentAllocator::format(media.clone(), area, g.data_extent())?
             } else {
                 FreeExtentAllocator::open(media.clone(), area)?
@@ -109,8 +122,9 @@ fn with_alloc(map: Arc<dyn Mapper>, alloc: DynAlloc) -> Parts {
     }
 }
 
-/// Builds the parts of volume `g`: formats them when `fresh`, else opens them.
-pub(crate) fn build(media: &Pm, g: &Geometry, fresh: bool) -> Result<Parts> {
+/// Builds the parts of volume `g`.
+pub(crate) fn build(media: &Pm, g: &Geometry, how: Opening) -> Result<Parts> {
+    let fresh = how == Opening::Format;
     match g.mapping {
         MappingKind::HashFs => {
             let t = Arc::new(if fresh {
@@ -119,25 +133,31 @@ pub(crate) fn build(media: &Pm, g: &Geometry, fresh: bool) -> Result<Parts> {
                 HashFs::open(media.clone(), g.map_extent(), g.data_extent())?
             });
             let counter = t.clone();
+            let free: FreeCount = if how == Opening::Inspect {
+                Box::new(move || Ok(counter.count_free()?))
+            } else {
+                Box::new(move || Ok(counter.free_blocks()?))
+            };
             Ok(Parts {
                 map: t.clone(),
                 stage: Stager::Hash(t),
                 alloc: None,
-                free: Box::new(move || Ok(counter.free_blocks()?)),
+                free,
             })
         }
         MappingKind::Cuckoo => {
-            let alloc = build_alloc(media, g, fresh)?;
+            let alloc = build_alloc(media, g, how)?;
             let shared = Arc::new(alloc.clone());
-            let map = if fresh {
-                CuckooMapping::format(media.clone(), g.map_extent(), shared)?
-            } else {
-                CuckooMapping::open(media.clone(), g.map_extent(), shared)?
+            let (media, meta) = (media.clone(), g.map_extent());
+            let map = match how {
+                Opening::Format => CuckooMapping::format(media, meta, shared)?,
+                Opening::Open => CuckooMapping::open(media, meta, shared)?,
+                Opening::Inspect => CuckooMapping::open_read_only(media, meta, shared)?,
             };
             Ok(with_alloc(Arc::new(map), alloc))
         }
         MappingKind::Extent => {
-            let alloc = build_alloc(media, g, fresh)?;
+            let alloc = build_alloc(media, g, how)?;
             let shared = Arc::new(alloc.clone());
             let map = if fresh {
                 ExtentTree::format(media.clone(), g.map_extent(), shared)?
@@ -147,7 +167,7 @@ pub(crate) fn build(media: &Pm, g: &Geometry, fresh: bool) -> Result<Parts> {
             Ok(with_alloc(Arc::new(map), alloc))
         }
         MappingKind::Radix => {
-            let alloc = build_alloc(media, g, fresh)?;
+            let alloc = build_alloc(media, g, how)?;
             let shared = Arc::new(alloc.clone());
             let map = if fresh {
                 RadixTree::format(media.clone(), g.map_extent(), shared)?

@@ -303,6 +303,40 @@ fn digest_cursor_beyond_the_log_tail_is_found_and_moved_back() {
     }
 }
 
+/// Damage that makes a crashed volume's recovery fail: the check cannot examine the volume
+/// as recovered, so it examines it as the crash left it, says so, and still writes nothing.
+#[test]
+fn a_crashed_volume_whose_recovery_fails_is_checked_as_left() {
+    for kind in KINDS {
+        let (media, info) = populated(kind);
+        let file = ino_of(&media, "/d/e/file");
+        let vol = remount(&media);
+        let crashed = crash_copy(&media);
+        drop(vol);
+        let cursor = PmOff(info.inode_table_offset + file * info.inode_size + 112);
+        let applied = crashed.load_u64(cursor).unwrap();
+        crashed.store_u64(cursor, applied + 40).unwrap();
+        let before = image(&crashed);
+
+        let r = fsck::check(crashed.clone()).unwrap();
+        let kinds: Vec<ProblemKind> = r.problems.iter().map(|p| p.kind).collect();
+        assert_eq!(
+            kinds,
+            [ProblemKind::NotClean, ProblemKind::FileLog],
+            "{kind:?}: {:#?}",
+            r.problems
+        );
+        assert!(
+            r.problems[0].detail.contains("but recovery fails"),
+            "{:?}",
+            r.problems[0]
+        );
+        assert!(image(&crashed) == before, "{kind:?}: the check wrote");
+        repairs(&crashed, "digest cursor");
+        assert_eq!(remount(&crashed).read("/d/e/file").unwrap(), [7u8; 9000]);
+    }
+}
+
 #[test]
 fn a_mapped_end_below_mapped_blocks_is_found_and_raised() {
     for kind in KINDS {

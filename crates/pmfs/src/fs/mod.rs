@@ -32,10 +32,16 @@
 //!    writes that never committed;
 //! 5. loads every live directory in repair mode (undoes half-done inserts, redoes half-done
 //!    removals, drops entries whose inode is dead);
-//! 6. runs the journal cleanups (trims beyond end of file, releases never-live inodes);
+//! 6. runs the journal cleanups (trims beyond end of file, releases never-live inodes) and
+//!    marks the journal idle;
 //! 7. frees orphans: live inodes without links (open-but-unlinked files of the crashed run,
-//!    and removals that zeroed the link count before the crash);
-//! 8. marks the journal idle and rebuilds the inode free list.
+//!    and removals that zeroed the link count before the crash), as every read-write mount
+//!    does;
+//! 8. rebuilds the inode free list.
+//!
+//! The checker recovers a crashed volume the same way on a shadow of it
+//! ([`fsck::check`](crate::fsck::check)), leaving out what a mount collects and the check
+//! counts: step 7 and the dropping of staged slots in step 4.
 
 pub(crate) mod data;
 pub(crate) mod ns;
@@ -60,7 +66,7 @@ use crate::hash::FastMap;
 use crate::inode::{Handle, InodeRaw, InodeTable, Kind, LIVE, field, flag};
 use crate::journal::{Cleanup, Journal};
 use crate::mapping::{MapFile, Mapper};
-use crate::parts::{self, FreeCount, Pm, Stager};
+use crate::parts::{self, FreeCount, Opening, Pm, Stager};
 
 use self::used::UsedBlocks;
 
@@ -338,7 +344,7 @@ impl Fs {
         )?;
         Journal::format(m, &geo)?;
         m.fence();
-        let parts = parts::build(&media, &geo, true)?;
+        let parts = parts::build(&media, &geo, Opening::Format)?;
         let inodes = InodeTable::new(geo);
         let root = Handle {
             ino: ROOT_INO,
@@ -410,6 +416,18 @@ impl Fs {
 
     /// Mounts the volume on `media`, recovering from a crash if it was not closed cleanly.
     pub fn mount(media: Pm, read_only: bool) -> Result<Fs> {
+        Fs::mount_collecting(media, read_only, true)
+    }
+
+    /// Mounts the volume on `media` read-write for the checker, which counts the garbage a
+    /// mount collects: recovers it if it was not closed cleanly, but leaves its orphans and
+    /// (on HashFS) the staged blocks of uncommitted writes.
+    pub fn mount_for_check(media: Pm) -> Result<Fs> {
+        Fs::mount_collecting(media, false, false)
+    }
+
+    /// [`mount`](Fs::mount); `collect` frees orphans and drops staged blocks.
+    fn mount_collecting(media: Pm, read_only: bool, collect: bool) -> Result<Fs> {
         let m = &*media;
         let (mut geo, src) = format::read_superblock(m)?;
         let state = m.load_u64(MOUNT_STATE_OFF)?;
@@ -422,7 +440,7 @@ impl Fs {
             used_backup_superblock: src == SbSource::Backup,
             ..MountReport::default()
         };
-        let parts = parts::build(&media, &geo, false)?;
+        let parts = parts::build(&media, &geo, Opening::Open)?;
         if !clean {
             parts.map.recover()?;
         }
@@ -583,7 +601,9 @@ impl Fs {
         if !read_only && let Stager::Hash(t) = &fs.stage {
             // Staged versions of writes that never committed (every committed one is
             // digested now, which promoted its slots).
-            t.sweep_staged()?;
+            if collect {
+                t.sweep_staged()?;
+            }
             // Log blocks that no log names: retired by a compaction whose process was killed
             // before it freed them or handed them on (see `pmfs_core::log`).
             let mut named: HashMap<u64, HashSet<BlockNo>> = HashMap::new();
@@ -598,7 +618,8 @@ impl Fs {
         }
         if !clean {
             fs.recover(&live, &recovered.cleanups, &mut report)?;
-        } else if !read_only {
+        }
+        if !read_only && collect {
             fs.free_orphans(&live, &mut report)?;
         }
         fs.rebuild_free_list()?;
@@ -630,7 +651,7 @@ impl Fs {
         let m = &*media;
         let (geo, src) = format::read_superblock(m)?;
         let clean = m.load_u64(MOUNT_STATE_OFF)? == STATE_CLEAN;
-        let parts = parts::build(&media, &geo, false)?;
+        let parts = parts::build(&media, &geo, Opening::Inspect)?;
         let inodes = InodeTable::new(geo);
         let root = Handle {
             ino: ROOT_INO,
@@ -656,7 +677,7 @@ impl Fs {
                 "attaching to a volume of an older format (its owner runs an older build)",
             ));
         }
-        let parts = parts::build(&media, &geo, false)?;
+        let parts = parts::build(&media, &geo, Opening::Open)?;
         let inodes = InodeTable::new(geo);
         let root = Handle {
             ino: ROOT_INO,
@@ -668,7 +689,7 @@ impl Fs {
         Ok(fs)
     }
 
-    /// Steps 5–8 of the crash path (see the module documentation).
+    /// Steps 5 and 6 of the crash path (see the module documentation).
     fn recover(
         &self,
         live: &[LiveInode],
@@ -723,8 +744,6 @@ impl Fs {
             }
             report.journal_cleanups += 1;
         }
-
-        self.free_orphans(live, report)?;
         self.journal.reset(m)?;
         Ok(())
     }

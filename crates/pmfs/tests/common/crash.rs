@@ -1,6 +1,7 @@
 //! The crash harness: run one operation on a volume over the crash simulator and check every
-//! post-crash image: recovery succeeds, fsck is clean afterwards, and the namespace equals
-//! the state before or after the operation (after, once the operation returned).
+//! post-crash image: fsck of the image reports the crash alone, recovery succeeds, fsck is
+//! clean afterwards, and the namespace equals the state before or after the operation (after,
+//! once the operation returned).
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use pmfs::{MappingKind, Options, Volume, fsck};
 use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::{Explorer, SimRegion};
 
+use super::crash_image::check_crashed;
 use super::{Snapshot, snapshot};
 
 /// Size of the simulated volumes: one 2 MiB data group after the metadata.
@@ -23,9 +25,10 @@ pub fn sim_options(kind: MappingKind) -> Options {
     }
 }
 
-/// Mounts `image` (recovering it), snapshots it, closes it and runs fsck.
+/// Checks `image` as it is, mounts it (recovering it), snapshots it, closes it and runs fsck.
 pub fn recover_and_check(image: &[u8]) -> Result<Snapshot, String> {
     let media: Arc<dyn Media> = Arc::new(HeapRegion::from_image(image).map_err(|e| e.to_string())?);
+    check_crashed(&media, image)?;
     let vol = Volume::mount(media.clone()).map_err(|e| format!("mount failed: {e}"))?;
     let snap = snapshot(&vol);
     vol.close().map_err(|e| format!("close failed: {e}"))?;

@@ -4,6 +4,7 @@
 
 pub mod counting;
 pub mod crash;
+pub mod crash_image;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

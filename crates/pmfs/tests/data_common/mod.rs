@@ -5,6 +5,8 @@
 //! between the last returned operation and the one in progress.
 #![allow(dead_code)]
 
+#[path = "../common/crash_image.rs"]
+mod crash_image;
 pub mod lin;
 pub mod model;
 pub mod procs;
@@ -18,6 +20,8 @@ use std::sync::Arc;
 use pmfs::{AllocatorKind, MappingKind, OpenMode, OpenNode, Options, Owner, SeekTarget, Volume};
 use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::{DEFAULT_EXHAUSTIVE_LIMIT, Explorer, SAMPLES_ENV, SimRegion};
+
+use self::crash_image::check_crashed;
 
 /// Block size of every volume.
 pub const BS: u64 = 4096;
@@ -268,9 +272,11 @@ pub fn volume_image(vol: &Volume) -> Result<VolImage, String> {
     Ok(out)
 }
 
-/// Mounts `image` (recovering it), images its files, closes it and runs fsck.
+/// Checks `image` as it is, mounts it (recovering it), images its files, closes it and runs
+/// fsck.
 pub fn recover_and_image(image: &[u8]) -> Result<VolImage, String> {
     let media: Arc<dyn Media> = Arc::new(HeapRegion::from_image(image).map_err(|e| e.to_string())?);
+    check_crashed(&media, image)?;
     let vol = Volume::mount(media.clone()).map_err(|e| format!("mount failed: {e}"))?;
     let img = volume_image(&vol)?;
     vol.close().map_err(|e| format!("close failed: {e}"))?;
