@@ -239,8 +239,18 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
     Ok(())
 }
 
-/// The verdict of a check: "clean" or how many problems, with what the next mount frees
-/// either way (orphans, and blocks staged by writes that never committed).
+/// The problems of a check that are damage: all but the note that the volume was not closed
+/// cleanly (the check examines such a volume as the next mount's recovery leaves it).
+fn damage(r: &pmfs::fsck::Report) -> usize {
+    r.problems
+        .iter()
+        .filter(|p| p.kind != pmfs::fsck::ProblemKind::NotClean)
+        .count()
+}
+
+/// The verdict of a check: "clean" or how many problems, with what the next mount recovers
+/// and frees either way (a crash's half-done operations, orphans, and blocks staged by writes
+/// that never committed).
 fn verdict(r: &pmfs::fsck::Report) -> String {
     let mut left = Vec::new();
     match r.orphans.len() {
@@ -253,7 +263,9 @@ fn verdict(r: &pmfs::fsck::Report) -> String {
         1 => left.push("1 block staged by a write that never committed".to_owned()),
         n => left.push(format!("{n} blocks staged by writes that never committed")),
     }
-    let state = match r.problems.len() {
+    let crashed = r.has(pmfs::fsck::ProblemKind::NotClean);
+    let state = match damage(r) {
+        0 if crashed => "not closed cleanly, and clean once the next mount recovers it".to_owned(),
         0 => "clean".to_owned(),
         1 => "1 problem".to_owned(),
         n => format!("{n} problems"),
@@ -289,7 +301,7 @@ fn fsck_cmd(a: FsckArgs) -> Result<()> {
             r.free_blocks,
             verdict(&r)
         ));
-        return if r.is_clean() {
+        return if damage(&r) == 0 {
             Ok(())
         } else {
             Err(
@@ -590,6 +602,13 @@ mod tests {
 
     #[test]
     fn a_verdict_names_what_the_next_mount_frees_clean_or_not() {
+        use pmfs::fsck::{Problem, ProblemKind};
+        let problem = |kind| Problem {
+            kind,
+            at: 0x400,
+            ino: None,
+            detail: String::new(),
+        };
         let mut r = pmfs::fsck::Report::default();
         assert_eq!(verdict(&r), "clean");
         r.staged_blocks = 2;
@@ -597,19 +616,22 @@ mod tests {
             verdict(&r),
             "clean; 2 blocks staged by writes that never committed, which the next mount frees"
         );
-        r.problems.push(pmfs::fsck::Problem {
-            kind: pmfs::fsck::ProblemKind::NotClean,
-            at: 0x400,
-            ino: None,
-            detail: "volume was not closed cleanly".into(),
-        });
+        r.problems.push(problem(ProblemKind::NotClean));
         r.orphans = vec![7];
+        assert_eq!(damage(&r), 0);
+        assert_eq!(
+            verdict(&r),
+            "not closed cleanly, and clean once the next mount recovers it; 1 orphan and 2 \
+             blocks staged by writes that never committed, which the next mount frees"
+        );
+        r.problems.push(problem(ProblemKind::LinkCount));
+        assert_eq!(damage(&r), 1);
         assert_eq!(
             verdict(&r),
             "1 problem; 1 orphan and 2 blocks staged by writes that never committed, which the \
              next mount frees"
         );
-        r.problems.push(r.problems[0].clone());
+        r.problems.push(problem(ProblemKind::DeadEntry));
         r.orphans.clear();
         r.staged_blocks = 0;
         assert_eq!(verdict(&r), "2 problems");
