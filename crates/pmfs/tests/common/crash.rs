@@ -25,10 +25,9 @@ pub fn sim_options(kind: MappingKind) -> Options {
     }
 }
 
-/// Checks `image` as it is, mounts it (recovering it), snapshots it, closes it and runs fsck.
+/// Mounts `image` (recovering it), snapshots it, closes it and runs fsck.
 pub fn recover_and_check(image: &[u8]) -> Result<Snapshot, String> {
     let media: Arc<dyn Media> = Arc::new(HeapRegion::from_image(image).map_err(|e| e.to_string())?);
-    check_crashed(&media, image)?;
     let vol = Volume::mount(media.clone()).map_err(|e| format!("mount failed: {e}"))?;
     let snap = snapshot(&vol);
     vol.close().map_err(|e| format!("close failed: {e}"))?;
@@ -76,6 +75,7 @@ pub fn check_op<S, T>(
                 done.set(true);
             },
             |cp| {
+                check_crashed(cp.image)?;
                 let got = recover_and_check(cp.image)?;
                 if got == after || (got == before && !done.get()) {
                     Ok(())

@@ -4,20 +4,25 @@ use std::sync::Arc;
 
 use pmfs::fsck::{self, ProblemKind};
 use pmfs_core::layout::PmOff;
-use pmfs_core::pm::Media;
+use pmfs_core::pm::{HeapRegion, Media};
 
-/// Runs the read-only check on `media`, which holds crash image `image`, before anything
-/// recovers it. The checker examines a crashed volume as recovery leaves it, and recovery
-/// leaves every crash image consistent: the report may name the crash
-/// ([`ProblemKind::NotClean`]; an image of the end of a clean close is clean) and nothing
-/// else, and the media must still hold the image.
-pub fn check_crashed(media: &Arc<dyn Media>, image: &[u8]) -> Result<(), String> {
+/// Runs the read-only check on crash image `image`, before anything recovers it. The checker
+/// examines a crashed volume as recovery leaves it, and recovery leaves every crash image
+/// consistent: the report must name the crash ([`ProblemKind::NotClean`]) and nothing else,
+/// and the check must not change a byte.
+///
+/// The harnesses run it on the images of the operations they explore. The tests of crashes
+/// during recovery (an exploration inside each image) leave it out for their inner images:
+/// with it, one of them ran for more than a quarter of an hour in the unoptimised CI build.
+pub fn check_crashed(image: &[u8]) -> Result<(), String> {
+    let media: Arc<dyn Media> = Arc::new(HeapRegion::from_image(image).map_err(|e| e.to_string())?);
     let report =
         fsck::check(media.clone()).map_err(|e| format!("fsck of the crash image failed: {e}"))?;
     if report
         .problems
         .iter()
-        .any(|p| p.kind != ProblemKind::NotClean)
+        .map(|p| p.kind)
+        .ne([ProblemKind::NotClean])
     {
         return Err(format!("fsck of the crash image: {:#?}", report.problems));
     }

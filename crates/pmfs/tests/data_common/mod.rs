@@ -272,11 +272,9 @@ pub fn volume_image(vol: &Volume) -> Result<VolImage, String> {
     Ok(out)
 }
 
-/// Checks `image` as it is, mounts it (recovering it), images its files, closes it and runs
-/// fsck.
+/// Mounts `image` (recovering it), images its files, closes it and runs fsck.
 pub fn recover_and_image(image: &[u8]) -> Result<VolImage, String> {
     let media: Arc<dyn Media> = Arc::new(HeapRegion::from_image(image).map_err(|e| e.to_string())?);
-    check_crashed(&media, image)?;
     let vol = Volume::mount(media.clone()).map_err(|e| format!("mount failed: {e}"))?;
     let img = volume_image(&vol)?;
     vol.close().map_err(|e| format!("close failed: {e}"))?;
@@ -378,6 +376,7 @@ pub fn check_steps<T>(
                 }
             },
             |cp| {
+                check_crashed(cp.image)?;
                 let got = recover_and_image(cp.image)?;
                 let d = done.get();
                 if got == states[d] || (d < steps.len() && got == states[d + 1]) {
