@@ -41,6 +41,27 @@ fn create_into_a_reused_fragment_is_atomic() {
     }
 }
 
+/// The fragment an entry leaves still holds its bytes. A create into it that a crash cuts
+/// short, before any line of its own entry was written back, leaves them where its entry goes:
+/// when the inode they name lives on under another name (renamed away, or one of several
+/// links), recovery must not take them for the create's entry and free that inode.
+#[test]
+fn create_into_the_fragment_of_an_entry_whose_inode_lives_on_is_atomic() {
+    for kind in KINDS {
+        let renamed = |v: &Volume| {
+            tree(v);
+            v.rename("/d/a", "/e").unwrap();
+        };
+        check_op(kind, 24, renamed, |v, _| v.write("/d/x", b""));
+        let unlinked = |v: &Volume| {
+            tree(v);
+            v.hard_link("/d/a", "/l").unwrap();
+            v.remove_file("/d/a").unwrap();
+        };
+        check_op(kind, 25, unlinked, |v, _| v.write("/d/x", b""));
+    }
+}
+
 #[test]
 fn create_that_appends_a_page_is_atomic() {
     for kind in KINDS {

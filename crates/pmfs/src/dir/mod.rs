@@ -17,7 +17,9 @@
 //! Recovery (run for every directory after an unclean shutdown, after the journal has been
 //! rolled back) walks each page's list and fixes:
 //! - `Y.prev` pointing between `X` and `Y` (insert after step 1): undo — restore `Y.prev`,
-//!   and free the new inode if it went live;
+//!   and free the new inode if it went live and no directory links it (the bytes at `N` may
+//!   still be those of an entry removed from the fragment earlier, whose inode lives on
+//!   under another name);
 //! - `Y.prev` skipping `X` (remove after step 1): redo — zero `X`'s inode link count when
 //!   flagged and store `W.next -> Y`;
 //! - a linked entry whose inode is not live or has no links (insert whose second step was
@@ -626,6 +628,35 @@ fn first_dead_entry(fs: &Fs, walk: &page::Walk) -> Result<Option<u16>> {
     Ok(None)
 }
 
+/// Whether an entry of a live directory links `h`, half-done operations aside (recovery,
+/// rarely: it reads every directory page).
+fn linked_anywhere(fs: &Fs, h: Handle) -> Result<bool> {
+    let m = fs.m();
+    let mut dirs = Vec::new();
+    fs.inodes.scan(m, |ino, r| {
+        if r.is_live() && r.kind() == Some(Kind::Dir) {
+            dirs.push((ino, (r.size / PAGE as u64).min(fs.geo.data_blocks)));
+        }
+        Ok(())
+    })?;
+    let mut buf = vec![0u8; PAGE];
+    let mut runs = Vec::new();
+    for (ino, pages) in dirs {
+        let map = fs.map.open_file(fs.file_id(ino))?;
+        runs.clear();
+        fs.map.lookup(&map, 0, pages, &mut runs)?;
+        for b in runs.iter().flat_map(|r| (0..r.len).map(move |i| r.pblk + i)) {
+            m.read(b.offset(), &mut buf)?;
+            let mut found = false;
+            PageView::new(&buf).each_linked(&mut |w| found |= w == h.word());
+            if found {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
 /// Repairs one half-done operation on page `pg` (see the module documentation).
 fn repair_pending(
     fs: &Fs,
@@ -638,11 +669,16 @@ fn repair_pending(
     let m = fs.m();
     match p {
         Pending::Insert { x, n, y, n_valid } => {
+            // The inode of a create whose second step was half durable went live: free it.
+            // But the bytes at `N` may be those of an entry removed from this fragment
+            // earlier, which fit between `X` and `Y` as the new entry would, when none of the
+            // new entry's lines was written back: their inode may live on under another name
+            // (renamed, or one of several links), and must not be freed.
             if n_valid && let Some(e) = view.entry(n) {
                 let h = Handle::from_word(e.handle);
                 if h.ino != 0 && u64::from(h.ino) < fs.inodes.count() {
                     let rec = fs.inodes.read(m, h.ino)?;
-                    if rec.state == h.live_state() {
+                    if rec.state == h.live_state() && !linked_anywhere(fs, h)? {
                         fs.free_inode(h, None, true)?;
                     }
                 }

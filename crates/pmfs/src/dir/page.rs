@@ -391,6 +391,25 @@ impl<'a> PageView<'a> {
         }
     }
 
+    /// Calls `f` with the handle word of every entry the page's forward links reach: every
+    /// linked entry, whatever operation is half done (an insertion links its entry forward
+    /// last, a removal unlinks it forward last). Stops where a link leads to no entry.
+    pub fn each_linked(&self, f: &mut impl FnMut(u64)) {
+        let (mut x, mut xlen) = (HEAD, 8);
+        for _ in 0..=PAGE / usize::from(MIN_ENTRY) {
+            let d = dist(self.word(x + xlen - 8));
+            let y = x + d;
+            if d == 0 || y >= TAIL {
+                return;
+            }
+            let Some(ylen) = self.entry_at(y) else {
+                return;
+            };
+            f(self.decode(y, ylen).handle);
+            (x, xlen) = (y, ylen);
+        }
+    }
+
     /// Decodes the entry at `off` (for the recovery of a pending operation).
     pub fn entry(&self, off: u16) -> Option<RawDentry> {
         self.entry_at(off).map(|len| self.decode(off, len))
