@@ -573,6 +573,16 @@ impl Fs {
             for &ino in &logged {
                 fs.log_used(ino, &mut used)?;
             }
+            if read_only {
+                // Closed cleanly, so every log is digested and owns only its own blocks
+                // (opening one, as `log_used` does, would write its pin count).
+                for l in live.iter().filter(|l| l.kind == Kind::File) {
+                    let root = fs.inodes.field(l.h.ino, field::LOG);
+                    if m.load_u64(root)? != 0 {
+                        Fs::log_blocks_used(m, root, &mut used)?;
+                    }
+                }
+            }
             // The live inodes, and those whose release was under way at the crash.
             let mut owners: Vec<u32> = live.iter().map(|l| l.h.ino).collect();
             owners.extend(recovered.cleanups.iter().filter_map(|c| match *c {
@@ -1308,13 +1318,7 @@ impl Fs {
     /// Adds the blocks inode `ino`'s log holds to `used`: its own blocks and the data blocks
     /// of the entries not digested yet (mount, before the allocator rebuild).
     fn log_used(&self, ino: u32, used: &mut UsedBlocks) -> Result<()> {
-        let m = self.m();
-        let root = self.inodes.field(ino, field::LOG);
-        let mut blocks = Vec::new();
-        pmfs_core::log::owned_blocks(m, root, &mut |b| blocks.push(b))?;
-        for b in blocks {
-            used.mark(Extent::new(b, 1))?;
-        }
+        Fs::log_blocks_used(self.m(), self.inodes.field(ino, field::LOG), used)?;
         let log = self.open_log(ino)?;
         let from = log.digested(self.inodes.field(ino, field::DIGEST))?;
         let collected = (|| -> Result<()> {
@@ -1329,6 +1333,16 @@ impl Fs {
         })();
         log.close()?;
         collected
+    }
+
+    /// Marks the blocks of the log whose root word is at `root`.
+    fn log_blocks_used(m: &dyn Media, root: PmOff, used: &mut UsedBlocks) -> Result<()> {
+        let mut blocks = Vec::new();
+        pmfs_core::log::owned_blocks(m, root, &mut |b| blocks.push(b))?;
+        for b in blocks {
+            used.mark(Extent::new(b, 1))?;
+        }
+        Ok(())
     }
 
     /// Digests inode `ino`'s log and drops its applied blocks (mount).
