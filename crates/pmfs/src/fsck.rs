@@ -3,7 +3,7 @@
 //! [`check`] examines an unmounted volume without writing to it and lists every violated
 //! invariant with its location. A volume that was not closed cleanly is examined as its
 //! next mount's recovery will leave it, recovered in memory on a
-//! [`ShadowRegion`] (see [`check`]). The invariants:
+//! [`ShadowRegion`](pmfs_core::pm::ShadowRegion) (see [`check`]). The invariants:
 //!
 //! - superblock: the primary is valid, the backup equals it; the volume was closed cleanly;
 //! - journal: every slot is idle;
@@ -39,7 +39,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use pmfs_core::layout::{BLOCK_SIZE, PmOff};
-use pmfs_core::pm::{Media, ShadowRegion};
+use pmfs_core::pm::Media;
 use pmfs_core::traits::{Extent, Run};
 
 use crate::dir::page::{PAGE, PageView, Pending};
@@ -821,7 +821,7 @@ const AS_LEFT: &str = "volume was not closed cleanly; mounting will recover it";
 /// examined at all (no valid superblock, no root directory).
 ///
 /// A volume that was not closed cleanly is checked as its next mount will leave it: the
-/// check recovers it on a [`ShadowRegion`] over `media`, which keeps what recovery writes in
+/// check recovers it on a [`ShadowRegion`](pmfs_core::pm::ShadowRegion) over `media`, which keeps what recovery writes in
 /// memory, and examines the result. A crash leaves half-done operations that recovery undoes
 /// or completes (a journal transaction, a directory insertion, an unfinished table update);
 /// they are not damage, and only damage that survives recovery is reported, after the
@@ -832,13 +832,8 @@ pub fn check(media: Arc<dyn Media>) -> Result<Report> {
     if clean {
         return examine(&fs, src, true, None).map(|(r, _)| r);
     }
-    let shadow: Arc<dyn Media> = Arc::new(ShadowRegion::new(media)?);
-    let recovered = Fs::mount_for_check(shadow.clone()).and_then(|recovered| {
-        recovered.shutdown()?;
-        Ok(recovered.report)
-    });
-    match recovered {
-        Ok(r) => {
+    match Fs::recover_in_memory(media, false) {
+        Ok((shadow, r)) => {
             let (shadow_fs, _, _) = Fs::open_for_check(shadow)?;
             let detail = format!("{AS_LEFT} ({r}; checked as recovered)");
             examine(&shadow_fs, src, true, Some(detail)).map(|(r, _)| r)

@@ -152,8 +152,13 @@ impl Volume {
         })
     }
 
-    /// Mounts a cleanly closed volume without writing to it. A volume that needs recovery
-    /// fails with [`Error::ReadOnly`].
+    /// Mounts the volume without writing to it. A volume that was not closed cleanly is
+    /// recovered in memory: the recovery a read-write mount would run writes to a
+    /// copy-on-write view of `media` ([`ShadowRegion`](pmfs_core::pm::ShadowRegion)), which
+    /// keeps the blocks it changes in memory for as long as the volume is mounted. The
+    /// volume then reads as the next read-write mount will leave it, while `media` stays as
+    /// the crash left it, and [`mount_report`](Volume::mount_report) says what recovery did
+    /// (its `clean` is false).
     pub fn mount_read_only(media: Arc<dyn Media>) -> Result<Volume> {
         Ok(Volume {
             fs: Arc::new(Fs::mount(media, true)?),

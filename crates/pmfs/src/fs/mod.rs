@@ -54,7 +54,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
-use pmfs_core::pm::{Media, MediaExt};
+use pmfs_core::pm::{Media, MediaExt, ShadowRegion};
 use pmfs_core::traits::{BlockAllocator, Extent, FileId, MappingKind};
 
 use crate::dir::{Dir, LoadMode, RepairStats};
@@ -415,15 +415,22 @@ impl Fs {
     }
 
     /// Mounts the volume on `media`, recovering from a crash if it was not closed cleanly.
+    /// A read-only mount of such a volume recovers it in memory
+    /// ([`recover_in_memory`](Fs::recover_in_memory)) and leaves `media` as it was.
     pub fn mount(media: Pm, read_only: bool) -> Result<Fs> {
         Fs::mount_collecting(media, read_only, true)
     }
 
-    /// Mounts the volume on `media` read-write for the checker, which counts the garbage a
-    /// mount collects: recovers it if it was not closed cleanly, but leaves its orphans and
-    /// (on HashFS) the staged blocks of uncommitted writes.
-    pub fn mount_for_check(media: Pm) -> Result<Fs> {
-        Fs::mount_collecting(media, false, false)
+    /// Recovers the volume on `media`, which was not closed cleanly, on a [`ShadowRegion`]
+    /// over it, which keeps what recovery writes in memory, and closes it there cleanly.
+    /// Returns the shadow, which holds the volume as its next read-write mount will leave it,
+    /// and what that recovery did. `collect` frees orphans and staged blocks too, as a mount
+    /// does; the checker leaves them, to count them.
+    pub fn recover_in_memory(media: Pm, collect: bool) -> Result<(Pm, MountReport)> {
+        let shadow: Pm = Arc::new(ShadowRegion::new(media)?);
+        let fs = Fs::mount_collecting(shadow.clone(), false, collect)?;
+        fs.shutdown()?;
+        Ok((shadow, fs.report))
     }
 
     /// [`mount`](Fs::mount); `collect` frees orphans and drops staged blocks.
@@ -433,7 +440,10 @@ impl Fs {
         let state = m.load_u64(MOUNT_STATE_OFF)?;
         let clean = state == STATE_CLEAN;
         if read_only && !clean {
-            return Err(Error::ReadOnly);
+            let (shadow, report) = Fs::recover_in_memory(media, true)?;
+            let mut fs = Fs::mount_collecting(shadow, true, true)?;
+            fs.report = report;
+            return Ok(fs);
         }
         let mut report = MountReport {
             clean,

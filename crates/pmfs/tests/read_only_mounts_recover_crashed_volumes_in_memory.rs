@@ -1,0 +1,152 @@
+//! A read-only mount of a volume that was not closed cleanly recovers it in memory: at the
+//! crash images of a workload that leaves every kind of repair behind (a journal transaction,
+//! half-done directory updates, an orphan, file logs to digest), the read-only mount reports
+//! the recovery a read-write mount runs, reads the namespace and the free space that mount
+//! leaves, and writes nothing to the image. Images sampled per crash point (8, or
+//! `PMFS_CRASH_SAMPLES`).
+
+mod common;
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use pmfs::{MountReport, OpenOptions, Volume};
+use pmfs_core::layout::PmOff;
+use pmfs_core::pm::{HeapRegion, Media};
+use pmfs_core::sim::{Explorer, SAMPLES_ENV, SimRegion};
+
+use common::KINDS;
+use common::crash::{SIM_SIZE, sim_options};
+use common::{Snapshot, snapshot};
+
+/// What a mount of a crash image shows: its report, namespace and free blocks and inodes.
+#[derive(PartialEq)]
+struct View {
+    report: MountReport,
+    tree: Snapshot,
+    free: (u64, u64),
+}
+
+fn view(vol: &Volume) -> View {
+    let st = vol.statfs().unwrap();
+    View {
+        report: vol.mount_report(),
+        tree: snapshot(vol),
+        free: (st.free_blocks, st.free_inodes),
+    }
+}
+
+/// How the read-only view `ro` differs from the read-write one `rw`, in a few lines.
+fn differences(ro: &View, rw: &View) -> String {
+    let mut d = Vec::new();
+    if ro.report != rw.report {
+        d.push(format!("reports {:?} and {:?}", ro.report, rw.report));
+    }
+    if ro.free != rw.free {
+        d.push(format!(
+            "free (blocks, inodes) {:?} and {:?}",
+            ro.free, rw.free
+        ));
+    }
+    let paths: BTreeSet<&String> = ro
+        .tree
+        .objects
+        .keys()
+        .chain(rw.tree.objects.keys())
+        .collect();
+    for p in paths {
+        if ro.tree.objects.get(p) != rw.tree.objects.get(p) {
+            d.push(format!("{p} differs"));
+        }
+    }
+    if ro.tree.links != rw.tree.links {
+        d.push(format!("links {:?} and {:?}", ro.tree.links, rw.tree.links));
+    }
+    d.join("; ")
+}
+
+fn image_of(media: &dyn Media) -> Vec<u8> {
+    let mut b = vec![0u8; media.size() as usize];
+    media.read(PmOff(0), &mut b).unwrap();
+    b
+}
+
+/// The read-only mount of `image` against a read-write mount of a copy of it.
+fn compare(image: &[u8]) -> Result<(), String> {
+    let media: Arc<dyn Media> = Arc::new(HeapRegion::from_image(image).unwrap());
+    let ro = Volume::mount_read_only(media.clone())
+        .map_err(|e| format!("read-only mount failed: {e}"))?;
+    if ro.mount_report().clean {
+        return Err("a crash image mounted read-only reports a clean volume".into());
+    }
+    let seen = view(&ro);
+    ro.close().map_err(|e| e.to_string())?;
+    if let Some(at) = image_of(&*media)
+        .iter()
+        .zip(image)
+        .position(|(a, b)| a != b)
+    {
+        return Err(format!(
+            "the read-only mount wrote to the image (at byte {at:#x})"
+        ));
+    }
+    let rw = Volume::mount(Arc::new(HeapRegion::from_image(image).unwrap()))
+        .map_err(|e| format!("read-write mount failed: {e}"))?;
+    let recovered = view(&rw);
+    drop(rw);
+    if seen == recovered {
+        Ok(())
+    } else {
+        Err(format!(
+            "the read-only mount differs from the read-write one: {}",
+            differences(&seen, &recovered)
+        ))
+    }
+}
+
+/// Each image is mounted twice, so this samples fewer images per crash point than the other
+/// crash tests: 8 unless `PMFS_CRASH_SAMPLES` says otherwise.
+fn explorer(seed: u64) -> Explorer {
+    let e = Explorer::new(seed).exhaustive_limit(8);
+    if std::env::var_os(SAMPLES_ENV).is_some() {
+        e
+    } else {
+        e.samples(8)
+    }
+}
+
+#[test]
+fn read_only_mounts_see_what_recovery_leaves_and_write_nothing() {
+    for (seed, kind) in KINDS.into_iter().enumerate() {
+        let region = Arc::new(SimRegion::new(SIM_SIZE).unwrap());
+        let vol = Volume::format(region.clone(), &sim_options(kind)).unwrap();
+        vol.create_dir("/d").unwrap();
+        vol.write("/d/a", b"aaaa").unwrap();
+        vol.write("/f", &vec![7u8; 3 << 12]).unwrap();
+        region.persist_all();
+        let open = RefCell::new(None);
+        explorer(seed as u64)
+            .run(
+                &region,
+                |_| {
+                    vol.rename("/d/a", "/e").unwrap();
+                    let f = OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(&vol, "/f")
+                        .unwrap();
+                    f.write_at(&[9u8; 5000], 1000).unwrap();
+                    vol.write("/d/gone", b"orphan").unwrap();
+                    let held = OpenOptions::new().read(true).open(&vol, "/d/gone").unwrap();
+                    vol.remove_file("/d/gone").unwrap();
+                    *open.borrow_mut() = Some((f, held));
+                    vol.create_dir("/d/sub").unwrap();
+                },
+                |cp| compare(cp.image).map_err(|e| format!("{kind:?}: {e}")),
+            )
+            .unwrap_or_else(|f| panic!("{f}"));
+        drop(open);
+        drop(vol);
+    }
+}
