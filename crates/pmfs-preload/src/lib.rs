@@ -12,8 +12,9 @@
 //! ## What works today
 //! - **Userspace service of pmfs files** (module `served`): on the first pmfs file of a mount,
 //!   the process attaches to the pool as a data-only client (`pmfs::Volume::attach_file`;
-//!   HashFS pools only — otherwise, or without permission on the pool file, that mount keeps
-//!   the kernel path for good). Its descriptor of the pool file, like the ones `mmap` uses,
+//!   HashFS pools only — otherwise, without permission on the pool file, or while the volume
+//!   awaits recovery (a read-only mount of a crashed pool recovers it in memory only), that
+//!   mount keeps the kernel path for good). Its descriptor of the pool file, like the ones `mmap` uses,
 //!   sits high in the descriptor range (below 1024), so programs that count on getting the
 //!   lowest free number still get it; a program that closes it or puts another file at its
 //!   number changes nothing for the client, which knows the pool by the identity it read while

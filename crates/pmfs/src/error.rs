@@ -67,6 +67,13 @@ pub enum Error {
     /// [`Volume::attach`]: crate::Volume::attach
     #[error("pool is in use by another owner (mounted?)")]
     PoolInUse,
+    /// The volume was not closed cleanly and the process that owned it is gone: it awaits
+    /// the recovery of a read-write mount, and a data-only client
+    /// ([`Volume::attach`](crate::Volume::attach)) may not work on it (`EUCLEAN`).
+    #[error(
+        "the volume was not closed cleanly and its owner is gone; a read-write mount recovers it"
+    )]
+    NeedsRecovery,
     /// Media content violates an invariant (`EUCLEAN`). `what` names the structure, `at` the
     /// offset in the region.
     #[error("corrupt {what} at {at}")]
@@ -103,7 +110,7 @@ impl Error {
             Error::BadHandle(_) => libc::EBADF,
             Error::ReadOnly => libc::EROFS,
             Error::Busy | Error::PoolInUse => libc::EBUSY,
-            Error::Corrupt { .. } => EUCLEAN,
+            Error::Corrupt { .. } | Error::NeedsRecovery => EUCLEAN,
             Error::Unsupported(_) => libc::EOPNOTSUPP,
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }

@@ -482,6 +482,19 @@ pub(crate) fn record_owner(m: &dyn Media) -> Result<()> {
     }
 }
 
+/// Whether the process that recorded itself as the volume's owner ([`OWNER_OFF`]) still runs:
+/// a process with its id and start time exists.
+pub(crate) fn owner_runs(m: &dyn Media) -> Result<bool> {
+    let pid = m.load_u64(OWNER_OFF)?;
+    let start = m.load_u64(OWNER_OFF + 8)?;
+    Ok(start != 0
+        && u32::try_from(pid)
+            .ok()
+            .filter(|&p| p != 0)
+            .and_then(pmfs_core::pm::procs::start_time)
+            == Some(start))
+}
+
 /// Clears the owner record ([`OWNER_OFF`]): the volume is closed.
 pub(crate) fn clear_owner(m: &dyn Media) -> Result<()> {
     m.store_u64(OWNER_OFF, 0)?;

@@ -189,6 +189,14 @@ impl Mounted {
         self
     }
 
+    /// Unmounts and mounts the pool again with `-o options`.
+    pub fn remount_with(mut self, options: &[&str]) -> Mounted {
+        self.unmount();
+        self.options = options.join(",");
+        self.mount();
+        self
+    }
+
     /// The mount point.
     pub fn path(&self) -> &Path {
         &self.mnt

@@ -71,6 +71,10 @@ impl Volume {
     ///   (the preload library sends it through the kernel to the daemon).
     /// - Process liveness for the digest cursor is judged by `/proc/<pid>`: owner and clients
     ///   must share a PID namespace.
+    /// - A volume that was not closed cleanly is left to the owner that has it mounted
+    ///   read-write: attaching fails with [`Error::NeedsRecovery`] unless the process the
+    ///   pool records as its owner still runs (a read-only mount of such a volume recovers it
+    ///   in memory only, and the pool still holds what the crash left).
     /// - The owner's mapping caches must not outlive a client's remapping: HashFS translation
     ///   caches are per file handle and checked against the table on every hit.
     pub fn attach(path: impl AsRef<Path>) -> Result<Client> {
@@ -482,6 +486,65 @@ mod tests {
         assert_eq!(seen.len(), 5017);
         assert!(seen[17..].iter().all(|&b| b == b'x'));
         owner.close().unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn attaching_to_a_volume_whose_owner_died_waits_for_its_recovery() {
+        let path = pool("dead-owner", MappingKind::HashFs);
+        let owner = Volume::open(&path).unwrap();
+        owner.write("/f", b"kept").unwrap();
+        let ino = owner.lookup(owner.root(), b"f").unwrap().ino;
+        // The owner runs: a client attaches.
+        drop(Volume::attach(&path).unwrap());
+        // The pool as a killed owner leaves it: mounted, its record naming a process that no
+        // longer runs (a start time no process of this id has).
+        let image = std::fs::read(&path).unwrap();
+        let crashed = path.with_extension("crashed");
+        std::fs::write(&crashed, &image).unwrap();
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&crashed)
+                .unwrap();
+            let start = pmfs_core::pm::procs::start_time(std::process::id()).unwrap();
+            f.write_all_at(&(start + 1).to_le_bytes(), crate::format::OWNER_OFF.0 + 8)
+                .unwrap();
+        }
+        owner.close().unwrap();
+        assert!(matches!(
+            Volume::attach(&crashed),
+            Err(Error::NeedsRecovery)
+        ));
+        // A read-only mount recovers it in memory and leaves it as it was.
+        let ro = Volume::mount_read_only(Arc::new(PmRegion::open(&crashed).unwrap())).unwrap();
+        assert!(!ro.mount_report().clean);
+        assert_eq!(ro.read("/f").unwrap(), b"kept");
+        ro.close().unwrap();
+        assert!(matches!(
+            Volume::attach(&crashed),
+            Err(Error::NeedsRecovery)
+        ));
+        // Recovered and closed: a client may attach again.
+        Volume::open(&crashed).unwrap().close().unwrap();
+        let client = Volume::attach(&crashed).unwrap();
+        let mut buf = [0u8; 8];
+        let read = OpenMode {
+            read: true,
+            ..OpenMode::default()
+        };
+        assert_eq!(
+            client
+                .open_ino(ino, read)
+                .unwrap()
+                .read_at(&mut buf, 0)
+                .unwrap(),
+            4
+        );
+        assert_eq!(&buf[..4], b"kept");
+        drop(client);
+        std::fs::remove_file(&crashed).unwrap();
         std::fs::remove_file(&path).unwrap();
     }
 

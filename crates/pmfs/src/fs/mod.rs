@@ -697,6 +697,13 @@ impl Fs {
                 "attaching to a volume of an older format (its owner runs an older build)",
             ));
         }
+        // A volume whose owner died awaits the recovery of the next read-write mount (its
+        // journal may hold a transaction to roll back, its logs repairs): a client works on
+        // it only beside a live owner. A read-only mount of it recovers it in memory and
+        // leaves the pool as it was, which a client must not take for the volume.
+        if m.load_u64(MOUNT_STATE_OFF)? != STATE_CLEAN && !format::owner_runs(m)? {
+            return Err(Error::NeedsRecovery);
+        }
         let parts = parts::build(&media, &geo, Opening::Open)?;
         let inodes = InodeTable::new(geo);
         let root = Handle {
