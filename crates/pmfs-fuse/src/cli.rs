@@ -380,11 +380,8 @@ fn info_cmd(a: InfoArgs) -> Result<()> {
     }
     let pool = Pool::open(&a.pool)?;
     let media = pool.media()?;
-    let (vol, recovered) = match pmfs::Volume::mount_read_only(media.clone()) {
-        Ok(v) => (v, false),
-        Err(pmfs::Error::ReadOnly) => (pool.mount()?, true),
-        Err(e) => return Err(volume_error(pool.path(), e)),
-    };
+    let vol =
+        pmfs::Volume::mount_read_only(media.clone()).map_err(|e| volume_error(pool.path(), e))?;
     let i = vol.info();
     let st = vol.statfs().map_err(|e| volume_error(pool.path(), e))?;
     let pb = bar(1, "scanning");
@@ -465,13 +462,13 @@ fn info_cmd(a: InfoArgs) -> Result<()> {
     out("journal:");
     out(format_args!(
         "  state        {}",
-        if !recovered {
+        if report.clean {
             "closed cleanly"
         } else {
-            "was not closed cleanly: recovered by this command"
+            "not closed cleanly: shown as recovered in memory (the next read-write mount recovers it)"
         }
     ));
-    if recovered || report.did_anything() {
+    if !report.clean || report.did_anything() {
         out(format_args!("  recovery     {report}"));
     }
     vol.close().map_err(|e| volume_error(pool.path(), e))?;

@@ -368,22 +368,17 @@ pub fn serve(
     } else {
         pmfs::Volume::mount(media)
     }
-    .map_err(|e| match e {
-        pmfs::Error::ReadOnly => Error::new(format!(
-            "{}: the volume was not closed cleanly; mount it read-write once (or run pmfs fsck --repair) before mounting it read-only",
-            pool.path().display()
-        )),
-        e => volume_error(pool.path(), e),
-    })?;
+    .map_err(|e| volume_error(pool.path(), e))?;
     let report = vol.mount_report();
     if !report.clean || report.did_anything() {
         let what = format!(
             "pmfs: {}: {}{report}\n",
             pool.path().display(),
-            if report.clean {
-                ""
-            } else {
-                "was not closed cleanly, recovered: "
+            match (report.clean, opts.read_only) {
+                (true, _) => "",
+                (false, false) => "was not closed cleanly, recovered: ",
+                (false, true) =>
+                    "was not closed cleanly, recovered in memory (the pool stays as it is until a read-write mount): ",
             }
         );
         // Through stdout, which the starter reads up to `ready`: a line on stderr could still

@@ -148,7 +148,7 @@ fn signals_and_fusermount_unmount_cleanly() {
         assert!(status.success(), "daemon after SIG{signal}: {status}");
         assert!(!mounted(&dir));
         drop(m);
-        // Closed cleanly: a read-only mount (which refuses dirty volumes) works.
+        // Closed cleanly: a read-only mount reads what was written, and takes no write.
         let m = pool.mount(&dir, &["ro"]);
         assert_eq!(fs::read(m.join(signal)).unwrap(), signal.as_bytes());
         assert!(fs::write(m.join("x"), b"x").is_err());
@@ -165,7 +165,7 @@ fn signals_and_fusermount_unmount_cleanly() {
         assert!(std::time::Instant::now() < deadline, "daemon kept the pool");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert!(pmfs_ok(&["info", p]).contains("closed cleanly"));
+    assert!(pmfs_ok(&["info", p]).contains("state        closed cleanly\n"));
 }
 
 #[test]
@@ -210,28 +210,58 @@ fn info_and_the_mount_after_a_crash_say_what_was_repaired() {
     let pool = Pool::new("cli-recovered", "64M", "hashfs");
     let p = pool.pool.to_str().unwrap();
     let dir = pool.mount_point("mnt");
+    let d = dir.to_str().unwrap();
     // The daemon dies holding a file unlinked while open: an orphan for the next mount.
     let crash = || {
         let m = pool.mount(&dir, &[]);
+        fs::write(m.join("kept"), b"kept").unwrap();
         let f = fs::File::create(m.join("gone")).unwrap();
         fs::remove_file(m.join("gone")).unwrap();
         m.kill("KILL");
         drop(f);
     };
+    let _guard = Unmount(dir.clone());
+    let unmount = || {
+        sh(&format!("fusermount3 -u {d}"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while pmfs(&["info", p]).status.code() != Some(0) {
+            assert!(std::time::Instant::now() < deadline, "daemon kept the pool");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
     crash();
+    let left = fs::read(&pool.pool).unwrap();
+    // info shows the volume as recovered in memory, and writes nothing.
     let info = pmfs_ok(&["info", p]);
     for want in [
-        "was not closed cleanly: recovered by this command",
+        "not closed cleanly: shown as recovered in memory",
         "recovery     1 orphan inodes freed",
     ] {
         assert!(info.contains(want), "{want:?} missing in\n{info}");
     }
-    assert!(pmfs_ok(&["info", p]).contains("closed cleanly\n"));
+    assert_eq!(pmfs_ok(&["info", p]), info);
+    assert!(
+        fs::read(&pool.pool).unwrap() == left,
+        "info wrote to the pool"
+    );
+    // So does a read-only mount.
+    let o = pmfs(&["mount", p, d, "-o", "ro"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        format!(
+            "pmfs: {p}: was not closed cleanly, recovered in memory (the pool stays as it is until a read-write mount): 1 orphan inodes freed\n"
+        )
+    );
+    assert_eq!(fs::read(dir.join("kept")).unwrap(), b"kept");
+    unmount();
+    assert!(
+        fs::read(&pool.pool).unwrap() == left,
+        "the read-only mount wrote to the pool"
+    );
 
-    crash();
-    let _guard = Unmount(dir.clone());
     let mount = || {
-        let o = pmfs(&["mount", p, dir.to_str().unwrap()]);
+        let o = pmfs(&["mount", p, d]);
         assert!(o.status.success(), "{o:?}");
         String::from_utf8_lossy(&o.stderr).into_owned()
     };
@@ -240,15 +270,8 @@ fn info_and_the_mount_after_a_crash_say_what_was_repaired() {
         said,
         format!("pmfs: {p}: was not closed cleanly, recovered: 1 orphan inodes freed\n")
     );
-    let unmount = || {
-        sh(&format!("fusermount3 -u {}", dir.display()));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while pmfs(&["info", p]).status.code() != Some(0) {
-            assert!(std::time::Instant::now() < deadline, "daemon kept the pool");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    };
     unmount();
+    assert!(pmfs_ok(&["info", p]).contains("closed cleanly\n"));
     // A clean mount that had nothing to do says nothing.
     assert_eq!(mount(), "");
     unmount();
