@@ -10,39 +10,38 @@
 //! ```
 //!
 //! ## What works today
-//! - **Userspace service of pmfs files** (module `served`): on the first pmfs file of a mount,
-//!   the process attaches to the pool as a data-only client (`pmfs::Volume::attach_file`;
-//!   HashFS pools only — otherwise, without permission on the pool file, or while the volume
-//!   awaits recovery (a read-only mount of a crashed pool recovers it in memory only), that
-//!   mount keeps the kernel path for good). Its descriptor of the pool file, like the ones `mmap` uses,
-//!   sits high in the descriptor range (below 1024), so programs that count on getting the
-//!   lowest free number still get it; a program that closes it or puts another file at its
-//!   number changes nothing for the client, which knows the pool by the identity it read while
-//!   attaching. `read`, `write`, `pread(64)`, `pwrite(64)`, `readv`, `writev`, `preadv(64)`,
-//!   `pwritev(64)`, `__read_chk`/`__pread(64)_chk`, `lseek(SEEK_END)`, `fsync`, `fdatasync`,
-//!   `ftruncate(64)` and `fallocate(64)` (modes 0, `KEEP_SIZE`, `PUNCH_HOLE|KEEP_SIZE`,
-//!   `ZERO_RANGE` and `ZERO_RANGE|KEEP_SIZE`) run against the pool through the engine's
-//!   copy-on-write log path (atomic and durable on return, coherent with the daemon and other
-//!   processes). `fstat(64)` answers from the file's inode in the pool, with no request to the
-//!   daemon (whose mount caches no file attributes); `stat`, `lstat`, `fstatat` (and their `64`
-//!   forms) and `statx` of a pmfs regular file let the kernel resolve the name from its caches
-//!   (`statx` with `AT_STATX_DONT_SYNC`: permission checks, no attribute refresh) and answer
-//!   from the inode too. That walk also answers these calls for any file whose mount keeps
-//!   every attribute in the kernel (disk and memory file systems, proc, sysfs: `statmount`
-//!   tells, once per mount), so a program under the library walks each path once, as without
-//!   it; on other mounts (FUSE, network file systems, overlayfs) the call is forwarded and the
-//!   path walked twice. `fchown` that changes nothing but the ctime
-//!   (the file's own owner and group, asked by root or the owner, of a file with no set-ID bit
-//!   and no extended attribute, on a writable mount: `statmount`, or a description open for
-//!   writing) raises the ctime in the pool; `sqlite3` running as root asks for one after every
-//!   open of its journal, two FUSE requests (GETXATTR, SETATTR) through the kernel. Every other
-//!   change of owner goes to the kernel. `isatty` (and `ioctl(TCGETS)`, what it asks) answers
-//!   that a served file is no terminal: through the kernel, an `ioctl` on a FUSE file is a
-//!   round trip to the daemon, and Python's `open` asks once per file. The kernel's file
-//!   offset stays the truth (`read`/`write` take their range from it with one atomic
-//!   `lseek(n, SEEK_CUR)` and give back what a short transfer left unused), so `dup`s,
-//!   threads, `fork` children and kernel-path users of the same description agree on it, and
-//!   concurrent transfers on one description get ranges of their own, as through the kernel.
+//! - **Userspace service of pmfs files** (module `served`): on the first pmfs file of a mount, the
+//!   process attaches to the pool as a data-only client (`pmfs::Volume::attach_file`; HashFS pools
+//!   only — otherwise, without permission on the pool file, or while the volume awaits recovery (a
+//!   read-only mount of a crashed pool recovers it in memory only), that mount keeps the kernel
+//!   path for good). Its descriptor of the pool file, like the ones `mmap` uses, sits high in the
+//!   descriptor range (below 1024), so programs that count on getting the lowest free number still
+//!   get it; a program that closes it or puts another file at its number changes nothing for the
+//!   client, which knows the pool by the identity it read while attaching. `read`, `write`,
+//!   `pread(64)`, `pwrite(64)`, `readv`, `writev`, `preadv(64)`, `pwritev(64)`,
+//!   `__read_chk`/`__pread(64)_chk`, `lseek(SEEK_END)`, `fsync`, `fdatasync`, `ftruncate(64)` and
+//!   `fallocate(64)` (modes 0, `KEEP_SIZE`, `PUNCH_HOLE|KEEP_SIZE`, `ZERO_RANGE` and
+//!   `ZERO_RANGE|KEEP_SIZE`) run against the pool through the engine's copy-on-write log path
+//!   (atomic and durable on return, coherent with the daemon and other processes). `fstat(64)`
+//!   answers from the file's inode in the pool, with no request to the daemon (whose mount caches
+//!   no file attributes); `stat`, `lstat`, `fstatat` (and their `64` forms) and `statx` of a pmfs
+//!   regular file let the kernel resolve the name from its caches (`statx` with
+//!   `AT_STATX_DONT_SYNC`: permission checks, no attribute refresh) and answer from the inode too.
+//!   That walk also answers these calls for any file whose mount keeps every attribute in the
+//!   kernel (disk and memory file systems, proc, sysfs: `statmount` tells, once per mount), so a
+//!   program under the library walks each path once, as without it; on other mounts (FUSE, network
+//!   file systems, overlayfs) the call is forwarded and the path walked twice. `fchown` that
+//!   changes nothing but the ctime (the file's own owner and group, asked by root or the owner, of
+//!   a file with no set-ID bit and no extended attribute, on a writable mount: `statmount`, or a
+//!   description open for writing) raises the ctime in the pool; `sqlite3` running as root asks for
+//!   one after every open of its journal, two FUSE requests (GETXATTR, SETATTR) through the kernel.
+//!   Every other change of owner goes to the kernel. `isatty` (and `ioctl(TCGETS)`, what it asks)
+//!   answers that a served file is no terminal: through the kernel, an `ioctl` on a FUSE file is a
+//!   round trip to the daemon, and Python's `open` asks once per file. The kernel's file offset
+//!   stays the truth (`read`/`write` take their range from it with one atomic `lseek(n, SEEK_CUR)`
+//!   and give back what a short transfer left unused), so `dup`s, threads, `fork` children and
+//!   kernel-path users of the same description agree on it, and concurrent transfers on one
+//!   description get ranges of their own, as through the kernel.
 //! - **`O_APPEND`**: writes on appending descriptions (`write`, `writev`, and `pwrite`/
 //!   `pwritev`, which append on Linux as well) use the engine's atomic append: the bytes land
 //!   at the end of file as the log says when the update commits, so appenders in any number

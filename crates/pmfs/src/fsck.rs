@@ -820,13 +820,13 @@ const AS_LEFT: &str = "volume was not closed cleanly; mounting will recover it";
 /// Checks the volume on `media` without writing to it. Fails only when the volume cannot be
 /// examined at all (no valid superblock, no root directory).
 ///
-/// A volume that was not closed cleanly is checked as its next mount will leave it: the
-/// check recovers it on a [`ShadowRegion`](pmfs_core::pm::ShadowRegion) over `media`, which keeps what recovery writes in
-/// memory, and examines the result. A crash leaves half-done operations that recovery undoes
-/// or completes (a journal transaction, a directory insertion, an unfinished table update);
-/// they are not damage, and only damage that survives recovery is reported, after the
-/// [`ProblemKind::NotClean`] problem, whose detail says what recovery did. Where recovery
-/// fails, the volume is examined as the crash left it.
+/// A volume that was not closed cleanly is checked as its next mount will leave it: the check
+/// recovers it on a [`ShadowRegion`](pmfs_core::pm::ShadowRegion) over `media`, which keeps what
+/// recovery writes in memory, and examines the result. A crash leaves half-done operations that
+/// recovery undoes or completes (a journal transaction, a directory insertion, an unfinished table
+/// update); they are not damage, and only damage that survives recovery is reported, after the
+/// [`ProblemKind::NotClean`] problem, whose detail says what recovery did. Where recovery fails,
+/// the volume is examined as the crash left it.
 pub fn check(media: Arc<dyn Media>) -> Result<Report> {
     let (fs, src, clean) = Fs::open_for_check(media.clone())?;
     if clean {

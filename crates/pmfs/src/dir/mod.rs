@@ -645,7 +645,10 @@ fn linked_anywhere(fs: &Fs, h: Handle) -> Result<bool> {
         let map = fs.map.open_file(fs.file_id(ino))?;
         runs.clear();
         fs.map.lookup(&map, 0, pages, &mut runs)?;
-        for b in runs.iter().flat_map(|r| (0..r.len).map(move |i| r.pblk + i)) {
+        for b in runs
+            .iter()
+            .flat_map(|r| (0..r.len).map(move |i| r.pblk + i))
+        {
             m.read(b.offset(), &mut buf)?;
             let mut found = false;
             PageView::new(&buf).each_linked(&mut |w| found |= w == h.word());
