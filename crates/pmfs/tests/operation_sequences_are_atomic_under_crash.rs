@@ -18,9 +18,9 @@ use std::sync::Arc;
 
 use pmfs::{File, MappingKind, OpenOptions, Volume};
 use pmfs_core::pm::{HeapRegion, Media};
-use pmfs_core::sim::{Explorer, SAMPLES_ENV, SimRegion};
+use pmfs_core::sim::SimRegion;
 
-use common::crash::{SIM_SIZE, recover_and_check, sim_options};
+use common::crash::{SIM_SIZE, light_explorer, recover_and_check, sim_options};
 use common::crash_image::check_crashed;
 use common::{Snapshot, snapshot};
 use rng::Rng;
@@ -131,15 +131,6 @@ fn sequence(kind: MappingKind, seed: u64) -> (Vec<Op>, Vec<Snapshot>) {
     (ops, snaps)
 }
 
-fn explorer(seed: u64) -> Explorer {
-    let e = Explorer::new(seed).exhaustive_limit(8);
-    if std::env::var_os(SAMPLES_ENV).is_some() {
-        e
-    } else {
-        e.samples(8)
-    }
-}
-
 fn check_sequence(kind: MappingKind, seed: u64) {
     let (ops, snaps) = sequence(kind, seed);
     let region = Arc::new(SimRegion::new(SIM_SIZE).unwrap());
@@ -148,7 +139,7 @@ fn check_sequence(kind: MappingKind, seed: u64) {
     region.persist_all();
     let held = RefCell::new(Vec::new());
     let (at, done) = (Cell::new(0), Cell::new(false));
-    explorer(seed)
+    light_explorer(seed)
         .run(
             &region,
             |_| {

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use pmfs::{MappingKind, MountReport, OpenOptions, Volume};
 use pmfs_core::layout::PmOff;
 use pmfs_core::pm::{HeapRegion, Media};
-use pmfs_core::sim::{Explorer, SAMPLES_ENV, SimRegion};
+use pmfs_core::sim::SimRegion;
 
-use common::crash::{SIM_SIZE, sim_options};
+use common::crash::{SIM_SIZE, light_explorer, sim_options};
 use common::{Snapshot, snapshot};
 
 /// What a mount of a crash image shows: its report, namespace and free blocks and inodes.
@@ -104,17 +104,6 @@ fn compare(image: &[u8]) -> Result<(), String> {
     }
 }
 
-/// Each image is mounted twice, so this samples fewer images per crash point than the other
-/// crash tests: 8 unless `PMFS_CRASH_SAMPLES` says otherwise.
-fn explorer(seed: u64) -> Explorer {
-    let e = Explorer::new(seed).exhaustive_limit(8);
-    if std::env::var_os(SAMPLES_ENV).is_some() {
-        e
-    } else {
-        e.samples(8)
-    }
-}
-
 /// The crash images of the workload on `kind`'s volume (a test per mapping: they run in
 /// parallel).
 fn read_only_mounts_see_what_recovery_leaves(kind: MappingKind, seed: u64) {
@@ -125,7 +114,7 @@ fn read_only_mounts_see_what_recovery_leaves(kind: MappingKind, seed: u64) {
     vol.write("/f", &vec![7u8; 3 << 12]).unwrap();
     region.persist_all();
     let open = RefCell::new(None);
-    explorer(seed)
+    light_explorer(seed)
         .run(
             &region,
             |_| {

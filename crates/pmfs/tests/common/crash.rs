@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use pmfs::{MappingKind, Options, Volume, fsck};
 use pmfs_core::pm::{HeapRegion, Media};
-use pmfs_core::sim::{Explorer, SimRegion};
+use pmfs_core::sim::{Explorer, SAMPLES_ENV, SimRegion};
 
 use super::crash_image::check_crashed;
 use super::{Snapshot, snapshot};
@@ -22,6 +22,18 @@ pub fn sim_options(kind: MappingKind) -> Options {
         inodes: Some(64),
         journal_slots: 2,
         ..Options::with_mapping(kind)
+    }
+}
+
+/// An explorer for the tests whose workloads have many crash points or that check each image
+/// more than once: crash points of up to 8 images enumerated, 8 sampled at the others unless
+/// `PMFS_CRASH_SAMPLES` says otherwise.
+pub fn light_explorer(seed: u64) -> Explorer {
+    let e = Explorer::new(seed).exhaustive_limit(8);
+    if std::env::var_os(SAMPLES_ENV).is_some() {
+        e
+    } else {
+        e.samples(8)
     }
 }
 
