@@ -6,7 +6,8 @@
 # Knobs for longer local runs (CI keeps the defaults):
 #   PROPTEST_CASES         proptest cases per property (default 64 here)
 #   PMFS_CRASH_SAMPLES     post-crash images sampled per crash point when not exhaustive (unset:
-#                          each sweep's own default, 64 or 4 for the data-path sweeps, see README)
+#                          each sweep's own default, 64, 8 or 4, see README)
+#   PMFS_CRASH_SEQUENCES   random operation sequences per mapping cut by crashes (default 2)
 #   LOOM_MAX_PREEMPTIONS   loom's preemption bound (default 2)
 #   FUZZ_SECONDS           seconds per fuzz target (default 60); PMFS_SKIP_FUZZ=1 skips it
 set -euo pipefail
