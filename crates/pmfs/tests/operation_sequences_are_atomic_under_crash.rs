@@ -16,7 +16,7 @@ mod rng;
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
-use pmfs::{File, MappingKind, OpenOptions, Volume};
+use pmfs::{File, MappingKind, OpenOptions, RenameFlags, Volume};
 use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::SimRegion;
 
@@ -39,6 +39,7 @@ enum Op {
     Unlink(String),
     UnlinkHeld(String),
     Rename(String, String),
+    Exchange(String, String),
     Link(String, String),
     Mkdir(String),
     Rmdir(String),
@@ -53,7 +54,7 @@ fn path(rng: &mut Rng) -> String {
 
 fn random_op(rng: &mut Rng) -> Op {
     let (a, b) = (path(rng), path(rng));
-    match rng.range(0, 11) {
+    match rng.range(0, 12) {
         0 => Op::Create(a),
         1 => Op::Write(a, rng.range(0, 6000), rng.range(1, 3 * 4096) as usize),
         2 => Op::Append(a, rng.range(1, 5000) as usize),
@@ -64,6 +65,7 @@ fn random_op(rng: &mut Rng) -> Op {
         8 => Op::Link(a, b),
         9 => Op::Mkdir(a),
         10 => Op::Rmdir(a),
+        11 => Op::Exchange(a, b),
         _ => Op::Symlink(b, a),
     }
 }
@@ -98,6 +100,14 @@ fn apply(v: &Volume, tag: usize, op: &Op, held: &mut Vec<File>) -> pmfs::Result<
             Ok(())
         }
         Op::Rename(from, to) => v.rename(from, to),
+        Op::Exchange(a, b) => v.rename_with(
+            a,
+            b,
+            RenameFlags {
+                exchange: true,
+                ..RenameFlags::default()
+            },
+        ),
         Op::Link(from, to) => v.hard_link(from, to),
         Op::Mkdir(p) => v.create_dir(p),
         Op::Rmdir(p) => v.remove_dir(p),
