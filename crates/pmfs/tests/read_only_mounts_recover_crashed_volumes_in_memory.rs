@@ -12,11 +12,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use pmfs::{MappingKind, MountReport, OpenOptions, Volume};
-use pmfs_core::layout::PmOff;
 use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::SimRegion;
 
 use common::crash::{SIM_SIZE, light_explorer, sim_options};
+use common::crash_image::unchanged;
 use common::{Snapshot, snapshot};
 
 /// What a mount of a crash image shows: its report, namespace and free blocks and inodes.
@@ -65,12 +65,6 @@ fn differences(ro: &View, rw: &View) -> String {
     d.join("; ")
 }
 
-fn image_of(media: &dyn Media) -> Vec<u8> {
-    let mut b = vec![0u8; media.size() as usize];
-    media.read(PmOff(0), &mut b).unwrap();
-    b
-}
-
 /// The read-only mount of `image` against a read-write mount of a copy of it.
 fn compare(image: &[u8]) -> Result<(), String> {
     let media: Arc<dyn Media> = Arc::new(HeapRegion::from_image(image).unwrap());
@@ -81,15 +75,7 @@ fn compare(image: &[u8]) -> Result<(), String> {
     }
     let seen = view(&ro);
     ro.close().map_err(|e| e.to_string())?;
-    if let Some(at) = image_of(&*media)
-        .iter()
-        .zip(image)
-        .position(|(a, b)| a != b)
-    {
-        return Err(format!(
-            "the read-only mount wrote to the image (at byte {at:#x})"
-        ));
-    }
+    unchanged(&*media, image, "the read-only mount")?;
     let rw = Volume::mount(Arc::new(HeapRegion::from_image(image).unwrap()))
         .map_err(|e| format!("read-write mount failed: {e}"))?;
     let recovered = view(&rw);

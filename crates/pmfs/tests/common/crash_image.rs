@@ -26,14 +26,15 @@ pub fn check_crashed(image: &[u8]) -> Result<(), String> {
     {
         return Err(format!("fsck of the crash image: {:#?}", report.problems));
     }
-    let mut after = vec![0u8; image.len()];
-    media
-        .read(PmOff(0), &mut after)
-        .map_err(|e| e.to_string())?;
-    if let Some(at) = after.iter().zip(image).position(|(a, b)| a != b) {
-        return Err(format!(
-            "fsck of the crash image wrote to it (at byte {at:#x})"
-        ));
+    unchanged(&*media, image, "fsck of the crash image")
+}
+
+/// Fails, naming `who` and the first byte that differs, unless `media` still holds `image`.
+pub fn unchanged(media: &dyn Media, image: &[u8], who: &str) -> Result<(), String> {
+    let mut now = vec![0u8; image.len()];
+    media.read(PmOff(0), &mut now).map_err(|e| e.to_string())?;
+    match now.iter().zip(image).position(|(a, b)| a != b) {
+        Some(at) => Err(format!("{who} wrote to the image (at byte {at:#x})")),
+        None => Ok(()),
     }
-    Ok(())
 }
