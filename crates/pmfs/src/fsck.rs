@@ -17,9 +17,9 @@
 //!   not damage (the next read-write mount frees them);
 //! - blocks: every block a mapping or a file's log reports lies in the data region and is
 //!   owned once, each log's chain and entries are readable as mount's recovery reads them and
-//!   its digest cursor lies within it, no file maps blocks past both its end and its
-//!   `MAPPED_END` word (nor, on a cleanly closed volume of a format that makes the word the
-//!   bound, past the word alone, unless it is an orphan), and used + free equals the data
+//!   its digest cursor lies within it, no file but an orphan maps blocks past both its end
+//!   and its `MAPPED_END` word (nor, on a cleanly closed volume of a format that makes the
+//!   word the bound, past the word alone), and used + free equals the data
 //!   region (no leak) where the free count is the allocator's persistent state (the baseline
 //!   bitmap) or the HashFS table, the bitmap only on a cleanly closed volume (it is synced at
 //!   the clean close, and rebuilt by the mount after any other end). A cleanly closed volume
@@ -658,7 +658,10 @@ impl Checker<'_> {
                     }
                 }
             }
-            if info.kind != Some(Kind::Dir) {
+            // An orphan's blocks all go when the mount frees it, wherever they lie. Freeing
+            // a file zeroes its MAPPED_END first, so one that a crash cut short can map
+            // blocks past both its end and the word.
+            if info.kind != Some(Kind::Dir) && !orphans.contains(&u64::from(ino)) {
                 // Regular files may map blocks past their end up to MAPPED_END (fallocate
                 // with KEEP_SIZE); MAPPED_END bounds every mapped block.
                 let mapped_end = match info.kind {
@@ -669,11 +672,9 @@ impl Checker<'_> {
                 let eof = size_blocks.max(mapped_end);
                 // From MAPPED_END_VERSION on the word alone bounds the mapped blocks, once the
                 // logs are digested (a crash may leave the word of an unfinished digest
-                // behind, which the mount's digest raises again). Not on an orphan: freeing a
-                // file zeroes the word first, and the mount frees what a crash left halfway.
+                // behind, which the mount's digest raises again).
                 if info.kind == Some(Kind::File)
                     && self.clean
-                    && !orphans.contains(&u64::from(ino))
                     && fs.geo.version >= format::MAPPED_END_VERSION
                     && mapped_end < size_blocks
                 {
