@@ -165,8 +165,9 @@ fn seeks_agree_with_the_layout_across_lookup_chunks() {
     }
 }
 
-/// `copy_range` copies bytes (holes as zeros) in several pieces, stops at the end of the
-/// source, works within one file, and needs a readable source and a writable target.
+/// `copy_range` copies bytes (holes as zeros) in several pieces, stops at the end the source
+/// had when it started, works within one file between ranges that do not overlap, and needs
+/// a readable source and a writable target.
 #[test]
 fn ranges_copy_between_and_within_files() {
     const B: u64 = 4096;
@@ -208,6 +209,27 @@ fn ranges_copy_between_and_within_files() {
         let mut moved = vec![0u8; (4 * B + 1) as usize];
         src.read_at(&mut moved, 2 << 20).unwrap();
         assert!(moved[..] == data[..moved.len()]);
+        // Past its own end: the size at the start bounds the copy, which does not go on to
+        // copy what it wrote.
+        let end = src_len as u64 + 10;
+        assert_eq!(
+            src.copy_range(B, &src, end, u64::MAX).unwrap(),
+            src_len as u64 - B
+        );
+        assert_eq!(src.size().unwrap(), end + src_len as u64 - B);
+        let mut tail = vec![0u8; src_len - B as usize];
+        src.read_at(&mut tail, end).unwrap();
+        assert!(
+            tail[..] == data[B as usize..],
+            "{kind:?}: copy past the end differs"
+        );
+        // Overlapping ranges of one file.
+        for (from, to) in [(0, B), (B, 0), (B, B)] {
+            assert!(matches!(
+                src.copy_range(from, &src, to, 2 * B),
+                Err(Error::InvalidArgument(_))
+            ));
+        }
 
         // Handles without the access a copy needs.
         let ro = OpenMode { write: false, ..RW };

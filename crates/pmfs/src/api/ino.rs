@@ -795,14 +795,23 @@ impl OpenNode {
         self.fs.write_at(&self.node, buf, offset)
     }
 
-    /// Copies up to `len` bytes at `offset` of this file to `to_offset` of `to` (which may be
-    /// this file, at a range that does not overlap) and returns how many it copied: fewer only
-    /// when this file ends first. Holes are copied as zeros. The copy goes in pieces of at
-    /// most 1 MiB, each one atomic and durable write, so a crash can leave a prefix of the
-    /// copy behind (as `copy_file_range(2)` can).
+    /// Copies up to `len` bytes at `offset` of this file to `to_offset` of `to` and returns
+    /// how many it copied: fewer only when this file ends first, its size when the copy
+    /// starts bounding it (as `copy_file_range(2)`). `to` may be this file, at a range that
+    /// does not overlap the copied one ([`Error::InvalidArgument`] if it does). Holes are
+    /// copied as zeros. The copy goes in pieces of at most 1 MiB, each one atomic and durable
+    /// write, so a crash can leave a prefix of the copy behind (as `copy_file_range(2)` can).
     pub fn copy_range(&self, offset: u64, to: &OpenNode, to_offset: u64, len: u64) -> Result<u64> {
         if !to.mode.write {
             return Err(Error::BadHandle("file not opened for writing"));
+        }
+        // What the file holds when the copy starts: a copy into this file past its end must
+        // not go on to copy what it wrote itself.
+        let len = len.min(self.size()?.saturating_sub(offset));
+        if self.ino() == to.ino() && offset.max(to_offset) < offset.min(to_offset) + len {
+            return Err(Error::InvalidArgument(
+                "copy between overlapping ranges of one file",
+            ));
         }
         let mut buf = vec![0u8; len.min(COPY_CHUNK) as usize];
         let mut done = 0;
