@@ -39,9 +39,14 @@ pub fn light_explorer(seed: u64) -> Explorer {
 
 /// Mounts `image` (recovering it), snapshots it, closes it and runs fsck.
 pub fn recover_and_check(image: &[u8]) -> Result<Snapshot, String> {
+    recover_and_check_with(image, snapshot)
+}
+
+/// [`recover_and_check`] that returns what `look` sees of the recovered volume.
+pub fn recover_and_check_with<T>(image: &[u8], look: impl Fn(&Volume) -> T) -> Result<T, String> {
     let media: Arc<dyn Media> = Arc::new(HeapRegion::from_image(image).map_err(|e| e.to_string())?);
     let vol = Volume::mount(media.clone()).map_err(|e| format!("mount failed: {e}"))?;
-    let snap = snapshot(&vol);
+    let snap = look(&vol);
     vol.close().map_err(|e| format!("close failed: {e}"))?;
     let report = fsck::check(media).map_err(|e| format!("fsck failed: {e}"))?;
     if !report.is_clean() {
