@@ -63,6 +63,9 @@ pub enum Error {
         /// The block size it must be a multiple of.
         block: u64,
     },
+    /// A write to a region mapped read-only ([`ReadOnlyRegion`](crate::pm::ReadOnlyRegion)).
+    #[error("write to a read-only region")]
+    ReadOnly,
     /// An operating-system error.
     #[error(transparent)]
     Io(#[from] std::io::Error),

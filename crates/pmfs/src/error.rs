@@ -137,6 +137,7 @@ impl From<pmfs_core::Error> for Error {
                 at,
             },
             pmfs_core::Error::NoSpace => Error::NoSpace,
+            pmfs_core::Error::ReadOnly => Error::ReadOnly,
             pmfs_core::Error::InvalidArgument(what) => Error::InvalidArgument(what),
             pmfs_core::Error::Unsupported(what) => Error::Unsupported(what),
             pmfs_core::Error::Io(e) => Error::Io(e),

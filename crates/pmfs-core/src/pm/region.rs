@@ -282,7 +282,7 @@ fn client_lock(kind: libc::c_int) -> libc::flock {
     l
 }
 
-fn check_size(size: u64) -> Result<usize> {
+pub(super) fn check_size(size: u64) -> Result<usize> {
     if size < MIN_POOL_SIZE {
         return Err(Error::PoolTooSmall {
             size,
@@ -634,7 +634,7 @@ impl PmRegion {
     }
 }
 
-const NOT_A_FILE: &str = "a pool must be a regular file";
+pub(super) const NOT_A_FILE: &str = "a pool must be a regular file";
 
 const NO_LIBPMEM: &str = "the libpmem backend needs pmfs-core's `libpmem` feature";
 
