@@ -50,9 +50,9 @@ pub(crate) enum Opening {
     Format,
     /// Opens them for use (recovering them after a crash is the caller's step).
     Open,
-    /// Opens them for the checker, which only reads: state a dead process left behind that
-    /// recovery would discard (cuckoo bucket locks and move gate) is ignored, and HashFS
-    /// free slots are counted without the tokens that keep a count.
+    /// Opens them for the checker and read-only mounts, which only read: state a dead
+    /// process left behind that recovery would discard (cuckoo bucket locks and move gate) is
+    /// ignored, and HashFS free slots are counted without the tokens that keep a count.
     Inspect,
 }
 

@@ -450,7 +450,13 @@ impl Fs {
             used_backup_superblock: src == SbSource::Backup,
             ..MountReport::default()
         };
-        let parts = parts::build(&media, &geo, Opening::Open)?;
+        // A read-only mount writes nothing, not even the tokens of a HashFS free count.
+        let how = if read_only {
+            Opening::Inspect
+        } else {
+            Opening::Open
+        };
+        let parts = parts::build(&media, &geo, how)?;
         if !clean {
             parts.map.recover()?;
         }

@@ -530,7 +530,11 @@ impl Fs {
     /// Notes that the kernel may cache pages of `ino` ([`flag::KERNEL_CACHED`]): called by the
     /// owner before it reads the file for the kernel.
     pub fn note_kernel_cached(&self, ino: u32) -> Result<()> {
-        if self.client || self.inodes.flags(self.m(), ino)? & flag::KERNEL_CACHED != 0 {
+        // Nobody writes a read-only volume's files, so the kernel's pages never go stale.
+        if self.client
+            || self.read_only
+            || self.inodes.flags(self.m(), ino)? & flag::KERNEL_CACHED != 0
+        {
             return Ok(());
         }
         // A change of group stores the flags' word whole, under the inode's lock.
