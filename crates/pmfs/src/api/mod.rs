@@ -13,7 +13,7 @@ pub(crate) mod types;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use pmfs_core::pm::{Media, PmRegion};
+use pmfs_core::pm::{Media, PmRegion, ReadOnlyRegion};
 use pmfs_core::traits::MappingKind;
 
 use self::file::{File, OpenOptions};
@@ -130,6 +130,19 @@ impl Volume {
         let region = PmRegion::open(path)?;
         let lock = owner_lock(path)?;
         Volume::mount(Arc::new(region)).map(|v| v.holding(lock))
+    }
+
+    /// Opens the pool file `path` for reading only and mounts its volume read-only
+    /// ([`mount_read_only`](Volume::mount_read_only)): the file needs no write permission, its
+    /// mapping has none, and a volume that was not closed cleanly is recovered in memory.
+    /// Every change fails with [`Error::ReadOnly`] (`EROFS`). The volume holds the pool's
+    /// owner lock as [`open`](Volume::open) does: a pool another owner holds fails with
+    /// [`Error::PoolInUse`], and no owner can open the pool while this volume lives.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Volume> {
+        let path = path.as_ref();
+        let region = ReadOnlyRegion::open(path)?;
+        let lock = owner_lock(path)?;
+        Volume::mount_read_only(Arc::new(region)).map(|v| v.holding(lock))
     }
 
     fn holding(self, lock: std::fs::File) -> Volume {
