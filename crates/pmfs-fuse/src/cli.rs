@@ -281,7 +281,11 @@ fn verdict(r: &pmfs::fsck::Report) -> String {
 }
 
 fn fsck_cmd(a: FsckArgs) -> Result<()> {
-    let pool = Pool::open(&a.pool)?;
+    let pool = if a.repair {
+        Pool::open(&a.pool)?
+    } else {
+        Pool::open_read_only(&a.pool)?
+    };
     let media = pool.media()?;
     let shown = pool.path().display().to_string();
     let sp = spinner(if a.repair { "repairing" } else { "checking" });
@@ -378,7 +382,7 @@ fn info_cmd(a: InfoArgs) -> Result<()> {
     {
         return info_mounted(&abs, &dir);
     }
-    let pool = Pool::open(&a.pool)?;
+    let pool = Pool::open_read_only(&a.pool)?;
     let media = pool.media()?;
     let vol =
         pmfs::Volume::mount_read_only(media.clone()).map_err(|e| volume_error(pool.path(), e))?;

@@ -361,7 +361,11 @@ pub fn serve(
         // Leave the caller's session: the daemon outlives the terminal that started it.
         let _ = nix::unistd::setsid();
     }
-    let pool = Pool::open(pool)?;
+    let pool = if opts.read_only {
+        Pool::open_read_only(pool)?
+    } else {
+        Pool::open(pool)?
+    };
     let media = pool.media()?;
     let vol = if opts.read_only {
         pmfs::Volume::mount_read_only(media)

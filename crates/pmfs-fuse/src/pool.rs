@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use pmfs::{Options, Volume};
-use pmfs_core::pm::{Media, PmRegion};
+use pmfs_core::pm::{Media, PmRegion, ReadOnlyRegion};
 
 use crate::error::{Error, Result};
 
@@ -35,6 +35,8 @@ pub struct Pool {
     path: PathBuf,
     /// Holds the owner lock until the pool is dropped.
     file: File,
+    /// Opened for reading only: [`media`](Pool::media) maps it without write access.
+    read_only: bool,
 }
 
 fn shown(path: &Path) -> String {
@@ -60,7 +62,8 @@ fn open_error(path: &Path, e: io::Error) -> Error {
     match e.kind() {
         io::ErrorKind::NotFound => Error::new(format!("{}: no such pool file", shown(path))),
         io::ErrorKind::PermissionDenied => Error::new(format!(
-            "{}: permission denied (the pool file must be readable and writable)",
+            "{}: permission denied (the pool file must be readable and writable; `pmfs info`, \
+             `pmfs fsck` and `pmfs mount -o ro` only read it)",
             shown(path)
         )),
         io::ErrorKind::IsADirectory => {
@@ -107,17 +110,37 @@ pub fn volume_error(path: &Path, e: pmfs::Error) -> Error {
 impl Pool {
     /// Opens the existing pool `path` and takes its owner lock.
     pub fn open(path: &Path) -> Result<Pool> {
+        Pool::open_with(path, false)
+    }
+
+    /// Opens the existing pool `path` for reading only (it needs no write permission) and
+    /// takes its owner lock; its [`media`](Pool::media) refuse every write.
+    pub fn open_read_only(path: &Path) -> Result<Pool> {
+        Pool::open_with(path, true)
+    }
+
+    fn open_with(path: &Path, read_only: bool) -> Result<Pool> {
         let file = OpenOptions::new()
             .read(true)
-            .write(true)
+            .write(!read_only)
             .open(path)
-            .map_err(|e| open_error(path, e))?;
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::PermissionDenied if read_only => Error::new(format!(
+                    "{}: permission denied (the pool file must be readable)",
+                    shown(path)
+                )),
+                _ => open_error(path, e),
+            })?;
         if !file.metadata().map_err(|e| open_error(path, e))?.is_file() {
             return Err(Error::new(format!("{}: not a regular file", shown(path))));
         }
         lock(&file, path)?;
         let path = path.canonicalize().map_err(|e| open_error(path, e))?;
-        Ok(Pool { path, file })
+        Ok(Pool {
+            path,
+            file,
+            read_only,
+        })
     }
 
     /// Creates the pool file `path` of `size` bytes (mode 0600), locked, with its space
@@ -173,7 +196,11 @@ impl Pool {
             return Err(e);
         }
         let path = path.canonicalize().map_err(|e| open_error(path, e))?;
-        Ok(Pool { path, file })
+        Ok(Pool {
+            path,
+            file,
+            read_only: false,
+        })
     }
 
     /// The pool file's absolute path.
@@ -192,10 +219,14 @@ impl Pool {
         Ok((m.dev(), m.ino()))
     }
 
-    /// Maps the pool file.
+    /// Maps the pool file (without write access if it was opened read-only).
     pub fn media(&self) -> Result<Arc<dyn Media>> {
-        let region = PmRegion::open(&self.path).map_err(|e| media_error(&self.path, e))?;
-        Ok(Arc::new(region))
+        let media: Arc<dyn Media> = if self.read_only {
+            Arc::new(ReadOnlyRegion::open(&self.path).map_err(|e| media_error(&self.path, e))?)
+        } else {
+            Arc::new(PmRegion::open(&self.path).map_err(|e| media_error(&self.path, e))?)
+        };
+        Ok(media)
     }
 
     /// Formats the pool and returns the mounted volume.

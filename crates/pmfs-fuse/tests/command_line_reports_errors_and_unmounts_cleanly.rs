@@ -9,7 +9,9 @@ use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::process::Command;
 
-use common::{PMFS, Pool, TempDir, Unmount, mounted, pmfs, pmfs_ok, sh};
+use common::{
+    PMFS, Pool, TempDir, Unmount, mappings_of, mounted, pmfs, pmfs_as_nobody, pmfs_ok, sh,
+};
 
 fn one_line_error(args: &[&str]) -> String {
     let o = pmfs(args);
@@ -127,6 +129,22 @@ fn info_and_fsck_describe_the_volume() {
     assert!(fsck.ends_with("clean\n"), "{fsck}");
     let r = pmfs_ok(&["fsck", "--repair", p]);
     assert!(r.contains("clean"), "{r}");
+    // A pool its user may only read: info and fsck need no more, repair says what it needs.
+    fs::set_permissions(&pool.pool, fs::Permissions::from_mode(0o444)).unwrap();
+    for (args, out) in [(&["info", p][..], &info), (&["fsck", p], &fsck)] {
+        let o = pmfs_as_nobody(args);
+        assert!(o.status.success(), "{args:?}: {o:?}");
+        assert_eq!(&String::from_utf8_lossy(&o.stdout), out, "{args:?}");
+    }
+    let o = pmfs_as_nobody(&["fsck", "--repair", p]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        format!(
+            "pmfs: {p}: permission denied (the pool file must be readable and writable; \
+             `pmfs info`, `pmfs fsck` and `pmfs mount -o ro` only read it)\n"
+        )
+    );
+    fs::set_permissions(&pool.pool, fs::Permissions::from_mode(0o600)).unwrap();
     // --help for every command.
     for cmd in ["mkfs", "mount", "fsck", "info"] {
         let h = pmfs_ok(&[cmd, "--help"]);
@@ -148,11 +166,19 @@ fn signals_and_fusermount_unmount_cleanly() {
         assert!(status.success(), "daemon after SIG{signal}: {status}");
         assert!(!mounted(&dir));
         drop(m);
-        // Closed cleanly: a read-only mount reads what was written, and takes no write.
+        // Closed cleanly: a read-only mount reads what was written, takes no write, and
+        // writes nothing to the pool, which it maps read-only.
+        let before = fs::read(&pool.pool).unwrap();
         let m = pool.mount(&dir, &["ro"]);
         assert_eq!(fs::read(m.join(signal)).unwrap(), signal.as_bytes());
         assert!(fs::write(m.join("x"), b"x").is_err());
+        sh(&format!("df {} && ls -l {}", dir.display(), dir.display()));
+        assert_eq!(mappings_of(&pool.pool), ["r--s"]);
         m.unmount();
+        assert!(
+            fs::read(&pool.pool).unwrap() == before,
+            "the read-only mount wrote"
+        );
     }
     // The background start returns once mounted; fusermount3 -u stops the daemon.
     let _guard = Unmount(dir.clone());
@@ -254,6 +280,11 @@ fn info_and_the_mount_after_a_crash_say_what_was_repaired() {
         )
     );
     assert_eq!(fs::read(dir.join("kept")).unwrap(), b"kept");
+    assert_eq!(
+        mappings_of(&pool.pool),
+        ["r--s"],
+        "the daemon maps the pool read-only"
+    );
     unmount();
     assert!(
         fs::read(&pool.pool).unwrap() == left,

@@ -103,6 +103,33 @@ pub fn as_nobody(cmd: &str) -> bool {
         .success()
 }
 
+/// Runs `pmfs` with `args` as the unprivileged user.
+pub fn pmfs_as_nobody(args: &[&str]) -> Output {
+    let id = NOBODY.to_string();
+    Command::new("setpriv")
+        .args(["--reuid", &id, "--regid", &id, "--clear-groups", PMFS])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// The permissions of every mapping of `file` in every process, as `/proc/PID/maps` lists
+/// them.
+pub fn mappings_of(file: &Path) -> Vec<String> {
+    let file = file.canonicalize().unwrap();
+    let mut perms = Vec::new();
+    for proc in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(maps) = fs::read_to_string(proc.path().join("maps")) else {
+            continue;
+        };
+        for l in maps.lines().filter(|l| l.ends_with(file.to_str().unwrap())) {
+            perms.push(l.split_whitespace().nth(1).unwrap().to_owned());
+        }
+    }
+    perms
+}
+
 /// Whether `dir` is a pmfs mount point now.
 pub fn mounted(dir: &Path) -> bool {
     let want = dir.to_string_lossy().replace(' ', "\\040");
