@@ -134,7 +134,15 @@ pub(crate) fn build(media: &Pm, g: &Geometry, how: Opening) -> Result<Parts> {
             });
             let counter = t.clone();
             let free: FreeCount = if how == Opening::Inspect {
-                Box::new(move || Ok(counter.count_free()?))
+                // Nothing changes the table of a volume opened this way: one scan counts it.
+                let counted = std::sync::OnceLock::new();
+                Box::new(move || {
+                    if let Some(&n) = counted.get() {
+                        return Ok(n);
+                    }
+                    let n = counter.count_free()?;
+                    Ok(*counted.get_or_init(|| n))
+                })
             } else {
                 Box::new(move || Ok(counter.free_blocks()?))
             };
