@@ -45,7 +45,7 @@ use pmfs_core::traits::{Extent, Run};
 use crate::dir::page::{PAGE, PageView, Pending};
 use crate::error::{Error, Result};
 use crate::format::{self, SbSource};
-use crate::fs::Fs;
+use crate::fs::{Fs, Release};
 use crate::inode::{Handle, INODE_VERSION, Kind, field};
 use crate::journal::SlotContent;
 
@@ -1035,7 +1035,7 @@ fn fix(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
         }
         let names = model.names.get(&ino).map_or(&[][..], |v| &v[..]);
         if info.nlink == 0 && names.is_empty() {
-            fs.free_inode(info.h, None, true)?;
+            fs.free_inode(info.h, None, Release::Everything)?;
             actions.push(format!("freed orphan inode {ino}"));
             continue;
         }

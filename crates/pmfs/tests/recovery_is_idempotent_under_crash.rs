@@ -89,6 +89,26 @@ fn recovery_of_a_create_or_unlink_survives_crashes() {
 }
 
 #[test]
+fn recovery_that_frees_several_orphans_survives_crashes() {
+    // Two files unlinked while open: the recovery frees both orphans (on the cuckoo table
+    // from one pass over it for both).
+    for kind in KINDS {
+        check(
+            kind,
+            35,
+            |v| {
+                tree(v);
+                (v.open_file("/d/a").unwrap(), v.open_file("/d/b").unwrap())
+            },
+            |v, _| {
+                v.remove_file("/d/a")?;
+                v.remove_file("/d/b")
+            },
+        );
+    }
+}
+
+#[test]
 fn recovery_of_a_journaled_rename_or_truncate_survives_crashes() {
     for kind in KINDS {
         check(kind, 33, tree, |v, _| v.rename("/d/a", "/d/b"));

@@ -43,7 +43,7 @@ use pmfs_core::traits::Run;
 use self::frag::{FragPos, Fragments};
 use self::page::{HEAD, PAGE, PageView, Pending, TAIL};
 use crate::error::{Error, Result};
-use crate::fs::Fs;
+use crate::fs::{Fs, Release};
 use crate::hash::FastMap;
 use crate::inode::{Handle, Kind, field};
 use crate::mapping::MapFile;
@@ -682,7 +682,7 @@ fn repair_pending(
                 if h.ino != 0 && u64::from(h.ino) < fs.inodes.count() {
                     let rec = fs.inodes.read(m, h.ino)?;
                     if rec.state == h.live_state() && !linked_anywhere(fs, h)? {
-                        fs.free_inode(h, None, true)?;
+                        fs.free_inode(h, None, Release::Everything)?;
                     }
                 }
             }

@@ -161,8 +161,8 @@ use pmfs_core::layout::BLOCK_SIZE;
 use pmfs_core::log::{HeadWord, Log};
 use pmfs_core::traits::{BlockAllocator, Run};
 
-use super::Fs;
 use super::path::{Follow, Target};
+use super::{Fs, Release};
 use crate::error::{Error, Result};
 use crate::hash::FastMap;
 use crate::inode::{Handle, Kind, field, flag};
@@ -540,7 +540,7 @@ impl Fs {
         }
         if orphan {
             if rec.nlink == 0 {
-                self.free_inode(n.h, n.map.get(), false)?;
+                self.free_inode(n.h, n.map.get(), Release::Bounded)?;
             }
             return Ok(());
         }
