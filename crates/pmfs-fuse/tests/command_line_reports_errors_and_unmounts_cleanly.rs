@@ -10,7 +10,7 @@ use std::os::unix::fs::{PermissionsExt, symlink};
 use std::process::Command;
 
 use common::{
-    PMFS, Pool, TempDir, Unmount, mappings_of, mounted, pmfs, pmfs_as_nobody, pmfs_ok, sh,
+    PMFS, Pool, TempDir, Unmount, mappings_of, mounted, pmfs, pmfs_as_nobody, pmfs_ok, sh, wait_for,
 };
 
 fn one_line_error(args: &[&str]) -> String {
@@ -160,9 +160,9 @@ fn signals_and_fusermount_unmount_cleanly() {
     for signal in ["TERM", "INT"] {
         let mut m = pool.mount(&dir, &[]);
         fs::write(m.join(signal), signal).unwrap();
-        let mut daemon = m.daemon.take().unwrap();
+        let daemon = m.daemon.take().unwrap();
         sh(&format!("kill -{signal} {}", daemon.id()));
-        let status = daemon.wait().unwrap();
+        let status = wait_for(daemon, std::time::Duration::from_secs(30));
         assert!(status.success(), "daemon after SIG{signal}: {status}");
         assert!(!mounted(&dir));
         drop(m);

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{PMFS, Pool, TempDir, mounted, pmfs, pmfs_ok, sh};
+use common::{PMFS, Pool, TempDir, mounted, pmfs, pmfs_ok, sh, wait_for};
 
 fn fusectl_mounted() -> bool {
     fs::read_to_string("/proc/self/mountinfo")
@@ -73,7 +73,7 @@ fn a_busy_mount_is_kept_unless_detached_lazily() {
     let mut daemon = m.daemon.take().unwrap();
     assert!(daemon.try_wait().unwrap().is_none());
     drop(open);
-    let status = daemon.wait().unwrap();
+    let status = wait_for(daemon, std::time::Duration::from_secs(30));
     assert!(status.success(), "daemon exited with {status}");
 
     let m = pool.mount(&dir, &[]);

@@ -248,7 +248,10 @@ impl Mount {
     }
 }
 
-fn wait_for(mut child: Child, limit: Duration) -> std::process::ExitStatus {
+/// Waits up to `limit` for `child` to exit and returns its status; kills it after that (its
+/// status then says so), so that a daemon that does not stop fails the test instead of
+/// hanging it.
+pub fn wait_for(mut child: Child, limit: Duration) -> std::process::ExitStatus {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(s) = child.try_wait().unwrap() {
