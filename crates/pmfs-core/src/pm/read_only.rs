@@ -1,13 +1,12 @@
 //! A pool file mapped without write access: what inspects a pool that the process may only
 //! read (a file of another user, mode 0444, on a read-only file system or snapshot).
 
-use std::fs::{File, OpenOptions};
-use std::io;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::procs::DevIno;
-use super::region::{NOT_A_FILE, check_size};
+use super::region::{NOT_A_FILE, check_size, open_pool_file};
 use crate::error::{Error, Result};
 use crate::layout::PmOff;
 
@@ -33,15 +32,7 @@ impl ReadOnlyRegion {
     /// with [`Error::InvalidArgument`] if `path` is not a regular file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let file = OpenOptions::new()
-            .read(true)
-            .open(path)
-            .map_err(|e| match e.kind() {
-                io::ErrorKind::NotFound => Error::PoolNotFound(path.to_owned()),
-                io::ErrorKind::IsADirectory => Error::InvalidArgument(NOT_A_FILE),
-                _ => Error::Io(e),
-            })?;
-        Self::map(&file, path)
+        Self::map(&open_pool_file(path, false)?, path)
     }
 
     fn map(file: &File, path: &Path) -> Result<Self> {

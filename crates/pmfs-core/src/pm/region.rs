@@ -430,15 +430,7 @@ impl PmRegion {
     pub fn open_with(path: impl AsRef<Path>, backend: Backend) -> Result<Self> {
         let path = path.as_ref();
         check_backend(backend)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|e| match e.kind() {
-                io::ErrorKind::NotFound => Error::PoolNotFound(path.to_owned()),
-                io::ErrorKind::IsADirectory => Error::InvalidArgument(NOT_A_FILE),
-                _ => Error::Io(e),
-            })?;
+        let file = open_pool_file(path, true)?;
         Self::open_file_with(file, path, backend)
     }
 
@@ -635,6 +627,20 @@ impl PmRegion {
 }
 
 pub(super) const NOT_A_FILE: &str = "a pool must be a regular file";
+
+/// Opens the existing pool file `path` for reading, and for writing if `write`: a missing
+/// file is [`Error::PoolNotFound`], a directory [`Error::InvalidArgument`].
+pub(super) fn open_pool_file(path: &Path, write: bool) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => Error::PoolNotFound(path.to_owned()),
+            io::ErrorKind::IsADirectory => Error::InvalidArgument(NOT_A_FILE),
+            _ => Error::Io(e),
+        })
+}
 
 const NO_LIBPMEM: &str = "the libpmem backend needs pmfs-core's `libpmem` feature";
 
