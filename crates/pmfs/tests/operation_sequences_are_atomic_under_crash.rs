@@ -8,8 +8,10 @@
 //! operation the crash cut (after, once it returned): its namespace, every file's contents,
 //! and every object's permission bits and extended attributes.
 //!
-//! Two sequences of 12 operations per mapping; `PMFS_CRASH_SEQUENCES` runs more, and
-//! `PMFS_CRASH_SEQUENCE` the one of that seed alone. Images sampled per crash point: 8, or
+//! Two sequences of 12 operations per mapping; `PMFS_CRASH_SEQUENCES=N` runs `N` (the first
+//! `N` seeds of each mapping), `PMFS_CRASH_SEQUENCES=A..B` the seeds `A..B` of each mapping
+//! (to go on from seeds already explored), and `PMFS_CRASH_SEQUENCE` the one of that seed
+//! alone. Images sampled per crash point: 8, or
 //! `PMFS_CRASH_SAMPLES`.
 
 mod common;
@@ -295,11 +297,31 @@ fn env(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-/// The sequences of one mapping, seeded from `first_seed` (a test per mapping: they run in
+/// The seeds `PMFS_CRASH_SEQUENCES` asks for, relative to a mapping's first seed: `N` or
+/// `A..B` (at most 1000, the seeds of one mapping).
+fn seed_offsets() -> std::ops::Range<u64> {
+    let Ok(v) = std::env::var("PMFS_CRASH_SEQUENCES") else {
+        return 0..2;
+    };
+    let bad = || panic!("PMFS_CRASH_SEQUENCES is N or A..B with A <= B <= 1000, not {v:?}");
+    let range = match v.trim().split_once("..") {
+        Some((a, b)) => {
+            a.trim().parse().unwrap_or_else(|_| bad())..b.trim().parse().unwrap_or_else(|_| bad())
+        }
+        None => 0..v.trim().parse().unwrap_or_else(|_| bad()),
+    };
+    if range.start > range.end || range.end > 1000 {
+        bad();
+    }
+    range
+}
+
+/// The sequences of one mapping, seeded from `first_seed` on (a test per mapping: they run in
 /// parallel), or the one `PMFS_CRASH_SEQUENCE` names if it is one of them (what a failure
 /// reports, to run it again alone).
 fn sequences_are_atomic(kind: MappingKind, first_seed: u64) {
-    let seeds = first_seed..first_seed + env("PMFS_CRASH_SEQUENCES").unwrap_or(2);
+    let offsets = seed_offsets();
+    let seeds = first_seed + offsets.start..first_seed + offsets.end;
     match env("PMFS_CRASH_SEQUENCE") {
         Some(seed) if (first_seed..first_seed + 1000).contains(&seed) => check_sequence(kind, seed),
         Some(_) => {}
