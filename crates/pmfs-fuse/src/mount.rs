@@ -362,7 +362,7 @@ pub fn serve(
         let _ = nix::unistd::setsid();
     }
     let pool = if opts.read_only {
-        Pool::open_read_only(pool)?
+        Pool::open_read_only_exclusive(pool)?
     } else {
         Pool::open(pool)?
     };

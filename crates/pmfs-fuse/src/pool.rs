@@ -2,9 +2,14 @@
 //! into one-line errors.
 //!
 //! # The owner lock
-//! Whoever formats, checks, inspects or serves a pool holds an exclusive `flock` on the pool
-//! file for as long as it works on it. The lock is advisory: it keeps two pmfs processes from
-//! owning one pool, and dies with its holder, so a killed daemon never leaves a stale lock.
+//! Whoever formats, repairs or serves a pool holds an exclusive `flock` on the pool file for as
+//! long as it works on it; whoever only reads it to check or inspect it (`fsck` without
+//! `--repair`, `info`) holds a shared one, which other readers may hold at the same time. The
+//! lock is advisory: it keeps two pmfs processes from owning one pool, and readers from a pool
+//! that a process writes, and dies with its holder, so a killed daemon never leaves a stale
+//! lock. A daemon serving a pool read-only holds it exclusively too: a data client finds the
+//! daemon of a mount that did not record itself in the pool as the one holder of the pool's
+//! exclusive lock (`/proc/locks`), and a reader beside it would be taken for it.
 //!
 //! # Attached data clients
 //! A mounted pool shows up in `/proc/self/mountinfo` as type `fuse.pmfs` with the pool file's
@@ -43,9 +48,25 @@ fn shown(path: &Path) -> String {
     path.display().to_string()
 }
 
-/// Takes the owner lock on `file`.
-fn lock(file: &File, path: &Path) -> Result<()> {
-    match file.try_lock() {
+/// How a pool is opened: for what access, under which kind of owner lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    /// Read and write, under the exclusive lock.
+    Write,
+    /// Read only, under a shared lock.
+    Read,
+    /// Read only, under the exclusive lock.
+    ReadExclusive,
+}
+
+/// Takes the owner lock on `file`: shared if `shared`, else exclusive.
+fn lock(file: &File, path: &Path, shared: bool) -> Result<()> {
+    let locked = if shared {
+        file.try_lock_shared()
+    } else {
+        file.try_lock()
+    };
+    match locked {
         Ok(()) => Ok(()),
         Err(std::fs::TryLockError::WouldBlock) => Err(Error::new(format!(
             "{}: pool is in use by another pmfs process (is it mounted?)",
@@ -110,16 +131,25 @@ pub fn volume_error(path: &Path, e: pmfs::Error) -> Error {
 impl Pool {
     /// Opens the existing pool `path` and takes its owner lock.
     pub fn open(path: &Path) -> Result<Pool> {
-        Pool::open_with(path, false)
+        Pool::open_with(path, Access::Write)
     }
 
     /// Opens the existing pool `path` for reading only (it needs no write permission) and
-    /// takes its owner lock; its [`media`](Pool::media) refuse every write.
+    /// takes its owner lock shared, which other readers may hold too; its
+    /// [`media`](Pool::media) refuse every write.
     pub fn open_read_only(path: &Path) -> Result<Pool> {
-        Pool::open_with(path, true)
+        Pool::open_with(path, Access::Read)
     }
 
-    fn open_with(path: &Path, read_only: bool) -> Result<Pool> {
+    /// Opens the existing pool `path` for reading only, as
+    /// [`open_read_only`](Pool::open_read_only) does, but takes its owner lock exclusively:
+    /// what a daemon serving the pool read-only does (see [the owner lock](self)).
+    pub fn open_read_only_exclusive(path: &Path) -> Result<Pool> {
+        Pool::open_with(path, Access::ReadExclusive)
+    }
+
+    fn open_with(path: &Path, access: Access) -> Result<Pool> {
+        let read_only = access != Access::Write;
         let file = OpenOptions::new()
             .read(true)
             .write(!read_only)
@@ -134,7 +164,7 @@ impl Pool {
         if !file.metadata().map_err(|e| open_error(path, e))?.is_file() {
             return Err(Error::new(format!("{}: not a regular file", shown(path))));
         }
-        lock(&file, path)?;
+        lock(&file, path, access == Access::Read)?;
         let path = path.canonicalize().map_err(|e| open_error(path, e))?;
         Ok(Pool {
             path,
@@ -181,7 +211,7 @@ impl Pool {
                 )),
                 _ => open_error(path, e),
             })?;
-        let made = lock(&file, path).and_then(|()| {
+        let made = lock(&file, path, false).and_then(|()| {
             pmfs_core::pm::preallocate(&file, 0, size, &mut |done| progress(done, size)).map_err(
                 |e| {
                     Error::new(format!(

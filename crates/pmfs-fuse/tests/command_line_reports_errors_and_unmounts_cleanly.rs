@@ -145,6 +145,29 @@ fn info_and_fsck_describe_the_volume() {
         )
     );
     fs::set_permissions(&pool.pool, fs::Permissions::from_mode(0o600)).unwrap();
+    // Readers share the pool: beside another reader's lock, info and fsck run; whatever
+    // writes or serves the pool does not.
+    let reader = fs::File::open(&pool.pool).unwrap();
+    reader.try_lock_shared().unwrap();
+    for (args, out) in [(&["info", p][..], &info), (&["fsck", p], &fsck)] {
+        assert_eq!(&pmfs_ok(args), out, "{args:?}");
+    }
+    let other = pool.mount_point("other");
+    for args in [
+        vec!["fsck", "--repair", p],
+        vec!["mkfs", p, "--force"],
+        vec!["mount", p, other.to_str().unwrap(), "-f"],
+        vec!["mount", p, other.to_str().unwrap(), "-f", "-o", "ro"],
+    ] {
+        let e = one_line_error(&args);
+        assert!(e.contains("in use"), "{args:?}: {e}");
+    }
+    drop(reader);
+    // A read-only mount holds the pool alone.
+    let m = pool.mount(&dir, &["ro"]);
+    let e = one_line_error(&["fsck", p]);
+    assert!(e.contains("in use"), "{e}");
+    m.unmount();
     // --help for every command.
     for cmd in ["mkfs", "mount", "fsck", "info"] {
         let h = pmfs_ok(&[cmd, "--help"]);

@@ -93,11 +93,17 @@ fn split_parent<'p>(
     }
 }
 
-/// Takes the owner lock of the pool file at `path`: an exclusive `flock`, held while the
-/// returned file is open.
-fn owner_lock(path: &Path) -> Result<std::fs::File> {
+/// Takes the owner lock of the pool file at `path`, held while the returned file is open: an
+/// exclusive `flock` for an owner that writes, a shared one for a reader (`shared`), which
+/// other readers may hold too.
+fn owner_lock(path: &Path, shared: bool) -> Result<std::fs::File> {
     let file = std::fs::File::open(path)?;
-    match file.try_lock() {
+    let locked = if shared {
+        file.try_lock_shared()
+    } else {
+        file.try_lock()
+    };
+    match locked {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(Error::PoolInUse),
         Err(std::fs::TryLockError::Error(e)) => Err(e.into()),
@@ -111,7 +117,7 @@ impl Volume {
     pub fn create(path: impl AsRef<Path>, opts: &Options) -> Result<Volume> {
         let path = path.as_ref();
         let region = PmRegion::create(path, opts.size)?;
-        let lock = owner_lock(path)?;
+        let lock = owner_lock(path, false)?;
         Volume::format(Arc::new(region), opts).map(|v| v.holding(lock))
     }
 
@@ -128,7 +134,7 @@ impl Volume {
     pub fn open(path: impl AsRef<Path>) -> Result<Volume> {
         let path = path.as_ref();
         let region = PmRegion::open(path)?;
-        let lock = owner_lock(path)?;
+        let lock = owner_lock(path, false)?;
         Volume::mount(Arc::new(region)).map(|v| v.holding(lock))
     }
 
@@ -136,12 +142,14 @@ impl Volume {
     /// ([`mount_read_only`](Volume::mount_read_only)): the file needs no write permission, its
     /// mapping has none, and a volume that was not closed cleanly is recovered in memory.
     /// Every change fails with [`Error::ReadOnly`] (`EROFS`). The volume holds the pool's
-    /// owner lock as [`open`](Volume::open) does: a pool another owner holds fails with
-    /// [`Error::PoolInUse`], and no owner can open the pool while this volume lives.
+    /// owner lock shared: other read-only volumes (and `pmfs info`, `pmfs fsck` and
+    /// `pmfs mount -o ro`) may open the pool meanwhile, an owner that writes may not
+    /// ([`open`](Volume::open) fails with [`Error::PoolInUse`]), and a pool such an owner
+    /// holds fails here with [`Error::PoolInUse`].
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Volume> {
         let path = path.as_ref();
         let region = ReadOnlyRegion::open(path)?;
-        let lock = owner_lock(path)?;
+        let lock = owner_lock(path, true)?;
         Volume::mount_read_only(Arc::new(region)).map(|v| v.holding(lock))
     }
 
