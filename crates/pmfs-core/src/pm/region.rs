@@ -269,7 +269,6 @@ fn page_size() -> usize {
     usize::try_from(p).unwrap_or(4096)
 }
 
-/// Checks a pool size and converts it to a mapping length.
 /// The record of a client lock ([`PmRegion::lock_as_client`]) of type `kind`: the pool file's
 /// first byte, which the owner's exclusive `flock` (another kind of lock) leaves alone.
 fn client_lock(kind: libc::c_int) -> libc::flock {
@@ -282,6 +281,7 @@ fn client_lock(kind: libc::c_int) -> libc::flock {
     l
 }
 
+/// Checks a pool size and converts it to a mapping length.
 pub(super) fn check_size(size: u64) -> Result<usize> {
     if size < MIN_POOL_SIZE {
         return Err(Error::PoolTooSmall {
