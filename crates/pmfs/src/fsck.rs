@@ -45,7 +45,7 @@ use pmfs_core::traits::{Extent, Run};
 use crate::dir::page::{PAGE, PageView, Pending};
 use crate::error::{Error, Result};
 use crate::format::{self, SbSource};
-use crate::fs::{Fs, Release};
+use crate::fs::Fs;
 use crate::inode::{Handle, INODE_VERSION, Kind, field};
 use crate::journal::SlotContent;
 
@@ -1027,18 +1027,20 @@ fn fix(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
     }
     let mut live: Vec<Info> = model.live.values().copied().collect();
     live.sort_by_key(|i| i.h.ino);
+    let names_of = |ino: u32| model.names.get(&ino).map_or(&[][..], |v| &v[..]);
+    let orphan = |i: &Info| i.h.ino != fs.root.ino && i.nlink == 0 && names_of(i.h.ino).is_empty();
+    let orphans: Vec<Handle> = live.iter().filter(|i| orphan(i)).map(|i| i.h).collect();
+    fs.free_whole(&orphans)?;
+    for h in &orphans {
+        actions.push(format!("freed orphan inode {}", h.ino));
+    }
     let mut lost_found = None;
     for info in &live {
         let ino = info.h.ino;
-        if ino == fs.root.ino {
+        if ino == fs.root.ino || orphan(info) {
             continue;
         }
-        let names = model.names.get(&ino).map_or(&[][..], |v| &v[..]);
-        if info.nlink == 0 && names.is_empty() {
-            fs.free_inode(info.h, None, Release::Everything)?;
-            actions.push(format!("freed orphan inode {ino}"));
-            continue;
-        }
+        let names = names_of(ino);
         let reachable = model.reachable.contains(&ino);
         match info.kind {
             Some(Kind::Dir) => {

@@ -786,12 +786,6 @@ impl Fs {
     /// files of a crashed run, removals that zeroed the link count before a crash, and files
     /// unlinked while another process pinned them (a data-only client's open file or mapping),
     /// which the owner's last close had to leave.
-    ///
-    /// An orphan's blocks may lie anywhere in its logical range (past its end and its mapped
-    /// end too: a free that a crash cut short zeroed that word first), so each is freed whole,
-    /// which on the cuckoo table is a pass over the table per file (200 orphans of a 1 GiB
-    /// pool took 1.7 s). There, one pass finds the runs of every orphan, and each is freed by
-    /// removing those alone.
     fn free_orphans(&self, live: &[LiveInode], report: &mut MountReport) -> Result<()> {
         let mut orphans = Vec::new();
         for l in live {
@@ -803,25 +797,37 @@ impl Fs {
                 orphans.push(l.h);
             }
         }
+        self.free_whole(&orphans)?;
+        report.orphans_freed += orphans.len() as u32;
+        Ok(())
+    }
+
+    /// Frees the inodes `hs` ([`free_inode`](Fs::free_inode)) with every block they map: those
+    /// of an orphan may lie anywhere in its logical range (past its end and its mapped end
+    /// too: a free that a crash cut short zeroed that word first). On the hashed structures
+    /// freeing one whole is a pass over the table (200 orphans of a 1 GiB pool took 1.7 s on
+    /// the cuckoo table), so they share one: on the cuckoo table a pass finds the runs of
+    /// all, and each is freed by removing those alone; on HashFS they are freed as one batch
+    /// ([`Release::Batch`]).
+    pub(crate) fn free_whole(&self, hs: &[Handle]) -> Result<()> {
         let mut runs: FastMap<u64, Vec<Run>> = FastMap::default();
-        let by_pass = orphans.len() > 1 && self.map.kind() == MappingKind::Cuckoo && {
-            let ids: HashSet<u64> = orphans.iter().map(|h| u64::from(h.ino)).collect();
+        let by_pass = hs.len() > 1 && self.map.kind() == MappingKind::Cuckoo && {
+            let ids: HashSet<u64> = hs.iter().map(|h| u64::from(h.ino)).collect();
             self.map.visit_all(&mut |id, run| {
                 if ids.contains(&id) {
                     runs.entry(id).or_default().push(run);
                 }
             })?
         };
-        for h in orphans {
+        for &h in hs {
             let release = if by_pass {
                 Release::Runs(runs.get(&u64::from(h.ino)).map_or(&[][..], |r| &r[..]))
             } else {
-                Release::Everything
+                Release::Batch
             };
             self.free_inode(h, None, release)?;
-            report.orphans_freed += 1;
         }
-        Ok(())
+        self.release_deferred()
     }
 
     fn rebuild_free_list(&self) -> Result<()> {
@@ -1182,11 +1188,19 @@ impl Fs {
             }
             m.fence();
         }
-        if has_log
-            && matches!(release, Release::Bounded)
-            && let Stager::Hash(t) = &self.stage
-        {
-            return self.defer_release(h, held, t.data().len);
+        if let Stager::Hash(t) = &self.stage {
+            match release {
+                Release::Batch => {
+                    if rec.kind() == Some(Kind::Dir) {
+                        self.forget_dir(h.ino);
+                    }
+                    return self.defer_release(h, held, None);
+                }
+                Release::Bounded if has_log => {
+                    return self.defer_release(h, held, Some(t.data().len));
+                }
+                _ => {}
+            }
         }
         // The blocks of a file with a log lie below its mapped bound; those of other inodes
         // below their end.
@@ -1243,14 +1257,16 @@ impl Fs {
     /// free space is asked for, and at unmount. Until then the inode stays live without a
     /// link, an orphan: nobody can open it, its number is not reused, and after a crash the
     /// mount frees it as it frees every orphan. `held`: the blocks below `h`'s
-    /// [mapped bound](Fs::mapped_bound) (its log blocks aside).
-    fn defer_release(&self, h: Handle, held: u64, slots: u64) -> Result<()> {
+    /// [mapped bound](Fs::mapped_bound) (its log blocks aside). Without `slots` the batch is
+    /// left to the caller's [`release_deferred`](Fs::release_deferred), however large.
+    fn defer_release(&self, h: Handle, held: u64, slots: Option<u64>) -> Result<()> {
         let mut pending = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
         pending.files.push(h);
         pending.blocks = pending.blocks.saturating_add(held);
         self.releasing_any.store(true, Ordering::Release);
-        if pending.files.len() as u64 >= release_batch_len(slots)
-            || pending.blocks >= slots / DEFERRED_SHARE
+        if let Some(slots) = slots
+            && (pending.files.len() as u64 >= release_batch_len(slots)
+                || pending.blocks >= slots / DEFERRED_SHARE)
         {
             self.release_batch(&mut pending, false)?;
         }
@@ -1483,6 +1499,11 @@ pub enum Release<'a> {
     Everything,
     /// These runs, which a pass over the table found to be all the inode maps.
     Runs(&'a [Run]),
+    /// Everything, and on HashFS in a batch: the inode joins the files whose release is
+    /// deferred ([`defer_release`](Fs::defer_release)), and its caller frees them all with
+    /// one pass over the table ([`release_deferred`](Fs::release_deferred)). Elsewhere as
+    /// [`Everything`](Release::Everything).
+    Batch,
 }
 
 /// What [`Fs::collect_dead_pins`] did with one file.
