@@ -11,8 +11,7 @@
 //! Two sequences of 12 operations per mapping; `PMFS_CRASH_SEQUENCES=N` runs `N` (the first
 //! `N` seeds of each mapping), `PMFS_CRASH_SEQUENCES=A..B` the seeds `A..B` of each mapping
 //! (to go on from seeds already explored), and `PMFS_CRASH_SEQUENCE` the one of that seed
-//! alone. Images sampled per crash point: 8, or
-//! `PMFS_CRASH_SAMPLES`.
+//! alone. Images sampled per crash point: 8, or `PMFS_CRASH_SAMPLES`.
 
 mod common;
 #[path = "data_common/rng.rs"]
