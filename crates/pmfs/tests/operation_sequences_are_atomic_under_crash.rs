@@ -1,12 +1,13 @@
 //! Seeded random sequences of namespace and data operations, cut by a crash at every fence.
 //! Each operation meets what the ones before it left on the media (the fragments of removed
 //! entries, renamed inodes, reused inode numbers and blocks, files held open after unlink,
-//! holes, blocks allocated past the end of file, extended attributes beside the data), which
-//! the crash tests of single operations on a fixed tree never show it. At each crash image it
-//! explores, the harness checks what theirs does: fsck of the image names the crash alone,
-//! recovery succeeds, fsck is clean after it, and the volume is the one before or after the
-//! operation the crash cut (after, once it returned): its namespace, every file's contents,
-//! and every object's permission bits and extended attributes.
+//! holes, blocks allocated past the end of file, extended attributes beside the data, logs
+//! that the engine compacts), which the crash tests of single operations on a fixed tree
+//! never show it. At each crash image it explores, the harness checks what theirs does: fsck
+//! of the image names the crash alone, recovery succeeds, fsck is clean after it, and the
+//! volume is the one before or after the operation the crash cut (after, once it returned):
+//! its namespace, every file's contents, and every object's permission bits and extended
+//! attributes.
 //!
 //! Two sequences of 12 operations per mapping; `PMFS_CRASH_SEQUENCES=N` runs `N` (the first
 //! `N` seeds of each mapping), `PMFS_CRASH_SEQUENCES=A..B` the seeds `A..B` of each mapping
@@ -25,6 +26,7 @@ use pmfs::{
     File, Ino, MappingKind, OpenMode, OpenNode, OpenOptions, Permissions, RenameFlags, Volume,
     XattrSet,
 };
+use pmfs_core::log::ENTRIES_PER_BLOCK;
 use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::SimRegion;
 
@@ -220,11 +222,24 @@ fn state(v: &Volume) -> State {
     State { tree, attrs }
 }
 
-fn tree(v: &Volume) {
+/// The tree every sequence of `seed` starts from. `/a` and `/d/b` were each written a log
+/// block's worth of times, less one to three entries (as `seed` says), so that the first
+/// updates of either digest the entry that makes the engine compact its log: the sequence's
+/// operations meet a compaction, on the file at its name, renamed, linked or held open after
+/// its unlink.
+fn tree(v: &Volume, seed: u64) {
     v.create_dir("/d").unwrap();
     v.create_dir("/d/e").unwrap();
     v.write("/a", b"root file").unwrap();
     v.write("/d/b", &content(99, 5000)).unwrap();
+    let mut rng = Rng::new(!seed);
+    for p in ["/a", "/d/b"] {
+        let f = OpenOptions::new().write(true).open(v, p).unwrap();
+        let size = f.metadata().unwrap().len();
+        for i in 0..ENTRIES_PER_BLOCK - rng.range(2, 4) {
+            f.write_at(&[i as u8], rng.range(0, size - 1)).unwrap();
+        }
+    }
 }
 
 /// A sequence of `OPS` operations that succeed one after the other from [`tree`], and the
@@ -232,7 +247,7 @@ fn tree(v: &Volume) {
 fn sequence(kind: MappingKind, seed: u64) -> (Vec<Op>, Vec<State>) {
     let media: Arc<dyn Media> = Arc::new(HeapRegion::new(SIM_SIZE).unwrap());
     let v = Volume::format(media, &sim_options(kind)).unwrap();
-    tree(&v);
+    tree(&v, seed);
     let mut rng = Rng::new(seed);
     let mut held = Vec::new();
     let (mut ops, mut snaps) = (Vec::new(), vec![state(&v)]);
@@ -250,7 +265,7 @@ fn check_sequence(kind: MappingKind, seed: u64) {
     let (ops, snaps) = sequence(kind, seed);
     let region = Arc::new(SimRegion::new(SIM_SIZE).unwrap());
     let v = Volume::format(region.clone(), &sim_options(kind)).unwrap();
-    tree(&v);
+    tree(&v, seed);
     region.persist_all();
     let held = RefCell::new(Vec::new());
     let (at, done) = (Cell::new(0), Cell::new(false));
