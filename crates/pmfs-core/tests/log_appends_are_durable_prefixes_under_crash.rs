@@ -2,7 +2,8 @@
 //! that contains every append that returned: inline entries, extended entries (reservation,
 //! segments, indirect commit), entries that chain a new block, padding, and extended entries
 //! whose segments span blocks. A reader that returns an entry a dead committer left
-//! unflushed has made it durable first.
+//! unflushed has made it durable first, and what recovery discards past a hole stays
+//! discarded through the appends after it and another crash.
 
 #![cfg(not(loom))]
 
@@ -13,7 +14,7 @@ use std::sync::Arc;
 
 use log_common::{ROOT, extended, inline, mixed, recover_and_replay, scattered};
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo};
-use pmfs_core::log::{ENTRIES_PER_BLOCK, Entry, Log};
+use pmfs_core::log::{ENTRIES_PER_BLOCK, Entry, Log, recover};
 use pmfs_core::pm::Media;
 use pmfs_core::sim::{Explorer, ImageRegion, SimRegion};
 use pmfs_core::traits::SimpleAllocator;
@@ -223,6 +224,55 @@ fn recovery_discards_what_follows_a_hole() {
                     Ok(())
                 } else {
                     Err(format!("recovered {got:?}"))
+                }
+            },
+        )
+        .unwrap_or_else(|f| panic!("{f}"));
+}
+
+#[test]
+fn what_recovery_discards_stays_discarded_after_another_crash() {
+    let region = SimRegion::new(BLOCKS * BLOCK_SIZE).unwrap();
+    let alloc = Arc::new(SimpleAllocator::new(BlockNo(1), BLOCKS - 1));
+    let log = Log::create(&region, ROOT, alloc).unwrap();
+    log.append(&inline(0)).unwrap();
+    // A crash left a committed-looking word past a hole: the first slot of the cache line
+    // after the tail's, written back early by a committer that died.
+    let tail = log.tail().unwrap();
+    let stray = (tail.slot() + 1).next_multiple_of(8);
+    let at = tail.block().offset() + stray * 8;
+    region.store_u64(at, documented_inline_word(42, 5)).unwrap();
+    drop(log);
+    region.persist_all();
+    // Appends that fill the hole up to the stray word's slot, after recovery discarded it.
+    let work: Vec<Entry> = (100..100 + stray - tail.slot()).map(inline).collect();
+    let returned = Cell::new(0usize);
+    Explorer::new(11)
+        .run(
+            &region,
+            |pm| {
+                recover(pm, ROOT).unwrap();
+                let theirs = Arc::new(SimpleAllocator::new(BlockNo(4), BLOCKS - 4));
+                let log = Log::open(pm, ROOT, theirs).unwrap();
+                for e in &work {
+                    log.append(e).unwrap();
+                    returned.set(returned.get() + 1);
+                }
+            },
+            |cp| {
+                let got = recover_and_replay(ImageRegion::new(cp.image).unwrap())?;
+                let n = got.len().saturating_sub(1);
+                let ok = got.first() == Some(&inline(0))
+                    && n >= returned.get()
+                    && n <= work.len()
+                    && got[1..] == work[..n];
+                if ok {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{} appends returned, recovered {got:?}",
+                        returned.get()
+                    ))
                 }
             },
         )
