@@ -170,6 +170,33 @@ fn punch_hole_with_partial_edges_is_atomic() {
 }
 
 #[test]
+fn a_finished_punch_is_not_done_again_over_later_writes() {
+    // The punch's journal slot must go idle durably once its cleanup ran: a slot still in
+    // the cleanup state after the next crash would make the mount punch the range again,
+    // over what was written there since. The write keeps off the edge blocks, whose copies
+    // the cleanup checks for.
+    for (i, cfg) in configs().into_iter().enumerate() {
+        let mut punched = initial();
+        punched.punch(BS - 300, 4 * BS + 600);
+        let mut written = punched.clone();
+        written.write(&pattern(77, BS as usize), 2 * BS);
+        check_steps(
+            cfg,
+            Sampling::new(750 + i as u64),
+            &setup,
+            &[
+                &|_, f: &mut OpenNode| f.punch_hole(BS - 300, 4 * BS + 600),
+                &|_, f| f.write_at(&pattern(77, BS as usize), 2 * BS).map(drop),
+            ],
+            &|s| {
+                assert_eq!(s[1]["f"].data, punched.0, "{cfg:?}: after the punch");
+                assert_eq!(s[2]["f"].data, written.0, "{cfg:?}: after the write");
+            },
+        );
+    }
+}
+
+#[test]
 fn zero_range_is_atomic() {
     for (i, cfg) in configs().into_iter().enumerate() {
         // Edges inside blocks 1 and 5, over the hole at block 3; the size stays.
