@@ -4,7 +4,9 @@
 //! edges and zeroing a range (`ZERO_RANGE`, inside the file and growing it). Each post-crash
 //! image recovers with fsck clean and shows the file either entirely before or entirely after
 //! the operation (only after once it returned); holes read as zeros and SEEK_DATA/SEEK_HOLE
-//! agree with the contents in every image. Crash points with at most 8 images are enumerated,
+//! agree with the contents in every image. A punch whose crash cleanup ran is not done again
+//! by the mount after a later crash, over what was written since. Crash points with at most
+//! 8 images are enumerated,
 //! others sampled (4; with `PMFS_CRASH_SAMPLES` that many, and points of up to 256 images
 //! enumerated).
 
