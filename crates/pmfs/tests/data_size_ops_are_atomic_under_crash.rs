@@ -6,9 +6,8 @@
 //! the operation (only after once it returned); holes read as zeros and SEEK_DATA/SEEK_HOLE
 //! agree with the contents in every image. A punch whose crash cleanup ran is not done again
 //! by the mount after a later crash, over what was written since. Crash points with at most
-//! 8 images are enumerated,
-//! others sampled (4; with `PMFS_CRASH_SAMPLES` that many, and points of up to 256 images
-//! enumerated).
+//! 8 images are enumerated, others sampled (4; with `PMFS_CRASH_SAMPLES` that many, and
+//! points of up to 256 images enumerated).
 
 mod data_common;
 

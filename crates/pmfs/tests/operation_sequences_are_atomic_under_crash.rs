@@ -223,10 +223,9 @@ fn state(v: &Volume) -> State {
 }
 
 /// The tree every sequence of `seed` starts from. `/a` and `/d/b` were each written a log
-/// block's worth of times, less one to three entries (as `seed` says), so that the first
-/// updates of either digest the entry that makes the engine compact its log: the sequence's
-/// operations meet a compaction, on the file at its name, renamed, linked or held open after
-/// its unlink.
+/// block's worth of times less two to four (as `seed` says), so that their first few updates
+/// make the engine compact their logs: the sequence's operations meet a compaction, on the
+/// file at its name, renamed, linked or held open after its unlink.
 fn tree(v: &Volume, seed: u64) {
     v.create_dir("/d").unwrap();
     v.create_dir("/d/e").unwrap();
