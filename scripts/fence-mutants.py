@@ -7,9 +7,9 @@ Each mutant is the source with one of them gone: a statement `X.flush(..)?;`,
 when a crash test fails on it and *survives* when they all pass: then either no crash can
 tell the ordering apart (the flush is redundant, or makes only a hint durable) or the tests
 miss a crash they should have caught. Each survivor deserves a look; the script only lists
-them. Works on a copy of the tree (a `git worktree` at /tmp/pmfs-fence-mutants, made from
-HEAD on the first run and kept for the next; `git worktree remove --force` it when done) and
-leaves this one alone.
+them. Works on a copy of the tree (a `git worktree` at /tmp/pmfs-fence-mutants, reset to this
+tree's HEAD at each run and kept for the next, with its build; `git worktree remove --force`
+it when done) and leaves this one alone.
 
 Usage: python3 scripts/fence-mutants.py [--list] [--only SUBSTRING] [--tests T1,T2,...]
   --list     print the candidate sites and stop
@@ -76,9 +76,13 @@ def main():
             print(f'{path}:{n}: {open(os.path.join(ROOT, path)).readlines()[n - 1].strip()}')
         return
     timeout = int(os.environ.get('PMFS_MUTANT_TIMEOUT', '900'))
+    head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()
     if not os.path.isdir(WORKTREE):
-        subprocess.run(['git', 'worktree', 'add', '--detach', WORKTREE, 'HEAD'], cwd=ROOT,
+        subprocess.run(['git', 'worktree', 'add', '--detach', WORKTREE, head], cwd=ROOT,
                        check=True, capture_output=True)
+    # This tree's HEAD, and no mutant an interrupted run left behind.
+    run(['git', 'reset', '-q', '--hard', head]).check_returncode()
     test_args = [a for t in args.tests.split(',') for a in ('--test', t)]
     # Release code without the release profile's fat LTO, which dominates each rebuild.
     fast = [a for c in ('lto=false', 'codegen-units=16', 'debug=0')
