@@ -363,6 +363,17 @@ impl Journal {
         Ok(out)
     }
 
+    /// The first slot that is not idle, if any: one a crash left, or one whose operation
+    /// failed in a way that left it for recovery (its media refused a store).
+    pub fn first_busy(&self, m: &dyn Media) -> Result<Option<PmOff>> {
+        for i in 0..self.slots.len() {
+            if !matches!(self.read_slot(m, i)?, SlotContent::Idle) {
+                return Ok(Some(self.slot_off(i)));
+            }
+        }
+        Ok(None)
+    }
+
     /// Marks every slot idle (after recovery ran the cleanups).
     pub fn reset(&self, m: &dyn Media) -> Result<()> {
         for i in 0..self.slots.len() {

@@ -277,3 +277,48 @@ fn a_file_grown_until_nothing_is_left_can_still_be_truncated() {
         assert_clean(&media);
     }
 }
+
+/// A symbolic link's target takes a block under a journal cleanup, armed before the block is
+/// sought: a create that then finds no space must retire that cleanup itself, or the volume
+/// closes "cleanly" with a busy journal slot and no mount accepts it.
+#[test]
+fn a_symbolic_link_that_finds_no_space_leaves_the_volume_mountable() {
+    for kind in KINDS {
+        let (vol, media) = small(kind);
+        // Big files first, then single blocks, so that blocks run out before inodes do.
+        for size in [64 << 10, 4 << 10] {
+            for i in 0.. {
+                if vol
+                    .write(&format!("/fill{size}-{i}"), &vec![7u8; size])
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+        let mut links = 0;
+        let err = loop {
+            match vol.symlink("/some/target", &format!("/link{links}")) {
+                Ok(()) => links += 1,
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(err, Error::NoSpace), "{kind:?}: {err}");
+        assert!(vol.statfs().unwrap().free_inodes > 0, "{kind:?}");
+        for i in 0..4 {
+            let r = vol.symlink("/some/target", &format!("/late{i}"));
+            assert!(matches!(r, Err(Error::NoSpace)), "{kind:?}: {r:?}");
+        }
+        let before = snapshot(&vol);
+        vol.close().unwrap();
+        assert_clean(&media);
+        let vol = Volume::mount(media.clone()).unwrap();
+        assert!(
+            vol.mount_report().clean,
+            "{kind:?}: {:?}",
+            vol.mount_report()
+        );
+        assert_eq!(snapshot(&vol), before);
+        vol.close().unwrap();
+    }
+}

@@ -469,13 +469,11 @@ impl Fs {
         let inodes = InodeTable::new(geo);
         let journal = Journal::new(&geo);
         let recovered = if clean {
-            for i in 0..journal.slots() {
-                if !matches!(journal.read_slot(m, i)?, crate::journal::SlotContent::Idle) {
-                    return Err(Error::Corrupt {
-                        what: "journal busy on a cleanly closed volume",
-                        at: geo.journal_off(i as u32),
-                    });
-                }
+            if let Some(at) = journal.first_busy(m)? {
+                return Err(Error::Corrupt {
+                    what: "journal busy on a cleanly closed volume",
+                    at,
+                });
             }
             crate::journal::Recovered::default()
         } else {
@@ -749,35 +747,43 @@ impl Fs {
         report.redone_removes = stats.redone_removes;
         report.dropped_entries = stats.dropped_entries;
 
-        for c in cleanups {
-            match *c {
-                Cleanup::Trim { inode, upto } => {
-                    if self.inodes.load(m, inode.ino, field::STATE)? == inode.live_state() {
-                        let size = self.inodes.load(m, inode.ino, field::SIZE)?;
-                        let from = size.div_ceil(BLOCK_SIZE);
-                        if from < upto {
-                            let f = self.map.open_file(self.file_id(inode.ino))?;
-                            self.map.remove(&f, from, upto - from)?;
-                        }
-                    }
-                }
-                Cleanup::PunchIf {
-                    inode,
-                    from,
-                    len,
-                    edge,
-                    pblk,
-                } => self.finish_punch(inode, from, len, edge, pblk)?,
-                Cleanup::ReleaseIfDead { inode } => {
-                    if self.inodes.load(m, inode.ino, field::STATE)? & LIVE == 0 {
-                        let f = self.map.open_file(self.file_id(inode.ino))?;
-                        self.map.remove_file(&f)?;
-                    }
-                }
-            }
+        for &c in cleanups {
+            self.run_cleanup(c)?;
             report.journal_cleanups += 1;
         }
         self.journal.reset(m)?;
+        Ok(())
+    }
+
+    /// Runs the journal cleanup `c`: at mount for the slots a crash left armed, and in
+    /// session when the operation that armed it fails before it is done.
+    pub(crate) fn run_cleanup(&self, c: Cleanup) -> Result<()> {
+        let m = self.m();
+        match c {
+            Cleanup::Trim { inode, upto } => {
+                if self.inodes.load(m, inode.ino, field::STATE)? == inode.live_state() {
+                    let size = self.inodes.load(m, inode.ino, field::SIZE)?;
+                    let from = size.div_ceil(BLOCK_SIZE);
+                    if from < upto {
+                        let f = self.map.open_file(self.file_id(inode.ino))?;
+                        self.map.remove(&f, from, upto - from)?;
+                    }
+                }
+            }
+            Cleanup::PunchIf {
+                inode,
+                from,
+                len,
+                edge,
+                pblk,
+            } => self.finish_punch(inode, from, len, edge, pblk)?,
+            Cleanup::ReleaseIfDead { inode } => {
+                if self.inodes.load(m, inode.ino, field::STATE)? & LIVE == 0 {
+                    let f = self.map.open_file(self.file_id(inode.ino))?;
+                    self.map.remove_file(&f)?;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -1481,6 +1487,14 @@ impl Fs {
         let m = self.m();
         format::clear_owner(m)?;
         m.fence();
+        // A slot that an operation could not retire (its media refused a store) holds work
+        // only recovery can finish: the volume stays unclean for the next mount.
+        if let Some(at) = self.journal.first_busy(m)? {
+            return Err(Error::Corrupt {
+                what: "journal slot left busy by a failed operation",
+                at,
+            });
+        }
         m.store_u64(MOUNT_STATE_OFF, STATE_CLEAN)?;
         m.persist(MOUNT_STATE_OFF, 8)?;
         Ok(())

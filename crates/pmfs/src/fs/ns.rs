@@ -209,11 +209,36 @@ impl Fs {
         self.inodes.write_body(m, h.ino, rec)?;
         // A symbolic link's target goes to a data block before the inode is live; a journal
         // cleanup releases that block if the create does not complete.
-        let mut tx = None;
+        let Some(target) = symlink_target else {
+            return self.link_created(d, owner, name, kind, h, now, None);
+        };
+        let mut t = self.journal.begin();
+        t.cleanup(Cleanup::ReleaseIfDead { inode: h });
+        t.arm(m)?;
+        let linked = self.link_created(d, owner, name, kind, h, now, Some(target));
+        if linked.is_err() {
+            // What recovery would do after a crash here: the caller reuses the inode number.
+            self.run_cleanup(Cleanup::ReleaseIfDead { inode: h })?;
+        }
+        t.finish(m)?;
+        linked
+    }
+
+    /// The part of [`create_locked`](Fs::create_locked) after the inode body is written: the
+    /// symbolic link's block, then the entry in two log-free steps.
+    #[allow(clippy::too_many_arguments)]
+    fn link_created(
+        &self,
+        d: &mut DirInner,
+        owner: Handle,
+        name: &[u8],
+        kind: Kind,
+        h: Handle,
+        now: i64,
+        symlink_target: Option<&[u8]>,
+    ) -> Result<()> {
+        let m = self.m();
         if let Some(target) = symlink_target {
-            let mut t = self.journal.begin();
-            t.cleanup(Cleanup::ReleaseIfDead { inode: h });
-            t.arm(m)?;
             let f = self.map.open_file(self.file_id(h.ino))?;
             let mut runs = Vec::with_capacity(1);
             self.map.insert(&f, 0, 1, &mut runs)?;
@@ -224,7 +249,6 @@ impl Fs {
             let mut block = vec![0u8; BLOCK_SIZE as usize];
             block[..target.len()].copy_from_slice(target);
             m.write_nt(pblk.offset(), &block)?;
-            tx = Some(t);
         }
         let ins = d.prepare_insert(self, owner, name, kind, h, now)?;
         // Step 1: new entry, inode body and Y.prev durable together.
@@ -234,9 +258,6 @@ impl Fs {
         d.link_next(m, &ins)?;
         self.inodes.store(m, h.ino, field::STATE, h.live_state())?;
         m.fence();
-        if let Some(t) = tx {
-            t.finish(m)?;
-        }
         d.finish_insert(&ins, name, kind, h);
         d.touch(now);
         Ok(())

@@ -263,13 +263,11 @@ impl Fs {
             },
             &mut arm,
         );
-        if let Err(e) = edges {
-            if let Some(t) = tx {
-                t.finish(self.m())?;
+        // The cleanup stays armed until the whole punch is done or failed: retired then.
+        let punched = edges.and_then(|_| {
+            if whole_to <= whole_from {
+                return self.touch_times(n.h.ino);
             }
-            return Err(e);
-        }
-        if whole_to > whole_from {
             let s = self.shared(n, true)?.ok_or(Error::Corrupt {
                 what: "file log",
                 at: self.inodes.field(n.h.ino, field::LOG),
@@ -282,16 +280,12 @@ impl Fs {
             if self.commit_unless_mapped(n.h.ino, &s, &punch)? {
                 self.reveal_to_kernel(n.h)?;
                 self.after_commit(n, &s, self.node_map(n)?, None, DigestWhen::Now)?;
-                self.restore_log_reserve(&s)?;
+                self.restore_log_reserve(&s)
             } else {
-                self.zero_mapped(n, whole_from * BS, whole_to * BS)?;
+                self.zero_mapped(n, whole_from * BS, whole_to * BS)
             }
-        } else {
-            self.touch_times(n.h.ino)?;
-        }
-        if let Some(t) = tx {
-            t.finish(self.m())?;
-        }
-        Ok(())
+        });
+        let retired = tx.map_or(Ok(()), |t| t.finish(self.m()));
+        punched.and(retired)
     }
 }
