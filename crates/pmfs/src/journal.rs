@@ -522,10 +522,15 @@ pub(crate) fn run_armed<T>(
 ) -> Result<T> {
     tx.arm(m)?;
     match op(tx) {
-        Ok(v) => {
-            tx.commit(m)?;
-            Ok(v)
-        }
+        Ok(v) => match tx.commit(m) {
+            Ok(()) => Ok(v),
+            Err(e) => {
+                // The slot still reads armed: undo the operation rather than leave the media
+                // ahead of the caller, which takes it for failed.
+                tx.rollback(m)?;
+                Err(e)
+            }
+        },
         Err(e) => {
             tx.rollback(m)?;
             Err(e)

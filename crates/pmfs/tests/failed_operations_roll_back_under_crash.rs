@@ -1,0 +1,257 @@
+//! A journaled operation that fails part way leaves the volume as it was before or after it,
+//! the same in the session and after a crash at any fence, and a later operation that
+//! writes the same words without the journal is not undone by the next mount. The media
+//! here refuses the k-th word store of the operation (as a region refuses one out of its
+//! bounds), for every k: before the journal is armed, inside the transaction (the words are
+//! rolled back), at its commit (rolled back too) and in the cleanups after it.
+
+mod common;
+
+use std::cell::{Cell, RefCell};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use pmfs::{RenameFlags, Volume};
+use pmfs_core::layout::PmOff;
+use pmfs_core::pm::{HeapRegion, Media};
+use pmfs_core::sim::{Explorer, SAMPLES_ENV, SimRegion};
+
+use common::crash::{SIM_SIZE, recover_and_check, sim_options};
+use common::{KINDS, Obj, Snapshot, snapshot};
+
+/// A region whose word stores fail on request.
+struct Refusing<M> {
+    inner: Arc<M>,
+    /// Word stores to let through before the one refused; `u64::MAX`: none refused.
+    left: AtomicU64,
+    stores: AtomicU64,
+}
+
+impl<M: Media> Refusing<M> {
+    fn new(inner: Arc<M>) -> Self {
+        Refusing {
+            inner,
+            left: AtomicU64::new(u64::MAX),
+            stores: AtomicU64::new(0),
+        }
+    }
+
+    /// Refuses the `k`-th word store from now on (1: the next one).
+    fn refuse(&self, k: u64) {
+        self.left.store(k - 1, Ordering::Relaxed);
+    }
+
+    fn accept_all(&self) {
+        self.left.store(u64::MAX, Ordering::Relaxed);
+    }
+}
+
+impl<M: Media> Media for Refusing<M> {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read(&self, off: PmOff, buf: &mut [u8]) -> pmfs_core::Result<()> {
+        self.inner.read(off, buf)
+    }
+    fn write(&self, off: PmOff, src: &[u8]) -> pmfs_core::Result<()> {
+        self.inner.write(off, src)
+    }
+    fn write_nt(&self, off: PmOff, src: &[u8]) -> pmfs_core::Result<()> {
+        self.inner.write_nt(off, src)
+    }
+    fn fill_nt(&self, off: PmOff, len: u64, byte: u8) -> pmfs_core::Result<()> {
+        self.inner.fill_nt(off, len, byte)
+    }
+    fn flush(&self, off: PmOff, len: u64) -> pmfs_core::Result<()> {
+        self.inner.flush(off, len)
+    }
+    fn fence(&self) {
+        self.inner.fence()
+    }
+    fn load_u64(&self, off: PmOff) -> pmfs_core::Result<u64> {
+        self.inner.load_u64(off)
+    }
+    fn store_u64(&self, off: PmOff, val: u64) -> pmfs_core::Result<()> {
+        self.stores.fetch_add(1, Ordering::Relaxed);
+        let left = self.left.load(Ordering::Relaxed);
+        if left != u64::MAX {
+            if left == 0 {
+                self.accept_all();
+                return Err(pmfs_core::Error::OutOfBounds {
+                    off,
+                    len: 8,
+                    size: self.size(),
+                });
+            }
+            self.left.store(left - 1, Ordering::Relaxed);
+        }
+        self.inner.store_u64(off, val)
+    }
+    fn cas_u64(&self, off: PmOff, current: u64, new: u64) -> pmfs_core::Result<Result<u64, u64>> {
+        self.inner.cas_u64(off, current, new)
+    }
+}
+
+fn tree(vol: &Volume) {
+    vol.create_dir_all("/s/sub").unwrap();
+    vol.create_dir("/t").unwrap();
+    vol.write("/s/a", b"aaaa").unwrap();
+    vol.write("/t/b", b"bb").unwrap();
+    vol.hard_link("/t/b", "/s/b").unwrap();
+}
+
+type Op = fn(&Volume) -> pmfs::Result<()>;
+
+/// Operations that change words under the journal (entries, link counts, parents).
+const OPS: [(&str, Op); 6] = [
+    ("rename across directories", |v| v.rename("/s/a", "/t/a")),
+    ("rename over a file", |v| v.rename("/s/a", "/t/b")),
+    ("rename of a directory", |v| v.rename("/s/sub", "/t/sub")),
+    ("exchange", |v| {
+        v.rename_with(
+            "/s/a",
+            "/t/b",
+            RenameFlags {
+                noreplace: false,
+                exchange: true,
+            },
+        )
+    }),
+    ("hard link", |v| v.hard_link("/s/a", "/t/l")),
+    ("unlink of one of two links", |v| v.remove_file("/s/b")),
+];
+
+/// Creates after the failure, without the journal: each rewrites link words of the entries
+/// of a directory the operation changed.
+const LATER: [&str; 2] = ["/s/z", "/t/z"];
+
+/// `s` with the first `n` of [`LATER`] created.
+fn with_later(s: &Snapshot, n: usize) -> Snapshot {
+    let mut s = s.clone();
+    for p in &LATER[..n] {
+        s.objects.insert((*p).into(), Obj::File(Vec::new(), 1));
+    }
+    s
+}
+
+/// Word stores `op` makes on a fresh tree.
+fn stores_of(kind: pmfs::MappingKind, op: Op) -> u64 {
+    let media = Arc::new(Refusing::new(Arc::new(HeapRegion::new(SIM_SIZE).unwrap())));
+    let vol = Volume::format(media.clone(), &sim_options(kind)).unwrap();
+    tree(&vol);
+    let from = media.stores.load(Ordering::Relaxed);
+    op(&vol).unwrap();
+    media.stores.load(Ordering::Relaxed) - from
+}
+
+/// The states the session may show after `op` failed: as before, or as after it.
+fn outcomes(kind: pmfs::MappingKind, op: Op) -> (Snapshot, Snapshot) {
+    let media: Arc<dyn Media> = Arc::new(HeapRegion::new(SIM_SIZE).unwrap());
+    let vol = Volume::format(media, &sim_options(kind)).unwrap();
+    tree(&vol);
+    let before = snapshot(&vol);
+    op(&vol).unwrap();
+    (before, snapshot(&vol))
+}
+
+/// Crash points of up to 16 images enumerated, 4 sampled at the others unless
+/// `PMFS_CRASH_SAMPLES` says otherwise: the workloads are many (one per refused store).
+fn explorer(seed: u64) -> Explorer {
+    let e = Explorer::new(seed).exhaustive_limit(16);
+    if std::env::var_os(SAMPLES_ENV).is_some() {
+        e
+    } else {
+        e.samples(4)
+    }
+}
+
+fn check(kind: pmfs::MappingKind, name: &str, op: Op, k: u64, seed: u64) {
+    let (before, after) = outcomes(kind, op);
+    let region = Arc::new(SimRegion::new(SIM_SIZE).unwrap());
+    let media = Arc::new(Refusing::new(region.clone()));
+    let vol = Volume::format(media.clone(), &sim_options(kind)).unwrap();
+    tree(&vol);
+    region.persist_all();
+    // What the session shows after the failure, and how many of `LATER` returned since.
+    let seen: RefCell<Option<Snapshot>> = RefCell::default();
+    let created = Cell::new(0);
+    let what = format!("{kind:?}, {name}, store {k} refused");
+    explorer(seed)
+        .run(
+            &region,
+            |_| {
+                media.refuse(k);
+                let r = op(&vol);
+                media.accept_all();
+                let now = snapshot(&vol);
+                assert!(
+                    now == before || now == after,
+                    "{what}: the session shows neither before nor after ({r:?}): {now:#?}"
+                );
+                *seen.borrow_mut() = Some(now);
+                for (i, p) in LATER.iter().enumerate() {
+                    vol.create_file(p).unwrap();
+                    created.set(i + 1);
+                }
+            },
+            |cp| {
+                let got = recover_and_check(cp.image)?;
+                let n = created.get();
+                let ok = match &*seen.borrow() {
+                    None => got == before || got == after,
+                    Some(s) => {
+                        got == with_later(s, n) || (n < LATER.len() && got == with_later(s, n + 1))
+                    }
+                };
+                if ok {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{what}: recovery gives {got:#?}\nthe session showed {:#?}",
+                        seen.borrow()
+                    ))
+                }
+            },
+        )
+        .unwrap_or_else(|f| panic!("{f}"));
+}
+
+/// Every refused store of `op` (the `i`-th of [`OPS`]), on every mapping.
+fn every_refusal(i: usize) {
+    let (name, op) = OPS[i];
+    for (j, kind) in KINDS.into_iter().enumerate() {
+        for k in 1..=stores_of(kind, op) {
+            check(kind, name, op, k, (i * KINDS.len() + j) as u64 * 100 + k);
+        }
+    }
+}
+
+#[test]
+fn a_failed_rename_across_directories() {
+    every_refusal(0);
+}
+
+#[test]
+fn a_failed_rename_over_a_file() {
+    every_refusal(1);
+}
+
+#[test]
+fn a_failed_rename_of_a_directory() {
+    every_refusal(2);
+}
+
+#[test]
+fn a_failed_exchange() {
+    every_refusal(3);
+}
+
+#[test]
+fn a_failed_hard_link() {
+    every_refusal(4);
+}
+
+#[test]
+fn a_failed_unlink_of_one_of_two_links() {
+    every_refusal(5);
+}
