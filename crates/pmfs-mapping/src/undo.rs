@@ -68,6 +68,7 @@
 //! another file could reuse a block that a rollback makes referenced again). A [`Ledger`]
 //! keeps both lists for one call.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, CACHE_LINE, Le32, Le64, PmOff, Pod, crc32c};
@@ -276,6 +277,8 @@ pub struct UndoLog {
     first_slot: PmOff,
     geometry: UndoGeometry,
     slots: Vec<Mutex<u64>>,
+    /// A transaction failed to commit or roll back: its records await recovery.
+    owed: AtomicBool,
 }
 
 /// One old content to restore.
@@ -292,7 +295,20 @@ impl UndoLog {
             first_slot,
             geometry,
             slots: (0..geometry.slots).map(|_| Mutex::new(gen_)).collect(),
+            owed: AtomicBool::new(false),
         }
+    }
+
+    /// Whether a transaction failed to commit or roll back since this log was opened (its
+    /// media refused a store): its records then await [`recover`](UndoLog::recover).
+    pub fn recovery_owed(&self) -> bool {
+        self.owed.load(Ordering::Relaxed)
+    }
+
+    /// Notes that a failure outside a transaction left work for recovery (blocks an aborted
+    /// operation allocated and could not give back).
+    pub(crate) fn owe(&self) {
+        self.owed.store(true, Ordering::Relaxed);
     }
 
     fn slot_bytes(&self) -> u64 {
@@ -676,11 +692,14 @@ impl<'a, M: Media + ?Sized> Tx<'a, M> {
     /// transaction's effects survive any later crash.
     pub fn commit(mut self) -> Result<()> {
         self.finished = true;
-        self.flush_dirty()?;
-        if !self.records.is_empty() {
-            self.advance_generation()?;
-        }
-        Ok(())
+        let done = self.flush_dirty().and_then(|()| {
+            if self.records.is_empty() {
+                Ok(())
+            } else {
+                self.advance_generation()
+            }
+        });
+        self.owe_on(done)
     }
 
     /// Restores every logged range to its content before the transaction and invalidates the
@@ -688,7 +707,16 @@ impl<'a, M: Media + ?Sized> Tx<'a, M> {
     /// them).
     pub fn abort(mut self) -> Result<()> {
         self.finished = true;
-        self.rollback()
+        let done = self.rollback();
+        self.owe_on(done)
+    }
+
+    /// Passes `r` on, noting in the log when it failed: the records stay for recovery.
+    fn owe_on(&self, r: Result<()>) -> Result<()> {
+        if r.is_err() {
+            self.log.owe();
+        }
+        r
     }
 
     fn rollback(&mut self) -> Result<()> {
@@ -844,9 +872,10 @@ fn free_merged<A: BlockAllocator + ?Sized>(alloc: &A, mut extents: Vec<Extent>) 
 impl<M: Media + ?Sized> Drop for Tx<'_, M> {
     fn drop(&mut self) {
         if !self.finished {
-            // Best effort: an error here means the media failed; recovery repeats the
-            // rollback from the still-valid records.
-            let _ = self.rollback();
+            // An error here means the media failed; recovery repeats the rollback from the
+            // still-valid records.
+            let done = self.rollback();
+            let _ = self.owe_on(done);
         }
     }
 }

@@ -83,6 +83,11 @@ pub enum Error {
         /// Where in the region it lives.
         at: PmOff,
     },
+    /// A store the media refused left work that only recovery does (a journal slot not
+    /// retired, a lock not released): the clean unmount left the volume unclean, for the next
+    /// read-write mount to recover (`EIO`).
+    #[error("a failed store left {0} to recovery; the next read-write mount recovers the volume")]
+    LeftForRecovery(&'static str),
     /// The volume needs a feature this build does not have (`EOPNOTSUPP`).
     #[error("unsupported: {0}")]
     Unsupported(&'static str),
@@ -111,6 +116,7 @@ impl Error {
             Error::ReadOnly => libc::EROFS,
             Error::Busy | Error::PoolInUse => libc::EBUSY,
             Error::Corrupt { .. } | Error::NeedsRecovery => EUCLEAN,
+            Error::LeftForRecovery(_) => libc::EIO,
             Error::Unsupported(_) => libc::EOPNOTSUPP,
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }

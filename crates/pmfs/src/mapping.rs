@@ -34,6 +34,7 @@ pub(crate) trait Mapper: Send + Sync {
     fn owned_blocks(&self, f: &MapFile, visit: &mut dyn FnMut(Extent)) -> Result<()>;
     fn visit_all(&self, visit: &mut dyn FnMut(u64, Run)) -> Result<bool>;
     fn recover(&self) -> Result<()>;
+    fn recovery_owed(&self) -> bool;
 }
 
 /// The concrete per-file handle inside `f` (for structure-specific calls such as HashFS
@@ -97,5 +98,9 @@ where
 
     fn recover(&self) -> Result<()> {
         Ok(FileMapping::recover(self)?)
+    }
+
+    fn recovery_owed(&self) -> bool {
+        FileMapping::recovery_owed(self)
     }
 }

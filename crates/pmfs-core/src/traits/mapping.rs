@@ -194,6 +194,14 @@ pub trait FileMapping: Send + Sync {
     /// half-done operations). Must be called once after opening a region that was not
     /// closed cleanly, before any other call.
     fn recover(&self) -> Result<()>;
+
+    /// Whether a failed store (the media refused it) left work that only
+    /// [`recover`](FileMapping::recover) does: a lock not released, an undo record not
+    /// rolled back. The volume must not be closed as clean then: the next mount would skip
+    /// the recovery.
+    fn recovery_owed(&self) -> bool {
+        false
+    }
 }
 
 /// Blocks the first lookup of [`first_mapped_by_lookups`] covers.

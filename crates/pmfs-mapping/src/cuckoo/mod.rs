@@ -117,7 +117,7 @@ pub mod bucket;
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -189,6 +189,9 @@ pub struct CuckooMapping<M, A> {
     intents: IntentTable,
     salt: u64,
     epoch: AtomicU64,
+    /// A bucket lock or the move gate could not be released (its store failed): only the
+    /// next recovery's new epoch and gate reset free it.
+    unreleased: AtomicBool,
     /// Opened by [`open_read_only`](Self::open_read_only): the lock epoch is one past the
     /// region's, no move gate is kept, and every change is refused.
     read_only: bool,
@@ -447,6 +450,7 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
             intents: IntentTable::new((meta.start + 1).offset(), INTENT_RECORDS, INTENT_LINES),
             salt,
             epoch: AtomicU64::new(epoch),
+            unreleased: AtomicBool::new(false),
             read_only: false,
         }
     }
@@ -669,12 +673,19 @@ impl<M: Media, A: BlockAllocator> CuckooMapping<M, A> {
         }
     }
 
+    /// Notes a lock or gate release that failed: see [`recovery_owed`](FileMapping::recovery_owed).
+    fn unreleased_if<T>(&self, released: Result<T>) {
+        if released.is_err() {
+            self.unreleased.store(true, Ordering::Relaxed);
+        }
+    }
+
     fn unlock_one(&self, b: u64, locked: u64) {
-        // A failed store leaves the bucket locked until recovery starts a new epoch; the error
-        // itself is reported by the operation that failed first.
-        let _ = self
+        // A failed store leaves the bucket locked until recovery starts a new epoch.
+        let unlocked = self
             .media
             .store_u64(self.bucket_off(b), self.lock_rule().unlocked(locked));
+        self.unreleased_if(unlocked);
     }
 
     /// Decodes a bucket the caller has locked.
@@ -1347,9 +1358,10 @@ impl<M: Media, A: BlockAllocator> Drop for GateGuard<'_, M, A> {
     fn drop(&mut self) {
         // On failure the gate keeps counting the move as running; scanners then stop with an
         // error after their patience until recovery resets the gate.
-        let _ = self
+        let counted = self
             .table
             .gate_update(|w| Some((w & !GATE_COUNT) | ((w + 1) & GATE_COUNT)));
+        self.table.unreleased_if(counted);
     }
 }
 
@@ -1361,7 +1373,8 @@ struct Unfreeze<'a, M: Media, A: BlockAllocator> {
 impl<M: Media, A: BlockAllocator> Drop for Unfreeze<'_, M, A> {
     fn drop(&mut self) {
         // A failure leaves moves stopped until recovery resets the gate.
-        let _ = self.table.gate_update(|w| Some(w & !GATE_FROZEN));
+        let thawed = self.table.gate_update(|w| Some(w & !GATE_FROZEN));
+        self.table.unreleased_if(thawed);
     }
 }
 
@@ -1598,6 +1611,10 @@ impl<M: Media, A: BlockAllocator> FileMapping for CuckooMapping<M, A> {
             })
         })?;
         Ok(true)
+    }
+
+    fn recovery_owed(&self) -> bool {
+        self.unreleased.load(Ordering::Relaxed) || self.intents.recovery_owed()
     }
 
     fn recover(&self) -> Result<()> {

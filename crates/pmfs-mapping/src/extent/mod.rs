@@ -951,9 +951,13 @@ impl<M: Media, A: BlockAllocator> ExtentTree<M, A> {
         let out = match body(&mut tx, &mut ctx) {
             Ok(out) => out,
             Err(e) => {
+                // A failure of either leaves its work to recovery (noted in the undo log):
+                // the operation's own error is the one to report.
                 let _ = tx.abort();
                 self.invalidate(file);
-                let _ = ctx.ledger.finish_aborted(&*self.alloc);
+                if ctx.ledger.finish_aborted(&*self.alloc).is_err() {
+                    self.undo.owe();
+                }
                 return Err(e);
             }
         };
@@ -1537,5 +1541,9 @@ impl<M: Media, A: BlockAllocator> FileMapping for ExtentTree<M, A> {
 
     fn recover(&self) -> Result<()> {
         self.undo.recover(&self.media).map(drop)
+    }
+
+    fn recovery_owed(&self) -> bool {
+        self.undo.recovery_owed()
     }
 }

@@ -20,7 +20,7 @@
 //! right because the user makes no other change before `begin` returns.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use pmfs_core::layout::{CACHE_LINE, PmOff, crc32c_append};
 use pmfs_core::pm::Media;
@@ -43,6 +43,8 @@ pub struct IntentTable {
     base: PmOff,
     count: u64,
     lines: u64,
+    /// A record was left active or reserved by a failed store: recovery must free it.
+    owed: AtomicBool,
 }
 
 /// A record a thread has reserved. Dropping it without [`finish`](Intent::finish) before
@@ -50,6 +52,7 @@ pub struct IntentTable {
 #[derive(Debug)]
 pub struct Intent<'a, M: Media> {
     media: &'a M,
+    owed: &'a AtomicBool,
     off: PmOff,
     seq: u64,
     begun: bool,
@@ -98,7 +101,18 @@ impl IntentTable {
     /// `count` records at `base`, each `lines` cache lines long (at least 1).
     pub fn new(base: PmOff, count: u64, lines: u64) -> Self {
         debug_assert!(base.is_aligned(CACHE_LINE) && lines >= 1);
-        Self { base, count, lines }
+        Self {
+            base,
+            count,
+            lines,
+            owed: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a failed operation or store left a record for [`scan`](Self::scan) to find
+    /// at recovery (see [`Intent`]).
+    pub fn recovery_owed(&self) -> bool {
+        self.owed.load(Ordering::Relaxed)
     }
 
     /// Bytes the table covers.
@@ -117,7 +131,7 @@ impl IntentTable {
     }
 
     /// Reserves a free record, waiting while all are held.
-    pub fn acquire<'a, M: Media>(&self, media: &'a M) -> Result<Intent<'a, M>> {
+    pub fn acquire<'a, M: Media>(&'a self, media: &'a M) -> Result<Intent<'a, M>> {
         let start = thread_slot() as u64;
         for round in 0..MAX_ROUNDS {
             for i in 0..self.count {
@@ -130,6 +144,7 @@ impl IntentTable {
                 if media.cas_u64(off, w, (seq << 8) | KIND_RESERVED)?.is_ok() {
                     return Ok(Intent {
                         media,
+                        owed: &self.owed,
                         off,
                         seq,
                         begun: false,
@@ -206,6 +221,7 @@ impl<'a, M: Media> Intent<'a, M> {
         let seq = (self.media.load_u64(off)? >> 8).wrapping_add(1) & (u64::MAX >> 8);
         Ok(Intent {
             media: self.media,
+            owed: self.owed,
             off,
             seq,
             begun: false,
@@ -240,16 +256,24 @@ impl<'a, M: Media> Intent<'a, M> {
     /// Frees the record durably: the operation it described is complete.
     pub fn finish(mut self) -> Result<()> {
         self.done = true;
-        self.media.store_u64_persist(self.off, self.seq << 8)
+        let freed = self.media.store_u64_persist(self.off, self.seq << 8);
+        if freed.is_err() {
+            self.owed.store(true, Ordering::Relaxed);
+        }
+        freed
     }
 }
 
 impl<M: Media> Drop for Intent<'_, M> {
     fn drop(&mut self) {
-        if !self.done && !self.begun {
-            // Nothing was recorded yet: give the reservation back. A failure here leaves the
-            // record reserved, which recovery frees.
-            let _ = self.media.store_u64(self.off, self.seq << 8);
+        if self.done {
+            return;
+        }
+        // Begun: the operation failed part way and recovery finishes or undoes it. Not
+        // begun: nothing was recorded, the reservation goes back; should that store fail,
+        // recovery frees the record.
+        if self.begun || self.media.store_u64(self.off, self.seq << 8).is_err() {
+            self.owed.store(true, Ordering::Relaxed);
         }
     }
 }

@@ -1997,6 +1997,10 @@ impl<M: Media> FileMapping for HashFs<M> {
         Ok(true)
     }
 
+    fn recovery_owed(&self) -> bool {
+        self.intents.recovery_owed()
+    }
+
     fn recover(&self) -> Result<()> {
         let records = self.intents.scan(
             &self.media,

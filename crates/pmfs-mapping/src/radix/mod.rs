@@ -628,9 +628,13 @@ impl<M: Media, A: BlockAllocator> RadixTree<M, A> {
         let out = match body(&mut tx, &mut ledger) {
             Ok(out) => out,
             Err(e) => {
+                // A failure of either leaves its work to recovery (noted in the undo log):
+                // the operation's own error is the one to report.
                 let _ = tx.abort();
                 self.invalidate(file);
-                let _ = ledger.finish_aborted(&*self.alloc);
+                if ledger.finish_aborted(&*self.alloc).is_err() {
+                    self.undo.owe();
+                }
                 return Err(e);
             }
         };
@@ -920,5 +924,9 @@ impl<M: Media, A: BlockAllocator> FileMapping for RadixTree<M, A> {
 
     fn recover(&self) -> Result<()> {
         self.undo.recover(&self.media).map(drop)
+    }
+
+    fn recovery_owed(&self) -> bool {
+        self.undo.recovery_owed()
     }
 }

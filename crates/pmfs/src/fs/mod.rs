@@ -1487,13 +1487,13 @@ impl Fs {
         let m = self.m();
         format::clear_owner(m)?;
         m.fence();
-        // A slot that an operation could not retire (its media refused a store) holds work
-        // only recovery can finish: the volume stays unclean for the next mount.
-        if let Some(at) = self.journal.first_busy(m)? {
-            return Err(Error::Corrupt {
-                what: "journal slot left busy by a failed operation",
-                at,
-            });
+        // A journal slot an operation could not retire or mapping work a failed store left
+        // is for recovery to finish: the volume stays unclean for the next mount.
+        if self.journal.first_busy(m)?.is_some() {
+            return Err(Error::LeftForRecovery("a journal slot"));
+        }
+        if self.map.recovery_owed() {
+            return Err(Error::LeftForRecovery("mapping work"));
         }
         m.store_u64(MOUNT_STATE_OFF, STATE_CLEAN)?;
         m.persist(MOUNT_STATE_OFF, 8)?;
