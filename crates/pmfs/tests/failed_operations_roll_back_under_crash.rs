@@ -3,7 +3,9 @@
 //! writes the same words without the journal is not undone by the next mount. The media
 //! here refuses the k-th word store of the operation (as a region refuses one out of its
 //! bounds), for every k: before the journal is armed, inside the transaction (the words are
-//! rolled back), at its commit (rolled back too) and in the cleanups after it.
+//! rolled back), at its commit (rolled back too) and in the cleanups after it. Without a
+//! crash, the volume then closes (cleanly, or unclean with [`pmfs::Error::LeftForRecovery`]
+//! when a failed store left work to recovery) and mounts again as the session showed it.
 
 mod common;
 

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use pmfs_core::layout::BLOCK_SIZE;
-use pmfs_core::pm::PmRegion;
+use pmfs_core::pm::{Media, PmRegion};
 
 use super::Volume;
 use super::ino::{Attr, Ino, OpenMode, OpenNode, attr_of, file_privilege_bits};
@@ -89,6 +89,19 @@ impl Volume {
     /// a client that lives as long as the process.
     pub fn attach_file(file: std::fs::File, path: impl AsRef<Path>) -> Result<Client> {
         Self::attach_region(PmRegion::open_file(file, path)?)
+    }
+
+    /// A client of the volume on `media` that a [`Volume`] of this process owns (one made with
+    /// [`Volume::format`] or [`Volume::mount`] over the same media): for pools kept in
+    /// memory, such as the crash simulator's regions. No client lock is taken: the owner
+    /// sees no other process attached.
+    ///
+    /// # Errors
+    /// As [`attach`](Self::attach).
+    pub fn attach_media(media: Arc<dyn Media>) -> Result<Client> {
+        Ok(Client {
+            fs: Arc::new(Fs::attach(media)?),
+        })
     }
 
     /// The process that has the volume in the pool file `pool` mounted read-write, as the
