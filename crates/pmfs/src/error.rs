@@ -84,9 +84,12 @@ pub enum Error {
         at: PmOff,
     },
     /// A store the media refused left work that only recovery does (a journal slot not
-    /// retired, a lock not released): the clean unmount left the volume unclean, for the next
-    /// read-write mount to recover (`EIO`).
-    #[error("a failed store left {0} to recovery; the next read-write mount recovers the volume")]
+    /// retired, a lock not released): the session takes no more changes, and the clean
+    /// unmount leaves the volume unclean, for the next read-write mount to recover (`EIO`).
+    #[error(
+        "a failed store left {0} to recovery; the volume takes no changes until the next \
+         read-write mount recovers it"
+    )]
     LeftForRecovery(&'static str),
     /// The volume needs a feature this build does not have (`EOPNOTSUPP`).
     #[error("unsupported: {0}")]

@@ -20,9 +20,14 @@
 //!
 //! Slots are per-CPU in the JDD sense: each thread prefers its own slot and only falls back to
 //! others when it is busy, so journaled operations on different threads never contend.
+//!
+//! A transaction dropped before its slot reads idle again (a store of its rollback or of its
+//! retirement failed) leaves the slot to recovery: no later transaction of the session arms
+//! it, and the engine takes no more changes (`Fs::writable`), since recovery will restore the
+//! words the slot names.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use pmfs_core::layout::{BLOCK_SIZE, PmOff, crc32c_append};
@@ -153,11 +158,23 @@ impl Cleanup {
     }
 }
 
-/// The journal area and the DRAM state of its slots (the next sequence number of each).
+/// The journal area and the DRAM state of its slots.
 #[derive(Debug)]
 pub(crate) struct Journal {
     base: PmOff,
-    slots: Vec<Mutex<u64>>,
+    slots: Vec<Mutex<Slot>>,
+    /// Some transaction left its slot to recovery.
+    left: AtomicBool,
+}
+
+/// The DRAM state of one slot.
+#[derive(Debug)]
+struct Slot {
+    /// The sequence number of the slot's next transaction.
+    seq: u64,
+    /// A transaction left the slot armed, or committed with cleanups not run, because a store
+    /// failed: only recovery may finish it, and no later transaction may write over it.
+    left: bool,
 }
 
 thread_local! {
@@ -214,7 +231,15 @@ impl Journal {
     pub fn new(geo: &Geometry) -> Journal {
         Journal {
             base: geo.journal_off(0),
-            slots: (0..geo.journal_slots).map(|_| Mutex::new(1)).collect(),
+            slots: (0..geo.journal_slots)
+                .map(|_| {
+                    Mutex::new(Slot {
+                        seq: 1,
+                        left: false,
+                    })
+                })
+                .collect(),
+            left: AtomicBool::new(false),
         }
     }
 
@@ -227,39 +252,46 @@ impl Journal {
         self.slots.len()
     }
 
-    /// Starts a transaction on the calling thread's slot (or any free one).
-    pub fn begin(&self) -> Tx<'_> {
+    /// Starts a transaction on the calling thread's slot, or any free one, or waits for one.
+    /// Slots left to recovery are skipped; when every slot is, the volume takes no more
+    /// journaled changes ([`Error::LeftForRecovery`]).
+    pub fn begin(&self) -> Result<Tx<'_>> {
         let n = self.slots.len();
         let home = home_slot() as usize % n;
-        let mut guard = None;
-        for i in 0..n {
-            let idx = (home + i) % n;
-            match self.slots[idx].try_lock() {
-                Ok(g) => {
-                    guard = Some((idx, g));
-                    break;
-                }
-                Err(TryLockError::Poisoned(p)) => {
-                    guard = Some((idx, p.into_inner()));
-                    break;
-                }
-                Err(TryLockError::WouldBlock) => {}
+        let order = (0..n).map(|i| (home + i) % n);
+        for idx in order.clone() {
+            let slot = match self.slots[idx].try_lock() {
+                Ok(g) => g,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => continue,
+            };
+            if !slot.left {
+                return Ok(self.tx(idx, slot));
             }
         }
-        let (idx, seq) = guard.unwrap_or_else(|| {
-            (
-                home,
-                self.slots[home].lock().unwrap_or_else(|e| e.into_inner()),
-            )
-        });
+        for idx in order {
+            let slot = self.slots[idx].lock().unwrap_or_else(|e| e.into_inner());
+            if !slot.left {
+                return Ok(self.tx(idx, slot));
+            }
+        }
+        Err(Error::LeftForRecovery("every journal slot"))
+    }
+
+    fn tx<'a>(&'a self, idx: usize, slot: MutexGuard<'a, Slot>) -> Tx<'a> {
         Tx {
             journal: self,
             idx,
-            seq,
+            slot,
             words: Vec::new(),
             cleanups: Vec::new(),
             state: TxState::Planning,
         }
+    }
+
+    /// Whether a transaction of this session left its slot to recovery.
+    pub fn left_to_recovery(&self) -> bool {
+        self.left.load(Ordering::Acquire)
     }
 
     /// Decodes slot `i`.
@@ -337,7 +369,7 @@ impl Journal {
         for i in 0..self.slots.len() {
             let off = self.slot_off(i);
             let seq = m.load_u64(off)? >> 8;
-            *self.slots[i].lock().unwrap_or_else(|e| e.into_inner()) = seq + 1;
+            self.slots[i].lock().unwrap_or_else(|e| e.into_inner()).seq = seq + 1;
             match self.read_slot(m, i)? {
                 SlotContent::Idle | SlotContent::Torn => {}
                 SlotContent::Active(undo, cleanups) => {
@@ -399,8 +431,12 @@ impl Journal {
 #[derive(Debug, PartialEq, Eq)]
 enum TxState {
     Planning,
+    /// The slot reads active: recovery undoes the words.
     Armed,
-    Done,
+    /// The slot holds cleanups still to run.
+    Committed,
+    /// The slot reads idle again.
+    Retired,
 }
 
 /// One journaled transaction; see the module documentation for the protocol.
@@ -411,7 +447,7 @@ enum TxState {
 pub(crate) struct Tx<'a> {
     journal: &'a Journal,
     idx: usize,
-    seq: MutexGuard<'a, u64>,
+    slot: MutexGuard<'a, Slot>,
     words: Vec<(PmOff, u64)>,
     cleanups: Vec<Cleanup>,
     state: TxState,
@@ -451,8 +487,8 @@ impl Tx<'_> {
         for c in &self.cleanups {
             c.encode(&mut entries);
         }
-        let seq = *self.seq;
-        *self.seq += 1;
+        let seq = self.slot.seq;
+        self.slot.seq += 1;
         let off = self.journal.slot_off(self.idx);
         let mut buf = vec![0u8; HEADER as usize];
         put64(&mut buf, hdr::STATE, state_word(seq, ACTIVE));
@@ -474,29 +510,30 @@ impl Tx<'_> {
         m.fence();
         let off = self.journal.slot_off(self.idx);
         let seq = m.load_u64(off)? >> 8;
-        let st = if self.cleanups.is_empty() {
-            IDLE
+        let (st, state) = if self.cleanups.is_empty() {
+            (IDLE, TxState::Retired)
         } else {
-            CLEANUP
+            (CLEANUP, TxState::Committed)
         };
         m.store_u64_persist(off, state_word(seq, st))?;
-        self.state = TxState::Done;
+        self.state = state;
         Ok(())
     }
 
     /// Retires the transaction after the caller ran its cleanups. A transaction that was
     /// armed but never committed (one that only registered cleanups) is finished by a fence
-    /// that makes its work durable, then the slot goes idle.
-    pub fn finish(self, m: &dyn Media) -> Result<()> {
+    /// that makes its work durable, then the slot goes idle. A transaction dropped before
+    /// its slot is idle again leaves the slot to recovery.
+    pub fn finish(mut self, m: &dyn Media) -> Result<()> {
         let off = self.journal.slot_off(self.idx);
         match self.state {
-            TxState::Planning => return Ok(()),
+            TxState::Planning | TxState::Retired => return Ok(()),
             TxState::Armed => m.fence(),
-            TxState::Done if self.cleanups.is_empty() => return Ok(()),
-            TxState::Done => {}
+            TxState::Committed => {}
         }
         let seq = m.load_u64(off)? >> 8;
         m.store_u64_persist(off, state_word(seq, IDLE))?;
+        self.state = TxState::Retired;
         Ok(())
     }
 
@@ -509,8 +546,17 @@ impl Tx<'_> {
         let off = self.journal.slot_off(self.idx);
         let seq = m.load_u64(off)? >> 8;
         m.store_u64_persist(off, state_word(seq, IDLE))?;
-        self.state = TxState::Done;
+        self.state = TxState::Retired;
         Ok(())
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        if matches!(self.state, TxState::Armed | TxState::Committed) {
+            self.slot.left = true;
+            self.journal.left.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -566,7 +612,7 @@ mod tests {
         let (m, j) = setup();
         m.store_u64(W1, 10).unwrap();
         m.store_u64(W2, 20).unwrap();
-        let mut tx = j.begin();
+        let mut tx = j.begin().unwrap();
         tx.protect(W1);
         tx.protect(W2);
         tx.cleanup(Cleanup::ReleaseIfDead {
@@ -601,7 +647,7 @@ mod tests {
     #[test]
     fn committed_keeps_values_and_only_cleanups_remain() {
         let (m, j) = setup();
-        let mut tx = j.begin();
+        let mut tx = j.begin().unwrap();
         tx.protect(W1);
         tx.cleanup(Cleanup::Trim {
             inode: Handle {
@@ -621,10 +667,35 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_left_to_recovery_is_never_written_over() {
+        let (m, j) = setup();
+        let mut tx = j.begin().unwrap();
+        tx.protect(W1);
+        run_armed(&mut tx, &m, |_| put(&m, W1, 1)).unwrap();
+        tx.finish(&m).unwrap();
+        assert!(!j.left_to_recovery());
+        for _ in 0..j.slots() {
+            let mut tx = j.begin().unwrap();
+            tx.protect(W1);
+            tx.arm(&m).unwrap();
+            // Dropped armed, as when a store of its rollback fails.
+            drop(tx);
+        }
+        assert!(j.left_to_recovery());
+        assert!(matches!(j.begin(), Err(Error::LeftForRecovery(_))));
+        for i in 0..j.slots() {
+            assert!(matches!(
+                j.read_slot(&m, i).unwrap(),
+                SlotContent::Active(..)
+            ));
+        }
+    }
+
+    #[test]
     fn failed_operation_rolls_back_and_torn_arm_is_ignored() {
         let (m, j) = setup();
         m.store_u64(W1, 1).unwrap();
-        let mut tx = j.begin();
+        let mut tx = j.begin().unwrap();
         tx.protect(W1);
         let r: Result<()> = run_armed(&mut tx, &m, |_| {
             put(&m, W1, 2)?;

@@ -143,7 +143,7 @@ impl Fs {
             slot | (bytes.len() as u64) << 16 | u64::from(crc32c(&bytes)) << 32
         };
         let now = self.now();
-        let mut tx = self.journal.begin();
+        let mut tx = self.journal.begin()?;
         tx.protect(self.inodes.field(h.ino, field::XATTR));
         tx.protect(self.inodes.field(h.ino, field::CTIME));
         run_armed(&mut tx, m, |_| {
@@ -214,9 +214,7 @@ impl Volume {
         if value.len() > usize::from(u16::MAX) {
             return Err(Error::NoSpace);
         }
-        if self.fs.read_only {
-            return Err(Error::ReadOnly);
-        }
+        self.fs.writable()?;
         let _il = self
             .fs
             .ilock(ino.number())
@@ -237,9 +235,7 @@ impl Volume {
     /// Removes attribute `name` of `ino`; returns whether it existed.
     pub fn remove_xattr(&self, ino: Ino, name: &[u8]) -> Result<bool> {
         check_name(name)?;
-        if self.fs.read_only {
-            return Err(Error::ReadOnly);
-        }
+        self.fs.writable()?;
         let _il = self
             .fs
             .ilock(ino.number())

@@ -1,11 +1,14 @@
 //! A journaled operation that fails part way leaves the volume as it was before or after it,
 //! the same in the session and after a crash at any fence, and a later operation that
-//! writes the same words without the journal is not undone by the next mount. The media
+//! writes the same words without the journal is not undone by the next mount (or is refused,
+//! when the failure left work that only recovery does). The media
 //! here refuses the k-th word store of the operation (as a region refuses one out of its
 //! bounds), for every k: before the journal is armed, inside the transaction (the words are
 //! rolled back), at its commit (rolled back too) and in the cleanups after it. Without a
 //! crash, the volume then closes (cleanly, or unclean with [`pmfs::Error::LeftForRecovery`]
 //! when a failed store left work to recovery) and mounts again as the session showed it.
+//! When the next stores are refused too, so that the operation cannot be undone in place, the
+//! session takes no more changes until recovery has run.
 
 mod common;
 
@@ -26,6 +29,7 @@ struct Refusing<M> {
     inner: Arc<M>,
     /// Word stores to let through before the one refused; `u64::MAX`: none refused.
     left: AtomicU64,
+    run: AtomicU64,
     stores: AtomicU64,
 }
 
@@ -34,6 +38,7 @@ impl<M: Media> Refusing<M> {
         Refusing {
             inner,
             left: AtomicU64::new(u64::MAX),
+            run: AtomicU64::new(1),
             stores: AtomicU64::new(0),
         }
     }
@@ -43,7 +48,13 @@ impl<M: Media> Refusing<M> {
         self.left.store(k - 1, Ordering::Relaxed);
     }
 
+    fn refuse_run(&self, k: u64, n: u64) {
+        self.run.store(n, Ordering::Relaxed);
+        self.left.store(k - 1, Ordering::Relaxed);
+    }
+
     fn accept_all(&self) {
+        self.run.store(1, Ordering::Relaxed);
         self.left.store(u64::MAX, Ordering::Relaxed);
     }
 }
@@ -78,7 +89,12 @@ impl<M: Media> Media for Refusing<M> {
         let left = self.left.load(Ordering::Relaxed);
         if left != u64::MAX {
             if left == 0 {
-                self.accept_all();
+                let run = self.run.load(Ordering::Relaxed);
+                if run > 1 {
+                    self.run.store(run - 1, Ordering::Relaxed);
+                } else {
+                    self.accept_all();
+                }
                 return Err(pmfs_core::Error::OutOfBounds {
                     off,
                     len: 8,
@@ -178,6 +194,8 @@ fn check(kind: pmfs::MappingKind, name: &str, op: Op, k: u64, seed: u64) {
     // What the session shows after the failure, and how many of `LATER` returned since.
     let seen: RefCell<Option<Snapshot>> = RefCell::default();
     let created = Cell::new(0);
+    // Whether the session refused a create: the failure left work to recovery.
+    let refused = Cell::new(false);
     let what = format!("{kind:?}, {name}, store {k} refused");
     explorer(seed)
         .run(
@@ -193,8 +211,14 @@ fn check(kind: pmfs::MappingKind, name: &str, op: Op, k: u64, seed: u64) {
                 );
                 *seen.borrow_mut() = Some(now);
                 for (i, p) in LATER.iter().enumerate() {
-                    vol.create_file(p).unwrap();
-                    created.set(i + 1);
+                    match vol.create_file(p) {
+                        Ok(_) => created.set(i + 1),
+                        Err(pmfs::Error::LeftForRecovery(_)) => {
+                            refused.set(true);
+                            break;
+                        }
+                        Err(e) => panic!("{what}: creating {p} after it: {e}"),
+                    }
                 }
             },
             |cp| {
@@ -203,7 +227,8 @@ fn check(kind: pmfs::MappingKind, name: &str, op: Op, k: u64, seed: u64) {
                 let ok = match &*seen.borrow() {
                     None => got == before || got == after,
                     Some(s) => {
-                        got == with_later(s, n) || (n < LATER.len() && got == with_later(s, n + 1))
+                        got == with_later(s, n)
+                            || (!refused.get() && n < LATER.len() && got == with_later(s, n + 1))
                     }
                 };
                 if ok {
@@ -287,5 +312,97 @@ fn after_a_refused_store_the_next_mount_shows_what_the_session_showed() {
                 assert_eq!(got, seen, "{what}");
             }
         }
+    }
+}
+
+/// Changes after the failure: a create in each directory the operations change and a rename
+/// between them, which takes the journal slot the failed operation used.
+const AFTER: [(&str, Op); 3] = [
+    ("create", |v| v.write("/s/z", b"z")),
+    ("rename", |v| v.rename("/t/c", "/s/c2")),
+    ("create", |v| v.write("/t/z", b"zz")),
+];
+
+/// What a healthy volume shows after `op` (or not) and the first `n` of [`AFTER`], for
+/// every `n`: indexed `[op ran][n]`.
+fn healthy(kind: pmfs::MappingKind, op: Op) -> [Vec<Snapshot>; 2] {
+    [false, true].map(|ran| {
+        (0..=AFTER.len())
+            .map(|n| {
+                let media: Arc<dyn Media> = Arc::new(HeapRegion::new(SIM_SIZE).unwrap());
+                let vol = Volume::format(media, &sim_options(kind)).unwrap();
+                tree(&vol);
+                if ran {
+                    op(&vol).unwrap();
+                }
+                for (_, later) in &AFTER[..n] {
+                    later(&vol).unwrap();
+                }
+                snapshot(&vol)
+            })
+            .collect()
+    })
+}
+
+/// Without a crash: when the store refused and the next ones (those that would undo the
+/// operation) leave work that only recovery does, the session takes no more changes: a
+/// change could write over a word that recovery restores, or arm the journal slot that
+/// recovery needs. The volume closes unclean and mounts again as before or after the
+/// operation, with every change the session accepted.
+#[test]
+fn after_a_failure_left_to_recovery_the_session_takes_no_more_changes() {
+    for (name, op) in OPS {
+        // Cases where the refusals reached the rollback: the test is about them.
+        let mut frozen = 0;
+        for kind in KINDS {
+            let healthy = healthy(kind, op);
+            for k in 1..=stores_of(kind, op) {
+                for run in 2..=3 {
+                    let media =
+                        Arc::new(Refusing::new(Arc::new(HeapRegion::new(SIM_SIZE).unwrap())));
+                    let vol = Volume::format(media.clone(), &sim_options(kind)).unwrap();
+                    tree(&vol);
+                    media.refuse_run(k, run);
+                    let r = op(&vol);
+                    media.accept_all();
+                    let what = format!(
+                        "{kind:?}, {name}, stores {k} to {} refused ({r:?})",
+                        k + run - 1
+                    );
+                    let mut accepted = 0;
+                    let mut refused = false;
+                    for (later, change) in AFTER {
+                        match change(&vol) {
+                            Ok(()) if !refused => accepted += 1,
+                            Err(pmfs::Error::LeftForRecovery(_)) => refused = true,
+                            got => panic!("{what}: a {later} after it gives {got:?}"),
+                        }
+                    }
+                    let seen = (!refused).then(|| snapshot(&vol));
+                    let closed = vol.close();
+                    let what = format!("{what}: {accepted} changes accepted, close {closed:?}");
+                    if refused {
+                        frozen += 1;
+                        assert!(
+                            matches!(closed, Err(pmfs::Error::LeftForRecovery(_))),
+                            "{what}"
+                        );
+                    } else {
+                        assert!(closed.is_ok(), "{what}");
+                    }
+                    let mut image = vec![0; SIM_SIZE as usize];
+                    media.read(PmOff(0), &mut image).unwrap();
+                    let got = recover_and_check(&image).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert!(
+                        got == healthy[0][accepted] || got == healthy[1][accepted],
+                        "{what}: the next mount shows {got:#?}"
+                    );
+                    if let Some(seen) = seen {
+                        assert_eq!(got, seen, "{what}");
+                    }
+                }
+            }
+        }
+        assert!(frozen > 0, "{name}: no failure left work to recovery");
     }
 }

@@ -399,9 +399,7 @@ impl Volume {
         pin: bool,
     ) -> Result<Handle> {
         let fs = &*self.fs;
-        if fs.read_only {
-            return Err(Error::ReadOnly);
-        }
+        fs.writable()?;
         check_name(name)?;
         let dir = self.dir_of(parent)?;
         let mut d = dir.inner.write().unwrap_or_else(|e| e.into_inner());
@@ -564,8 +562,8 @@ impl Volume {
 
     /// Opens the regular file `ino`.
     pub fn open_ino(&self, ino: Ino, mode: OpenMode) -> Result<OpenNode> {
-        if (mode.write || mode.truncate) && self.fs.read_only {
-            return Err(Error::ReadOnly);
+        if mode.write || mode.truncate {
+            self.fs.writable()?;
         }
         if mode.truncate && !mode.write {
             return Err(Error::InvalidArgument("truncate without write access"));
@@ -643,9 +641,7 @@ impl Volume {
     /// Changes owner and/or group of `h` (journaled with its ctime).
     fn chown(&self, h: Handle, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
         let fs = &*self.fs;
-        if fs.read_only {
-            return Err(Error::ReadOnly);
-        }
+        fs.writable()?;
         let m = fs.m();
         let _il = fs.ilock(h.ino).write().unwrap_or_else(|e| e.into_inner());
         let rec = fs.inodes.read_live(m, h).map_err(dead)?;
@@ -653,7 +649,7 @@ impl Volume {
         let gid_off = fs.inodes.field(h.ino, GID_WORD);
         let gid_word = (m.load_u64(gid_off)? & !0xffff_ffff) | u64::from(gid.unwrap_or(rec.gid));
         let now = fs.now();
-        let mut tx = fs.journal.begin();
+        let mut tx = fs.journal.begin()?;
         tx.protect(fs.inodes.field(h.ino, field::MODE_UID));
         tx.protect(gid_off);
         tx.protect(fs.inodes.field(h.ino, field::CTIME));

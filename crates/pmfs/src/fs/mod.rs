@@ -1432,14 +1432,31 @@ impl Fs {
         done
     }
 
-    /// Free data blocks, once the deferred files are freed.
+    /// Free data blocks, once the deferred files are freed (on a volume that takes changes).
     pub fn free_blocks(&self) -> Result<u64> {
-        let mut pending = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(free) = self.release_batch(&mut pending, true)? {
-            return Ok(free);
+        if self.writable().is_ok() {
+            let mut pending = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(free) = self.release_batch(&mut pending, true)? {
+                return Ok(free);
+            }
         }
-        drop(pending);
         (self.free_count)()
+    }
+
+    /// Whether the volume takes changes: not when mounted read-only (`EROFS`), nor once a
+    /// failed store left work that only recovery does (`EIO`): a change after it could write
+    /// over a word that recovery restores, or reuse a journal slot that recovery needs.
+    pub(crate) fn writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        if self.journal.left_to_recovery() {
+            return Err(Error::LeftForRecovery("a journal slot"));
+        }
+        if self.map.recovery_owed() {
+            return Err(Error::LeftForRecovery("mapping work"));
+        }
+        Ok(())
     }
 
     /// Writes back DRAM-only state (directory modification times).
@@ -1467,10 +1484,18 @@ impl Fs {
         Ok(())
     }
 
-    /// Clean unmount: write back DRAM state and mark the volume clean. Idempotent.
+    /// Clean unmount: write back DRAM state and mark the volume clean. Idempotent. A volume
+    /// left to recovery ([`writable`](Fs::writable)) stays unclean, as a crash would leave it.
     pub fn shutdown(&self) -> Result<()> {
         if self.read_only || self.client || self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
+        }
+        let m = self.m();
+        if let Err(e) = self.writable() {
+            // Left to recovery: the volume stays as a crash now would leave it.
+            format::clear_owner(m)?;
+            m.fence();
+            return Err(e);
         }
         self.release_deferred()?;
         // Batch removals on a table with room reclaim each freed slot online, which keeps the
@@ -1484,7 +1509,6 @@ impl Fs {
             a.flush_caches();
             a.sync()?;
         }
-        let m = self.m();
         format::clear_owner(m)?;
         m.fence();
         // A journal slot an operation could not retire or mapping work a failed store left

@@ -103,14 +103,6 @@ impl<'a> Pair<'a> {
 }
 
 impl Fs {
-    fn writable(&self) -> Result<()> {
-        if self.read_only {
-            Err(Error::ReadOnly)
-        } else {
-            Ok(())
-        }
-    }
-
     /// Opens `name` in `parent` for [`open`](Fs::open) with a create flag, under one lock of
     /// the directory: returns the existing entry (counted as open when it is a regular file)
     /// or creates a regular file (counted as open before the directory is unlocked, so nobody
@@ -212,7 +204,7 @@ impl Fs {
         let Some(target) = symlink_target else {
             return self.link_created(d, owner, name, kind, h, now, None);
         };
-        let mut t = self.journal.begin();
+        let mut t = self.journal.begin()?;
         t.cleanup(Cleanup::ReleaseIfDead { inode: h });
         t.arm(m)?;
         let linked = self.link_created(d, owner, name, kind, h, now, Some(target));
@@ -300,7 +292,7 @@ impl Fs {
         let r = d.plan_remove(m, &s)?;
         if s.kind != Kind::Dir && nlink > 1 {
             // The inode survives: link count and entry change together under the journal.
-            let mut tx = self.journal.begin();
+            let mut tx = self.journal.begin()?;
             for w in [r.words()[0], r.words()[1]] {
                 tx.protect(w);
             }
@@ -386,7 +378,7 @@ impl Fs {
         }
         let now = self.now();
         let ins = d.prepare_insert(self, parent.h, name, kind, target, now)?;
-        let mut tx = self.journal.begin();
+        let mut tx = self.journal.begin()?;
         for w in ins.words() {
             tx.protect(w);
         }
@@ -520,7 +512,7 @@ impl Fs {
             .dst()
             .prepare_insert(self, dp.h, dname, s.kind, s.h, now)?;
         let r0 = pair.src().plan_remove(m, &s)?;
-        let mut tx = self.journal.begin();
+        let mut tx = self.journal.begin()?;
         for w in ins.words().into_iter().chain(r0.words()) {
             tx.protect(w);
         }
@@ -592,7 +584,7 @@ impl Fs {
         };
         let tw = pair.dst().entry_words(m, &t)?;
         let r0 = pair.src().plan_remove(m, &s)?;
-        let mut tx = self.journal.begin();
+        let mut tx = self.journal.begin()?;
         for w in [tw.prev, tw.handle, tw.ctime, tw.next]
             .into_iter()
             .chain(r0.words())
@@ -677,7 +669,7 @@ impl Fs {
         let (s_dir, t_dir) = (moved(&s)?, moved(&t)?);
         let sw = pair.src().entry_words(m, &s)?;
         let tw = pair.dst().entry_words(m, &t)?;
-        let mut tx = self.journal.begin();
+        let mut tx = self.journal.begin()?;
         for w in [
             sw.prev, sw.handle, sw.ctime, sw.next, tw.prev, tw.handle, tw.ctime, tw.next,
         ] {
@@ -754,7 +746,7 @@ impl Fs {
         let mode = (rec.mode & S_IFMT) | (perm & 0o7777);
         let word = u64::from(mode) | u64::from(rec.uid) << 32;
         let now = self.now();
-        let mut tx = self.journal.begin();
+        let mut tx = self.journal.begin()?;
         tx.protect(self.inodes.field(h.ino, field::MODE_UID));
         tx.protect(self.inodes.field(h.ino, field::CTIME));
         run_armed(&mut tx, m, |_| {
@@ -778,7 +770,7 @@ impl Fs {
         let _il = self.ilock(h.ino).write().unwrap_or_else(|e| e.into_inner());
         self.inodes.read_live(m, h).map_err(|_| Error::NotFound)?;
         let now = self.now();
-        let mut tx = self.journal.begin();
+        let mut tx = self.journal.begin()?;
         for f in [field::ATIME, field::MTIME, field::CTIME] {
             tx.protect(self.inodes.field(h.ino, f));
         }

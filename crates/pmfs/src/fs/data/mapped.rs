@@ -392,9 +392,7 @@ impl Fs {
         len: u64,
         fill_at_most: Option<u64>,
     ) -> Result<(MapPin, Vec<Run>)> {
-        if self.read_only {
-            return Err(Error::ReadOnly);
-        }
+        self.writable()?;
         let ino = n.h.ino;
         let s = self.shared(n, true)?.ok_or(Error::Corrupt {
             what: "file log",

@@ -432,8 +432,8 @@ impl Fs {
     /// Opens (and maybe creates) the file at `path`. The returned node is counted as open
     /// until [`release_node`](Fs::release_node).
     pub fn open(&self, path: &str, req: OpenReq) -> Result<Node> {
-        if (req.write || req.create || req.create_new || req.truncate) && self.read_only {
-            return Err(Error::ReadOnly);
+        if req.write || req.create || req.create_new || req.truncate {
+            self.writable()?;
         }
         let follow = if req.create_new {
             Follow::NoLast
@@ -513,7 +513,10 @@ impl Fs {
         if left > 0 {
             return Ok(());
         }
-        if !self.client && !self.read_only {
+        // A volume that takes no changes (read-only, or left to recovery) writes nothing
+        // here: what the next mount finds is what a crash would have left.
+        let changes = self.writable().is_ok();
+        if !self.client && changes {
             // The owner's last handle: the FUSE daemon keeps one while the kernel may hold
             // pages of the file, until the kernel forgets the file.
             self.inodes
@@ -531,7 +534,7 @@ impl Fs {
         }
         // A client's last close of a file it did not unlink is done: only the owner looks
         // for pins of dead processes (see drop_dead_pins).
-        if self.read_only || (self.client && !orphan) {
+        if !changes || (self.client && !orphan) {
             return Ok(());
         }
         let rec = self.inodes.read(self.m(), n.h.ino)?;
@@ -795,11 +798,12 @@ impl Fs {
 
     /// Digests the log of `n`'s inode and closes this process's handle `s` of it, taken out
     /// of the registry, if it holds the last reference (else the holder closes it).
+    /// A volume that takes no changes leaves the log undigested.
     fn digest_and_close(&self, n: &Node, s: Arc<Shared>) -> Result<()> {
-        let digested = if self.read_only {
-            Ok(())
-        } else {
+        let digested = if self.writable().is_ok() {
             self.node_map(n).and_then(|f| self.digest(n.h.ino, &s, f))
+        } else {
+            Ok(())
         };
         let closed = match Arc::try_unwrap(s) {
             Ok(s) => s.log.close().map_err(Error::from),

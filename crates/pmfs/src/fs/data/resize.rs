@@ -28,9 +28,7 @@ impl Fs {
 
     /// [`set_len`](Fs::set_len), then [`close_log_if_unused`](Fs::close_log_if_unused).
     fn resize(&self, n: &Node, len: u64, close_even_alone: bool) -> Result<()> {
-        if self.read_only {
-            return Err(Error::ReadOnly);
-        }
+        self.writable()?;
         if len > MAX_FILE_SIZE {
             return Err(Error::FileTooLarge);
         }
@@ -116,9 +114,7 @@ impl Fs {
         what: Fill,
         how: Update,
     ) -> Result<()> {
-        if self.read_only {
-            return Err(Error::ReadOnly);
-        }
+        self.writable()?;
         let end = offset
             .checked_add(len)
             .filter(|&e| e <= MAX_FILE_SIZE)
@@ -189,9 +185,7 @@ impl Fs {
     /// the size does not change. The partial edge blocks are copied with the range zeroed
     /// (one update), then the whole blocks are punched (a second one).
     pub fn punch_hole(&self, n: &Node, offset: u64, len: u64) -> Result<()> {
-        if self.read_only {
-            return Err(Error::ReadOnly);
-        }
+        self.writable()?;
         let _il = self
             .ilock(n.h.ino)
             .write()
@@ -224,7 +218,7 @@ impl Fs {
             let Some(r) = runs.first() else {
                 return Ok(());
             };
-            let mut t = self.journal.begin();
+            let mut t = self.journal.begin()?;
             t.cleanup(crate::journal::Cleanup::PunchIf {
                 inode: n.h,
                 from: whole_from,

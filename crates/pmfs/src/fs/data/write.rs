@@ -818,9 +818,7 @@ impl Fs {
     /// space runs again holding the lock alone, which lets it digest to free the blocks that
     /// undigested writes replaced.
     fn write_inner(&self, n: &Node, buf: &[u8], at: Option<u64>) -> Result<u64> {
-        if self.read_only {
-            return Err(Error::ReadOnly);
-        }
+        self.writable()?;
         if let Some(off) = at {
             // On the hash tables, the line of the first block is read by the staging (cuckoo's
             // goal lookup, HashFS's slot claim) and the digest: start its miss before the log
