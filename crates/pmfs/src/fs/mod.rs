@@ -122,6 +122,9 @@ pub struct MountReport {
     pub redone_removes: u32,
     /// Directory entries dropped because their inode was dead.
     pub dropped_entries: u32,
+    /// Directory pages a crash left mapped and not yet counted in the directory's size,
+    /// initialised and published.
+    pub dir_pages_published: u32,
     /// Orphan inodes freed.
     pub orphans_freed: u32,
     /// HashFS slots that were tombstones on no entry's walk and became empty.
@@ -157,6 +160,10 @@ impl MountReport {
             (
                 u64::from(self.dropped_entries),
                 "entries of dead inodes dropped",
+            ),
+            (
+                u64::from(self.dir_pages_published),
+                "directory pages published",
             ),
             (u64::from(self.orphans_freed), "orphan inodes freed"),
             (self.tombstones_purged, "hash tombstones purged"),
@@ -738,6 +745,7 @@ impl Fs {
             stats.undone_inserts += s.undone_inserts;
             stats.redone_removes += s.redone_removes;
             stats.dropped_entries += s.dropped_entries;
+            stats.pages_added += s.pages_added;
             self.dirs
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
@@ -746,6 +754,7 @@ impl Fs {
         report.undone_inserts = stats.undone_inserts;
         report.redone_removes = stats.redone_removes;
         report.dropped_entries = stats.dropped_entries;
+        report.dir_pages_published = stats.pages_added;
 
         for &c in cleanups {
             self.run_cleanup(c)?;
