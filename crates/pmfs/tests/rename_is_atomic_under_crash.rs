@@ -50,6 +50,31 @@ fn rename_replacing_a_file() {
     }
 }
 
+/// The entry [`exchange_with_an_entry_that_straddles_cache_lines`] exchanges: 80 bytes, at
+/// offset 120 of its page after a 56-byte one.
+const STRADDLING: &str = "/r/bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+#[test]
+fn exchange_with_an_entry_that_straddles_cache_lines() {
+    // The directory's first entries sit at 64 and 120. The second one's first word, which
+    // holds the kind an exchange of the file with a directory changes, ends a cache line;
+    // its handle and creation time start the next, and its last word, which holds the
+    // checksum, the one after.
+    for kind in KINDS {
+        check_op(
+            kind,
+            30,
+            |v| {
+                tree(v);
+                v.create_dir("/r").unwrap();
+                v.write("/r/aaaaaaaaaaaaaaaaaaaaaaaa", b"a").unwrap();
+                v.write(STRADDLING, b"b").unwrap();
+            },
+            |v, _| v.rename_with("/s/sub", STRADDLING, EXCHANGE),
+        );
+    }
+}
+
 #[test]
 fn rename_replacing_a_file_that_has_other_links() {
     for kind in KINDS {
