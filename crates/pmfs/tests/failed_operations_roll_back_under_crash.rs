@@ -45,9 +45,10 @@ impl<M: Media> Refusing<M> {
 
     /// Refuses the `k`-th word store from now on (1: the next one).
     fn refuse(&self, k: u64) {
-        self.left.store(k - 1, Ordering::Relaxed);
+        self.refuse_run(k, 1);
     }
 
+    /// Refuses `n` word stores from the `k`-th on.
     fn refuse_run(&self, k: u64, n: u64) {
         self.run.store(n, Ordering::Relaxed);
         self.left.store(k - 1, Ordering::Relaxed);
@@ -284,6 +285,30 @@ fn a_failed_unlink_of_one_of_two_links() {
     every_refusal(5);
 }
 
+/// A fresh tree on a heap region, and what `op` returns on it with `run` word stores
+/// refused from its `k`-th on.
+fn fail(
+    kind: pmfs::MappingKind,
+    op: Op,
+    k: u64,
+    run: u64,
+) -> (Arc<Refusing<HeapRegion>>, Volume, pmfs::Result<()>) {
+    let media = Arc::new(Refusing::new(Arc::new(HeapRegion::new(SIM_SIZE).unwrap())));
+    let vol = Volume::format(media.clone(), &sim_options(kind)).unwrap();
+    tree(&vol);
+    media.refuse_run(k, run);
+    let r = op(&vol);
+    media.accept_all();
+    (media, vol, r)
+}
+
+/// What the next mount of `media` shows (recovering it), after fsck found it clean.
+fn remounted(media: &Refusing<HeapRegion>, what: &str) -> Snapshot {
+    let mut image = vec![0; SIM_SIZE as usize];
+    media.read(PmOff(0), &mut image).unwrap();
+    recover_and_check(&image).unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
 /// Without a crash: after every refused store of every operation the volume closes (cleanly,
 /// or leaving for recovery what only recovery can undo) and the next mount shows what the
 /// session showed.
@@ -292,12 +317,7 @@ fn after_a_refused_store_the_next_mount_shows_what_the_session_showed() {
     for (name, op) in OPS {
         for kind in KINDS {
             for k in 1..=stores_of(kind, op) {
-                let media = Arc::new(Refusing::new(Arc::new(HeapRegion::new(SIM_SIZE).unwrap())));
-                let vol = Volume::format(media.clone(), &sim_options(kind)).unwrap();
-                tree(&vol);
-                media.refuse(k);
-                let r = op(&vol);
-                media.accept_all();
+                let (media, vol, r) = fail(kind, op, k, 1);
                 let seen = snapshot(&vol);
                 let closed = vol.close();
                 let what =
@@ -306,10 +326,7 @@ fn after_a_refused_store_the_next_mount_shows_what_the_session_showed() {
                     matches!(closed, Ok(()) | Err(pmfs::Error::LeftForRecovery(_))),
                     "{what}"
                 );
-                let mut image = vec![0; SIM_SIZE as usize];
-                media.read(PmOff(0), &mut image).unwrap();
-                let got = recover_and_check(&image).unwrap_or_else(|e| panic!("{what}: {e}"));
-                assert_eq!(got, seen, "{what}");
+                assert_eq!(remounted(&media, &what), seen, "{what}");
             }
         }
     }
@@ -358,13 +375,7 @@ fn after_a_failure_left_to_recovery_the_session_takes_no_more_changes() {
             let healthy = healthy(kind, op);
             for k in 1..=stores_of(kind, op) {
                 for run in 2..=3 {
-                    let media =
-                        Arc::new(Refusing::new(Arc::new(HeapRegion::new(SIM_SIZE).unwrap())));
-                    let vol = Volume::format(media.clone(), &sim_options(kind)).unwrap();
-                    tree(&vol);
-                    media.refuse_run(k, run);
-                    let r = op(&vol);
-                    media.accept_all();
+                    let (media, vol, r) = fail(kind, op, k, run);
                     let what = format!(
                         "{kind:?}, {name}, stores {k} to {} refused ({r:?})",
                         k + run - 1
@@ -390,9 +401,7 @@ fn after_a_failure_left_to_recovery_the_session_takes_no_more_changes() {
                     } else {
                         assert!(closed.is_ok(), "{what}");
                     }
-                    let mut image = vec![0; SIM_SIZE as usize];
-                    media.read(PmOff(0), &mut image).unwrap();
-                    let got = recover_and_check(&image).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let got = remounted(&media, &what);
                     assert!(
                         got == healthy[0][accepted] || got == healthy[1][accepted],
                         "{what}: the next mount shows {got:#?}"

@@ -1522,11 +1522,9 @@ impl Fs {
         m.fence();
         // A journal slot an operation could not retire or mapping work a failed store left
         // is for recovery to finish: the volume stays unclean for the next mount.
+        self.writable()?;
         if self.journal.first_busy(m)?.is_some() {
             return Err(Error::LeftForRecovery("a journal slot"));
-        }
-        if self.map.recovery_owed() {
-            return Err(Error::LeftForRecovery("mapping work"));
         }
         m.store_u64(MOUNT_STATE_OFF, STATE_CLEAN)?;
         m.persist(MOUNT_STATE_OFF, 8)?;
