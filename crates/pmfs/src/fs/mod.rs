@@ -252,6 +252,9 @@ pub(crate) struct Fs {
     /// ([`Client::on_kernel_pages`](crate::Client::on_kernel_pages)).
     pub(crate) kernel_pages: OnceLock<data::DropKernelPages>,
     closed: AtomicBool,
+    /// What a log-free operation that failed part way left on the media for recovery to
+    /// finish (see [`writable`](Fs::writable)).
+    left: OnceLock<&'static str>,
     pub report: MountReport,
     /// The owner lock of the pool file when the volume was opened by path; released when the
     /// engine is dropped, after its clean close.
@@ -407,6 +410,7 @@ impl Fs {
             client: false,
             kernel_pages: OnceLock::new(),
             closed: AtomicBool::new(false),
+            left: OnceLock::new(),
             report: MountReport::default(),
             owner_lock: OnceLock::new(),
         }
@@ -1465,7 +1469,20 @@ impl Fs {
         if self.map.recovery_owed() {
             return Err(Error::LeftForRecovery("mapping work"));
         }
+        if let Some(what) = self.left.get() {
+            return Err(Error::LeftForRecovery(what));
+        }
         Ok(())
+    }
+
+    /// `r`, after marking the session as left to recovery when it is an error: for the steps
+    /// of a log-free operation after its first change reached the media, whose failure
+    /// leaves a half-done operation that only the next mount's repair resolves.
+    pub(crate) fn or_leave<T>(&self, what: &'static str, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            let _ = self.left.set(what);
+        }
+        r
     }
 
     /// Writes back DRAM-only state (directory modification times).

@@ -209,6 +209,10 @@ impl Fs {
         t.arm(m)?;
         let linked = self.link_created(d, owner, name, kind, h, now, Some(target));
         if linked.is_err() {
+            if self.writable().is_err() {
+                // The transaction, dropped armed, leaves its cleanup to recovery too.
+                return linked;
+            }
             // What recovery would do after a crash here: the caller reuses the inode number.
             self.run_cleanup(Cleanup::ReleaseIfDead { inode: h })?;
         }
@@ -246,9 +250,12 @@ impl Fs {
         // Step 1: new entry, inode body and Y.prev durable together.
         d.link_prev(m, &ins)?;
         m.fence();
-        // Step 2: X.next and the inode's live state.
-        d.link_next(m, &ins)?;
-        self.inodes.store(m, h.ino, field::STATE, h.live_state())?;
+        // Step 2: X.next and the inode's live state. A failure leaves a half-done insert,
+        // which the next mount undoes.
+        let linked = d
+            .link_next(m, &ins)
+            .and_then(|()| self.inodes.store(m, h.ino, field::STATE, h.live_state()));
+        self.or_leave("a half-done directory insert", linked)?;
         m.fence();
         d.finish_insert(&ins, name, kind, h);
         d.touch(now);
@@ -312,32 +319,40 @@ impl Fs {
         }
         // Last link: CFFS log-free unlink. Step 1 flags the removal and zeroes the link count.
         d.unlink_prev(m, &r, F_DROPS_INODE, now)?;
-        self.inodes.store(m, s.h.ino, field::NLINK, 0)?;
-        m.fence();
-        d.unlink_next(m, &r)?;
-        // An inode without blocks that nobody holds open is freed by the same fence as step
-        // 2: a crash between leaves either a half-done removal whose inode is already free
-        // (completed without touching it) or an orphan (freed at mount).
-        let blockless = rec.size == 0
-            && rec.map_root == 0
-            && rec.xattr == 0
-            && (s.kind != Kind::File || self.inodes.load(m, s.h.ino, field::LOG)? == 0);
-        let quick = blockless && !self.is_open(s.h.ino);
-        if quick {
-            self.inodes
-                .store(m, s.h.ino, field::STATE, u64::from(s.h.generation))?;
-        }
-        m.fence();
+        // From here on the removal is decided: a failure leaves a half-done removal, which
+        // the next mount completes, and the session shows it done.
+        let unlinked = (|| {
+            self.inodes.store(m, s.h.ino, field::NLINK, 0)?;
+            m.fence();
+            d.unlink_next(m, &r)?;
+            // An inode without blocks that nobody holds open is freed by the same fence as
+            // step 2: a crash between leaves either a half-done removal whose inode is already
+            // free (completed without touching it) or an orphan (freed at mount).
+            let blockless = rec.size == 0
+                && rec.map_root == 0
+                && rec.xattr == 0
+                && (s.kind != Kind::File || self.inodes.load(m, s.h.ino, field::LOG)? == 0);
+            let quick = blockless && !self.is_open(s.h.ino);
+            if quick {
+                self.inodes
+                    .store(m, s.h.ino, field::STATE, u64::from(s.h.generation))?;
+            }
+            m.fence();
+            Ok(quick)
+        })();
         d.finish_remove(&r, name);
         d.touch(now);
         if let Some(c) = &mut child_guard {
             c.dead = true;
         }
-        if quick {
+        let quick = self.or_leave("a half-done directory removal", unlinked)?;
+        let dropped = if quick {
             self.inodes.release(s.h.ino);
+            Ok(())
         } else {
-            self.drop_unlinked(s.h, child_guard.as_ref().map(|c| &c.map))?;
-        }
+            self.drop_unlinked(s.h, child_guard.as_ref().map(|c| &c.map))
+        };
+        self.or_leave("an unlinked inode to free", dropped)?;
         if let Some(c) = &child {
             self.forget_dir(c.h.ino);
         }
