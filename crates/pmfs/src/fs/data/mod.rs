@@ -798,18 +798,25 @@ impl Fs {
 
     /// Digests the log of `n`'s inode and closes this process's handle `s` of it, taken out
     /// of the registry, if it holds the last reference (else the holder closes it).
-    /// A volume that takes no changes leaves the log undigested.
+    /// A log that a volume taking no changes cannot digest, or whose digest failed, stays
+    /// open and registered: entries not digested show only through it, and readers of the
+    /// file find it there until a later close (or the next mount) digests them.
     fn digest_and_close(&self, n: &Node, s: Arc<Shared>) -> Result<()> {
-        let digested = if self.writable().is_ok() {
-            self.node_map(n).and_then(|f| self.digest(n.h.ino, &s, f))
-        } else {
-            Ok(())
-        };
-        let closed = match Arc::try_unwrap(s) {
-            Ok(s) => s.log.close().map_err(Error::from),
-            Err(_) => Ok(()),
-        };
-        digested?;
-        closed
+        let digested = self
+            .writable()
+            .is_ok()
+            .then(|| self.node_map(n).and_then(|f| self.digest(n.h.ino, &s, f)));
+        if let Some(Ok(())) = digested {
+            return match Arc::try_unwrap(s) {
+                Ok(s) => s.log.close().map_err(Error::from),
+                Err(_) => Ok(()),
+            };
+        }
+        self.logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(n.h.ino)
+            .or_insert(s);
+        digested.unwrap_or(Ok(()))
     }
 }
