@@ -115,6 +115,12 @@ impl IntentTable {
         self.owed.load(Ordering::Relaxed)
     }
 
+    /// Notes work that a failed store left to recovery outside any record: a slot claimed and
+    /// not given back, which the next mount's sweep frees.
+    pub fn owe(&self) {
+        self.owed.store(true, Ordering::Relaxed);
+    }
+
     /// Bytes the table covers.
     pub fn bytes(&self) -> u64 {
         self.count * self.lines * CACHE_LINE

@@ -127,16 +127,17 @@ impl<M: Media> LogBlocks<M> {
             }
             j = if j + 1 == t.slots { 0 } else { j + 1 };
         }
-        let off = t.slot_off(i);
         if clash {
             // Our own tentative claim: nobody else writes it. A crash before this store
-            // leaves a tentative slot, which recovery drops.
-            t.unclaim(&[i])?;
+            // leaves a tentative slot, which recovery drops; so does a failed store here.
+            if let Err(e) = t.unclaim(&[i]) {
+                t.intents.owe();
+                return Err(e);
+            }
             t.reclaim(&[i])?;
             return Ok(None);
         }
-        t.media.store_u64(off, key.committed())?;
-        t.media.persist(off, 8)?;
+        t.commit_claimed(i, key)?;
         Ok(Some(i))
     }
 }

@@ -1211,9 +1211,30 @@ impl<M: Media> HashFs<M> {
         let home = self.home(file.seed, lblk);
         let key = Key::new(file.ino, lblk);
         let i = self.claim(home, key.tentative())?.ok_or(Error::NoSpace)?;
-        self.media.store_u64(self.slot_off(i), key.committed())?;
-        self.media.persist(self.slot_off(i), 8)?;
+        self.commit_claimed(i, key)?;
         Ok(i)
+    }
+
+    /// Flips slot `i`, claimed for `key`, to committed, durably. When that fails the slot
+    /// holds a block the caller will not use: gives it back, or, should that fail too,
+    /// leaves it to the next mount's sweep ([`recovery_owed`](FileMapping::recovery_owed)).
+    fn commit_claimed(&self, i: u64, key: Key) -> Result<()> {
+        let off = self.slot_off(i);
+        let committed = self
+            .media
+            .store_u64(off, key.committed())
+            .and_then(|()| self.media.persist(off, 8));
+        if committed.is_err() && self.give_back(i).is_err() {
+            self.intents.owe();
+        }
+        committed
+    }
+
+    /// Gives back slot `i`, which this thread claimed and nobody else writes.
+    fn give_back(&self, i: u64) -> Result<()> {
+        self.unclaim(&[i])?;
+        self.persist_slots(&[i])?;
+        self.reclaim(&[i])
     }
 
     /// A multi-block insert under an intent record (see the module docs).
