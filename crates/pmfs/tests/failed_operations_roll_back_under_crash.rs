@@ -8,7 +8,10 @@
 //! crash, the volume then closes (cleanly, or unclean with [`pmfs::Error::LeftForRecovery`]
 //! when a failed store left work to recovery) and mounts again as the session showed it.
 //! When the next stores are refused too, so that the operation cannot be undone in place, the
-//! session takes no more changes until recovery has run.
+//! session takes no more changes until recovery has run. Operations outside the journal
+//! (log-free directory updates, writes, size changes) are checked the same way without a
+//! crash: a failure after their first step reached the media leaves a half-done operation
+//! that only recovery resolves, and the session then takes no more changes.
 
 mod common;
 
@@ -16,7 +19,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use pmfs::{RenameFlags, Volume};
+use pmfs::{OpenOptions, RenameFlags, Volume};
 use pmfs_core::layout::PmOff;
 use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::{Explorer, SAMPLES_ENV, SimRegion};
@@ -118,6 +121,7 @@ fn tree(vol: &Volume) {
     vol.write("/t/b", b"bb").unwrap();
     vol.hard_link("/t/b", "/s/b").unwrap();
     vol.write("/t/c", &[b'c'; 5000]).unwrap();
+    vol.create_file("/s/e").unwrap();
 }
 
 type Op = fn(&Volume) -> pmfs::Result<()>;
@@ -285,21 +289,25 @@ fn a_failed_unlink_of_one_of_two_links() {
     every_refusal(5);
 }
 
-/// A fresh tree on a heap region, and what `op` returns on it with `run` word stores
-/// refused from its `k`-th on.
+/// A fresh tree on a heap region after `op` (named `name`) ran on it with `run` word stores
+/// refused from its `k`-th on, and a description of the case with what `op` returned.
 fn fail(
     kind: pmfs::MappingKind,
-    op: Op,
+    (name, op): (&str, Op),
     k: u64,
     run: u64,
-) -> (Arc<Refusing<HeapRegion>>, Volume, pmfs::Result<()>) {
+) -> (Arc<Refusing<HeapRegion>>, Volume, String) {
     let media = Arc::new(Refusing::new(Arc::new(HeapRegion::new(SIM_SIZE).unwrap())));
     let vol = Volume::format(media.clone(), &sim_options(kind)).unwrap();
     tree(&vol);
     media.refuse_run(k, run);
     let r = op(&vol);
     media.accept_all();
-    (media, vol, r)
+    let what = format!(
+        "{kind:?}, {name}, stores {k} to {} refused ({r:?})",
+        k + run - 1
+    );
+    (media, vol, what)
 }
 
 /// What the next mount of `media` shows (recovering it), after fsck found it clean.
@@ -317,11 +325,10 @@ fn after_a_refused_store_the_next_mount_shows_what_the_session_showed() {
     for (name, op) in OPS {
         for kind in KINDS {
             for k in 1..=stores_of(kind, op) {
-                let (media, vol, r) = fail(kind, op, k, 1);
+                let (media, vol, what) = fail(kind, (name, op), k, 1);
                 let seen = snapshot(&vol);
                 let closed = vol.close();
-                let what =
-                    format!("{kind:?}, {name}, store {k} refused ({r:?}, close: {closed:?})");
+                let what = format!("{what}, close: {closed:?}");
                 assert!(
                     matches!(closed, Ok(()) | Err(pmfs::Error::LeftForRecovery(_))),
                     "{what}"
@@ -375,11 +382,7 @@ fn after_a_failure_left_to_recovery_the_session_takes_no_more_changes() {
             let healthy = healthy(kind, op);
             for k in 1..=stores_of(kind, op) {
                 for run in 2..=3 {
-                    let (media, vol, r) = fail(kind, op, k, run);
-                    let what = format!(
-                        "{kind:?}, {name}, stores {k} to {} refused ({r:?})",
-                        k + run - 1
-                    );
+                    let (media, vol, what) = fail(kind, (name, op), k, run);
                     let mut accepted = 0;
                     let mut refused = false;
                     for (later, change) in AFTER {
@@ -413,5 +416,92 @@ fn after_a_failure_left_to_recovery_the_session_takes_no_more_changes() {
             }
         }
         assert!(frozen > 0, "{name}: no failure left work to recovery");
+    }
+}
+
+/// Opens `path` for writing.
+fn for_writing(v: &Volume, path: &str) -> pmfs::Result<pmfs::File> {
+    OpenOptions::new().write(true).open(v, path)
+}
+
+/// Operations without the journal: CFFS's log-free directory updates (a create or the
+/// removal of a last link in two ordered steps) and the data path (a write committed by the
+/// file's log, a size change).
+const LOG_FREE: [(&str, Op); 10] = [
+    ("create", |v| v.create_file("/s/n").map(drop)),
+    ("mkdir", |v| v.create_dir("/s/d")),
+    ("symlink", |v| v.symlink("/t/b", "/s/l")),
+    ("unlink of the last link", |v| v.remove_file("/t/c")),
+    ("rmdir", |v| v.remove_dir("/s/sub")),
+    ("first write", |v| {
+        for_writing(v, "/s/e")?.write_all_at(&[5; 3000], 0)
+    }),
+    ("append", |v| {
+        for_writing(v, "/s/a")?.write_all_at(&[7; 5000], 4)
+    }),
+    ("overwrite", |v| {
+        for_writing(v, "/t/c")?.write_all_at(&[9; 100], 4000)
+    }),
+    ("truncate", |v| for_writing(v, "/t/c")?.set_len(100)),
+    ("extend", |v| for_writing(v, "/t/c")?.set_len(70000)),
+];
+
+/// A change after the failure that takes no inode number: a create could take the one the
+/// failed operation gave back, and with it whatever the failure left under that number.
+const LATER_WRITE: Op = |v| for_writing(v, "/t/b")?.write_all_at(b"z", 2);
+
+/// Without a crash, the operations outside the journal: after the `k`-th word store (and
+/// the next, when `run` is 2) is refused, the session shows the volume as before or after
+/// the operation and takes the next change, closes cleanly, and mounts again as it showed
+/// it; or, when the failure left a half-done operation that only recovery resolves, it takes
+/// no more changes, closes unclean, and the next mount shows the volume as before or after.
+#[test]
+fn after_a_refused_store_outside_the_journal_the_next_mount_shows_what_the_session_showed() {
+    for (name, op) in LOG_FREE {
+        for kind in KINDS {
+            let (before, after) = outcomes(kind, op);
+            let [then_before, then_after] = [false, true].map(|ran| {
+                let media: Arc<dyn Media> = Arc::new(HeapRegion::new(SIM_SIZE).unwrap());
+                let vol = Volume::format(media, &sim_options(kind)).unwrap();
+                tree(&vol);
+                if ran {
+                    op(&vol).unwrap();
+                }
+                LATER_WRITE(&vol).unwrap();
+                snapshot(&vol)
+            });
+            for k in 1..=stores_of(kind, op) {
+                for run in 1..=2 {
+                    let (media, vol, what) = fail(kind, (name, op), k, run);
+                    // A failed release of a lock may leave reads behind it waiting: the
+                    // session is looked at only if it takes changes.
+                    match LATER_WRITE(&vol) {
+                        Ok(()) => {
+                            let seen = snapshot(&vol);
+                            assert!(
+                                seen == then_before || seen == then_after,
+                                "{what}: the session shows neither before nor after: {seen:#?}"
+                            );
+                            let closed = vol.close();
+                            assert!(closed.is_ok(), "{what}: close gives {closed:?}");
+                            assert_eq!(remounted(&media, &what), seen, "{what}");
+                        }
+                        Err(pmfs::Error::LeftForRecovery(_)) => {
+                            let closed = vol.close();
+                            assert!(
+                                matches!(closed, Err(pmfs::Error::LeftForRecovery(_))),
+                                "{what}: close gives {closed:?}"
+                            );
+                            let got = remounted(&media, &what);
+                            assert!(
+                                got == before || got == after,
+                                "{what}: the next mount shows {got:#?}"
+                            );
+                        }
+                        Err(e) => panic!("{what}: a write after it gives {e}"),
+                    }
+                }
+            }
+        }
     }
 }
