@@ -46,8 +46,11 @@ def sites():
                 if not f.endswith('.rs') or f == 'tests.rs' or '/tests/' in path:
                     continue
                 rel = os.path.relpath(path, ROOT)
-                for n, line in enumerate(open(path), 1):
-                    if re.match(r'\s*(#\[cfg\(.*test|mod tests)', line):
+                lines = open(path).readlines()
+                for n, line in enumerate(lines, 1):
+                    # The inline test module ends the file's sites; a test-only module in
+                    # a file of its own (`#[cfg(test)] mod races;`) does not.
+                    if re.match(r'\s*mod \w+\s*\{', line) and n > 1 and 'test' in lines[n - 2]:
                         break
                     if line.lstrip().startswith('//'):
                         continue
