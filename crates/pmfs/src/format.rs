@@ -389,12 +389,14 @@ impl Geometry {
     }
 }
 
-/// Writes primary and backup superblock and makes them durable. The mount-state word is set
-/// to dirty: mkfs finishes by a clean close.
+/// Writes backup and primary superblock and makes them durable, the backup first: a volume
+/// whose primary is valid has its backup too, and one with the backup alone is mounted from
+/// it (which restores the primary). The mount-state word is set to dirty: mkfs finishes by a
+/// clean close.
 pub(crate) fn write_superblocks(media: &dyn Media, g: &Geometry) -> Result<()> {
     let sb = g.encode();
     media.write(BACKUP_BLOCK.offset(), &sb)?;
-    media.flush(BACKUP_BLOCK.offset(), SB_SIZE as u64)?;
+    media.persist(BACKUP_BLOCK.offset(), SB_SIZE as u64)?;
     media.write(PmOff(0), &sb)?;
     media.flush(PmOff(0), SB_SIZE as u64)?;
     media.store_u64(MOUNT_STATE_OFF, STATE_DIRTY)?;

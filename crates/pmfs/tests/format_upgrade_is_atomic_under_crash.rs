@@ -1,4 +1,5 @@
-//! The upgrade of a version-2 volume survives crashes: a read-write mount raises each file's
+//! A crash during the format leaves no volume or the empty one, and the upgrade of a
+//! version-2 volume survives crashes: a read-write mount raises each file's
 //! `MAPPED_END` word to its size (files of volumes made before the copy-on-write data path map
 //! blocks below their size past the word) before it writes the new version. Whatever fence
 //! of that mount a crash lands on, the next mount ends at the current version with every
@@ -6,6 +7,7 @@
 
 mod common;
 
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use pmfs::{FORMAT_VERSION, Volume, fsck};
@@ -14,7 +16,8 @@ use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::{Explorer, SimRegion};
 
 use common::KINDS;
-use common::crash::{SIM_SIZE, sim_options};
+use common::crash::{SIM_SIZE, recover_and_check, sim_options};
+use common::snapshot;
 
 /// Offset of the superblock's format version, and of its checksum, in each copy (block 0
 /// and block 1).
@@ -84,5 +87,43 @@ fn a_crash_during_the_upgrade_of_a_version_2_volume_loses_no_mapped_end() {
             )
             .unwrap_or_else(|f| panic!("{kind:?}: {f}"));
         assert!(stats.fences > 2, "{kind:?}: {stats:?}");
+    }
+}
+
+/// The format writes the superblocks last: a crash before them leaves no volume (the mount
+/// refuses the image), and every image with them mounts as the empty volume, which fsck
+/// finds clean. The structures the format lays out before them must be durable by then.
+#[test]
+fn a_crash_during_the_format_leaves_no_volume_or_the_empty_one() {
+    for (i, kind) in KINDS.into_iter().enumerate() {
+        let empty = {
+            let media: Arc<dyn Media> = Arc::new(HeapRegion::new(SIM_SIZE).unwrap());
+            snapshot(&Volume::format(media, &sim_options(kind)).unwrap())
+        };
+        let region = Arc::new(SimRegion::new(SIM_SIZE).unwrap());
+        let formatted = Cell::new(false);
+        // The volume outlives the run: its clean close is no crash point.
+        let vol = RefCell::new(None);
+        // The superblocks' lines enumerated, the tables' (thousands) sampled.
+        let stats = Explorer::new(0x40 + i as u64)
+            .exhaustive_limit(64)
+            .samples(8)
+            .run(
+                &region,
+                |_| {
+                    *vol.borrow_mut() =
+                        Some(Volume::format(region.clone(), &sim_options(kind)).unwrap());
+                    formatted.set(true);
+                },
+                |cp| match recover_and_check(cp.image) {
+                    Ok(got) if got == empty => Ok(()),
+                    Ok(got) => Err(format!("{kind:?}: the new volume holds {got:#?}")),
+                    Err(e) if !formatted.get() && e.starts_with("mount failed") => Ok(()),
+                    Err(e) => Err(format!("{kind:?}: {e}")),
+                },
+            )
+            .unwrap_or_else(|f| panic!("{f}"));
+        assert!(stats.fences > 2, "{kind:?}: {stats:?}");
+        vol.take().unwrap().close().unwrap();
     }
 }
