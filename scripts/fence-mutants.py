@@ -30,6 +30,7 @@ CRASH_TESTS = [
     'xattrs_and_special_files_are_atomic_under_crash', 'data_writes_are_atomic_under_crash',
     'data_size_ops_are_atomic_under_crash', 'data_gc_is_safe_under_crash',
     'recovery_is_idempotent_under_crash', 'operation_sequences_are_atomic_under_crash',
+    'format_upgrade_is_atomic_under_crash',
     'failed_operations_roll_back_under_crash', 'mapped_files_are_durable_under_crash',
 ]
 STATEMENT = re.compile(r'^\s*[\w.()&*]+\.(flush|persist)\(.*\)\?;\s*$|^\s*[\w.()&*]+\.fence\(\);\s*$')
