@@ -128,13 +128,12 @@ impl<M: Media> LogBlocks<M> {
             j = if j + 1 == t.slots { 0 } else { j + 1 };
         }
         if clash {
-            // Our own tentative claim: nobody else writes it. A crash before this store
+            // Our own tentative claim: nobody else writes it. A crash before it is given back
             // leaves a tentative slot, which recovery drops; so does a failed store here.
-            if let Err(e) = t.unclaim(&[i]) {
+            if let Err(e) = t.give_back(i) {
                 t.intents.owe();
                 return Err(e);
             }
-            t.reclaim(&[i])?;
             return Ok(None);
         }
         t.commit_claimed(i, key)?;
