@@ -63,6 +63,16 @@ pub enum Error {
         /// The block size it must be a multiple of.
         block: u64,
     },
+    /// A digest stopped on `cause`, and letting its cursor go failed too: the cursor word at
+    /// `at` still names this holder, so no digest of this process gets past it (each finds
+    /// the cursor busy) until the holder is reset, as the next mount does.
+    #[error("digest cursor at {at} left held after: {cause}")]
+    DigestCursorHeld {
+        /// The cursor word.
+        at: PmOff,
+        /// What stopped the digest.
+        cause: Box<Error>,
+    },
     /// A write to a region mapped read-only ([`ReadOnlyRegion`](crate::pm::ReadOnlyRegion)).
     #[error("write to a read-only region")]
     ReadOnly,

@@ -185,6 +185,26 @@ impl<M: Media> Held<'_, M> {
             }
         }
     }
+
+    /// Lets the cursor go at the LSN reached after `e` stopped the digest, and returns the
+    /// error to report: `e`, or [`Error::DigestCursorHeld`] when letting go failed too.
+    fn let_go_after(mut self, e: Error) -> Error {
+        if !self.released {
+            // Only a failed swap leaves the word naming the holder: after a failed persist
+            // this session sees it released, and the next mount resets whatever holder the
+            // media kept.
+            let _ = self.advance(self.lsn, true);
+        }
+        if self.released {
+            return e;
+        }
+        // The drop would only try again.
+        self.released = true;
+        Error::DigestCursorHeld {
+            at: self.at,
+            cause: Box::new(e),
+        }
+    }
 }
 
 impl<M: Media> Drop for Held<'_, M> {
@@ -284,7 +304,8 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
     /// [`Error::InvalidArgument`] for a holder id out of range; the first error of `apply`
     /// (the cursor then stays before that entry, and is released); [`Error::Corrupt`] for a
     /// damaged cursor word or one beyond the log's tail; media and log errors. The cursor is
-    /// released on every error and on unwinding.
+    /// released on every error and on unwinding; when releasing it fails too, the error is
+    /// [`Error::DigestCursorHeld`] with the first one as its cause.
     pub fn digest(
         &self,
         cursor: PmOff,
@@ -324,55 +345,71 @@ impl<M: Media, A: BlockAllocator + ?Sized> Log<M, A> {
             return Err(Error::InvalidArgument("digest holder id out of range"));
         }
         check_root(&self.media, cursor)?;
-        let is_write = |e: &Entry| matches!(e, Entry::Write { .. });
         let mut done = None;
-        let mut batch: Vec<(u64, Entry)> = Vec::new();
         loop {
             let Some(mut held) = self.take_cursor(cursor, holder, alive)? else {
                 return Ok(done.map_or(Digest::Busy, |applied| Digest::Done { applied }));
             };
-            let end = {
-                let mut replay = self.iter_from_lsn(held.lsn)?;
-                let mut next = replay.next();
-                while let Some(item) = next {
-                    let (pos, entry) = item?;
-                    let write = is_write(&entry);
-                    batch.push((pos.lsn(), entry));
-                    next = replay.next();
-                    let last = next.is_none();
-                    if matches!(&next, Some(Ok((_, e))) if write && is_write(e) && joins(&batch, e))
-                    {
-                        continue;
-                    }
-                    apply(&batch)?;
-                    batch.clear();
-                    // After the last entry the cursor moves to the replay's end and is
-                    // released in one step (the same word the separate release would write).
-                    let to = if last {
-                        replay.position().lsn()
-                    } else {
-                        pos.lsn() + 1
-                    };
-                    if !held.advance(to, last)? {
-                        return Ok(Digest::Busy);
-                    }
-                }
-                replay.position().lsn()
+            let end = match self.apply_held(&mut held, cursor, joins, apply) {
+                Ok(Some(end)) => end,
+                Ok(None) => return Ok(Digest::Busy),
+                Err(e) => return Err(held.let_go_after(e)),
             };
-            if end < held.lsn {
-                return Err(Error::Corrupt {
-                    what: "digest cursor beyond the log tail",
-                    at: cursor,
-                });
-            }
-            if !held.released && !held.advance(end, true)? {
-                return Ok(Digest::Busy);
-            }
             done = Some(end);
             if self.tail()?.lsn() <= end {
                 return Ok(Digest::Done { applied: end });
             }
         }
+    }
+
+    /// The work of [`digest_batched`](Log::digest_batched) while `held` holds the cursor: applies
+    /// the entries from the cursor's LSN to the tail and lets the cursor go there. Returns the
+    /// LSN reached, `None` when the cursor was taken over.
+    fn apply_held(
+        &self,
+        held: &mut Held<'_, M>,
+        cursor: PmOff,
+        joins: &JoinsBatch<'_>,
+        apply: &mut ApplyBatch<'_>,
+    ) -> Result<Option<u64>> {
+        let is_write = |e: &Entry| matches!(e, Entry::Write { .. });
+        let mut batch: Vec<(u64, Entry)> = Vec::new();
+        let mut replay = self.iter_from_lsn(held.lsn)?;
+        let mut next = replay.next();
+        while let Some(item) = next {
+            let (pos, entry) = item?;
+            let write = is_write(&entry);
+            batch.push((pos.lsn(), entry));
+            next = replay.next();
+            let last = next.is_none();
+            if matches!(&next, Some(Ok((_, e))) if write && is_write(e) && joins(&batch, e)) {
+                continue;
+            }
+            apply(&batch)?;
+            batch.clear();
+            // After the last entry the cursor moves to the replay's end and is released in
+            // one step (the same word the separate release would write).
+            let to = if last {
+                replay.position().lsn()
+            } else {
+                pos.lsn() + 1
+            };
+            if !held.advance(to, last)? {
+                return Ok(None);
+            }
+        }
+        let end = replay.position().lsn();
+        drop(replay);
+        if end < held.lsn {
+            return Err(Error::Corrupt {
+                what: "digest cursor beyond the log tail",
+                at: cursor,
+            });
+        }
+        if !held.released && !held.advance(end, true)? {
+            return Ok(None);
+        }
+        Ok(Some(end))
     }
 
     /// Takes the cursor for `holder`: when free, or from a holder `alive` says is dead.
@@ -847,5 +884,122 @@ mod tests {
         assert_eq!(log.start().unwrap(), point);
         fill(&log, 7, 9);
         assert_eq!(entries(&log).len(), 3);
+    }
+
+    /// A heap region whose compare-and-swaps of the cursor word fail once armed, as a region
+    /// refuses one out of its bounds.
+    struct CursorCasFails {
+        inner: HeapRegion,
+        armed: std::sync::atomic::AtomicBool,
+    }
+
+    impl Media for CursorCasFails {
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn read(&self, off: PmOff, buf: &mut [u8]) -> Result<()> {
+            self.inner.read(off, buf)
+        }
+        fn write(&self, off: PmOff, src: &[u8]) -> Result<()> {
+            self.inner.write(off, src)
+        }
+        fn write_nt(&self, off: PmOff, src: &[u8]) -> Result<()> {
+            self.inner.write_nt(off, src)
+        }
+        fn fill_nt(&self, off: PmOff, len: u64, byte: u8) -> Result<()> {
+            self.inner.fill_nt(off, len, byte)
+        }
+        fn flush(&self, off: PmOff, len: u64) -> Result<()> {
+            self.inner.flush(off, len)
+        }
+        fn fence(&self) {
+            self.inner.fence()
+        }
+        fn load_u64(&self, off: PmOff) -> Result<u64> {
+            self.inner.load_u64(off)
+        }
+        fn store_u64(&self, off: PmOff, val: u64) -> Result<()> {
+            self.inner.store_u64(off, val)
+        }
+        fn cas_u64(&self, off: PmOff, current: u64, new: u64) -> Result<Result<u64, u64>> {
+            if off == CURSOR && self.armed.load(Ordering::Relaxed) {
+                return Err(Error::OutOfBounds {
+                    off,
+                    len: 8,
+                    size: self.size(),
+                });
+            }
+            self.inner.cas_u64(off, current, new)
+        }
+    }
+
+    #[test]
+    fn a_digest_that_cannot_let_its_cursor_go_says_so() {
+        let r = Arc::new(CursorCasFails {
+            inner: HeapRegion::new(BLOCKS * BLOCK_SIZE).unwrap(),
+            armed: Default::default(),
+        });
+        let a = Arc::new(SimpleAllocator::new(BlockNo(1), BLOCKS - 1));
+        let log = Log::create(r.clone(), ROOT, a).unwrap();
+        init_cursor(&*r, CURSOR).unwrap();
+        for i in 0..4 {
+            log.append(&entry(i)).unwrap();
+        }
+        let lsns: Vec<u64> = log.iter().unwrap().map(|e| e.unwrap().0.lsn()).collect();
+        let word =
+            |r: &CursorCasFails| Cursor::decode(r.load_u64(CURSOR).unwrap(), CURSOR).unwrap();
+        let second = lsns[1];
+        let fail_at = |arm: bool| {
+            let r = r.clone();
+            move |lsn: u64, _: &Entry| {
+                if lsn < second {
+                    return Ok(());
+                }
+                r.armed.store(arm, Ordering::Relaxed);
+                Err(Error::InvalidArgument("apply failed"))
+            }
+        };
+
+        // The release works: the error is the apply's, the cursor is free before the entry.
+        let e = log.digest(CURSOR, 5, &nobody_alive, &mut fail_at(false));
+        assert!(
+            matches!(e, Err(Error::InvalidArgument("apply failed"))),
+            "{e:?}"
+        );
+        let at_second = Cursor {
+            lsn: second,
+            holder: 0,
+        };
+        assert_eq!(word(&r), at_second);
+
+        // The release fails too: the cursor still names the holder, and the error says so.
+        let e = log.digest(CURSOR, 5, &nobody_alive, &mut fail_at(true));
+        match e {
+            Err(Error::DigestCursorHeld { at, cause }) => {
+                assert_eq!(at, CURSOR);
+                assert!(matches!(*cause, Error::InvalidArgument("apply failed")));
+            }
+            e => panic!("{e:?}"),
+        }
+        r.armed.store(false, Ordering::Relaxed);
+        assert_eq!(
+            word(&r),
+            Cursor {
+                holder: 5,
+                ..at_second
+            }
+        );
+        // No digest of that holder gets past it until the holder is reset.
+        let mut ok = |_: u64, _: &Entry| Ok(());
+        assert_eq!(
+            log.digest(CURSOR, 5, &everybody_alive, &mut ok).unwrap(),
+            Digest::Busy
+        );
+        assert_eq!(reset_holder(&*r, CURSOR).unwrap(), Some(5));
+        let end = log.tail().unwrap().lsn();
+        assert_eq!(
+            log.digest(CURSOR, 5, &everybody_alive, &mut ok).unwrap(),
+            Digest::Done { applied: end }
+        );
     }
 }
