@@ -159,6 +159,9 @@ impl From<pmfs_core::Error> for Error {
             pmfs_core::Error::PoolSizeUnaligned { .. } => {
                 Error::InvalidArgument("pool size is not a whole number of blocks")
             }
+            // What the caller learns is what stopped the digest; the engine marks the session
+            // (`Fs::digest`).
+            pmfs_core::Error::DigestCursorHeld { cause, .. } => Error::from(*cause),
             other => Error::Io(std::io::Error::other(other)),
         }
     }

@@ -1,8 +1,8 @@
 //! A journaled operation that fails part way leaves the volume as it was before or after it,
 //! the same in the session and after a crash at any fence, and a later operation that
 //! writes the same words without the journal is not undone by the next mount (or is refused,
-//! when the failure left work that only recovery does). The media
-//! here refuses the k-th word store of the operation (as a region refuses one out of its
+//! when the failure left work that only recovery does). The media here refuses the k-th word
+//! store of the operation, compare-and-swaps included (as a region refuses one out of its
 //! bounds), for every k: before the journal is armed, inside the transaction (the words are
 //! rolled back), at its commit (rolled back too) and in the cleanups after it. Without a
 //! crash, the volume then closes (cleanly, or unclean with [`pmfs::Error::LeftForRecovery`]
@@ -19,7 +19,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use pmfs::{OpenOptions, RenameFlags, Volume};
+use pmfs::{OpenMode, OpenOptions, RenameFlags, Volume};
 use pmfs_core::layout::PmOff;
 use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::{Explorer, SAMPLES_ENV, SimRegion};
@@ -27,7 +27,7 @@ use pmfs_core::sim::{Explorer, SAMPLES_ENV, SimRegion};
 use common::crash::{SIM_SIZE, recover_and_check, sim_options};
 use common::{KINDS, Obj, Snapshot, snapshot};
 
-/// A region whose word stores fail on request.
+/// A region whose word stores (plain or compare-and-swap) fail on request.
 struct Refusing<M> {
     inner: Arc<M>,
     /// Word stores to let through before the one refused; `u64::MAX`: none refused.
@@ -55,6 +55,29 @@ impl<M: Media> Refusing<M> {
     fn refuse_run(&self, k: u64, n: u64) {
         self.run.store(n, Ordering::Relaxed);
         self.left.store(k - 1, Ordering::Relaxed);
+    }
+
+    /// Counts a word store at `off` and refuses it if its turn has come.
+    fn pass(&self, off: PmOff) -> pmfs_core::Result<()> {
+        self.stores.fetch_add(1, Ordering::Relaxed);
+        let left = self.left.load(Ordering::Relaxed);
+        if left != u64::MAX {
+            if left == 0 {
+                let run = self.run.load(Ordering::Relaxed);
+                if run > 1 {
+                    self.run.store(run - 1, Ordering::Relaxed);
+                } else {
+                    self.accept_all();
+                }
+                return Err(pmfs_core::Error::OutOfBounds {
+                    off,
+                    len: 8,
+                    size: self.size(),
+                });
+            }
+            self.left.store(left - 1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     fn accept_all(&self) {
@@ -89,27 +112,11 @@ impl<M: Media> Media for Refusing<M> {
         self.inner.load_u64(off)
     }
     fn store_u64(&self, off: PmOff, val: u64) -> pmfs_core::Result<()> {
-        self.stores.fetch_add(1, Ordering::Relaxed);
-        let left = self.left.load(Ordering::Relaxed);
-        if left != u64::MAX {
-            if left == 0 {
-                let run = self.run.load(Ordering::Relaxed);
-                if run > 1 {
-                    self.run.store(run - 1, Ordering::Relaxed);
-                } else {
-                    self.accept_all();
-                }
-                return Err(pmfs_core::Error::OutOfBounds {
-                    off,
-                    len: 8,
-                    size: self.size(),
-                });
-            }
-            self.left.store(left - 1, Ordering::Relaxed);
-        }
+        self.pass(off)?;
         self.inner.store_u64(off, val)
     }
     fn cas_u64(&self, off: PmOff, current: u64, new: u64) -> pmfs_core::Result<Result<u64, u64>> {
+        self.pass(off)?;
         self.inner.cas_u64(off, current, new)
     }
 }
@@ -424,10 +431,20 @@ fn for_writing(v: &Volume, path: &str) -> pmfs::Result<pmfs::File> {
     OpenOptions::new().write(true).open(v, path)
 }
 
+/// Opens `/t/c` for writing by its inode number, as `fallocate` reaches it.
+fn node_c(v: &Volume) -> pmfs::Result<pmfs::OpenNode> {
+    let t = v.lookup(v.root(), b"t")?.ino;
+    let mode = OpenMode {
+        write: true,
+        ..OpenMode::default()
+    };
+    v.open_ino(v.lookup(t, b"c")?.ino, mode)
+}
+
 /// Operations without the journal: CFFS's log-free directory updates (a create or the
 /// removal of a last link in two ordered steps) and the data path (a write committed by the
-/// file's log, a size change).
-const LOG_FREE: [(&str, Op); 10] = [
+/// file's log, a size change, the `fallocate` modes).
+const LOG_FREE: [(&str, Op); 13] = [
     ("create", |v| v.create_file("/s/n").map(drop)),
     ("mkdir", |v| v.create_dir("/s/d")),
     ("symlink", |v| v.symlink("/t/b", "/s/l")),
@@ -444,6 +461,9 @@ const LOG_FREE: [(&str, Op); 10] = [
     }),
     ("truncate", |v| for_writing(v, "/t/c")?.set_len(100)),
     ("extend", |v| for_writing(v, "/t/c")?.set_len(70000)),
+    ("punch hole", |v| node_c(v)?.punch_hole(100, 4000)),
+    ("zero range", |v| node_c(v)?.zero_range(4000, 9000, false)),
+    ("allocate", |v| node_c(v)?.allocate(8192, 12000, false)),
 ];
 
 /// A change after the failure that takes no inode number: a create could take the one the

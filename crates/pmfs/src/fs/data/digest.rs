@@ -84,6 +84,15 @@ impl Fs {
                 &mut |batch| note(self.apply_disjoint(ino, f, batch)),
             ),
         };
+        let r = match r {
+            // Every later digest of this process would find the cursor busy and leave the
+            // file's entries unapplied: only the next mount, which resets the holder, gets
+            // past it.
+            Err(e @ pmfs_core::Error::DigestCursorHeld { .. }) => {
+                self.or_leave("a held digest cursor", Err(e.into()))
+            }
+            r => r.map_err(Error::from),
+        };
         if let Some(err) = failed {
             return Err(err);
         }
