@@ -16,8 +16,9 @@
 mod common;
 
 use std::cell::{Cell, RefCell};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
 
 use pmfs::{OpenMode, OpenOptions, RenameFlags, Volume};
 use pmfs_core::layout::PmOff;
@@ -466,9 +467,38 @@ const LOG_FREE: [(&str, Op); 13] = [
     ("allocate", |v| node_c(v)?.allocate(8192, 12000, false)),
 ];
 
-/// A change after the failure that takes no inode number: a create could take the one the
-/// failed operation gave back, and with it whatever the failure left under that number.
-const LATER_WRITE: Op = |v| for_writing(v, "/t/b")?.write_all_at(b"z", 2);
+/// A change after the failure that takes no inode number (a create could take the one the
+/// failed operation gave back, and with it whatever the failure left under that number): a
+/// byte appended to each file the operations write, where it still exists. An append takes
+/// the file's tail, which a failed release could have left held.
+const LATER_WRITE: Op = |v| {
+    for path in ["/t/b", "/t/c", "/s/a", "/s/e"] {
+        match for_writing(v, path) {
+            Ok(f) => f.write_all_at(b"z", f.metadata()?.len())?,
+            Err(pmfs::Error::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+};
+
+/// [`LATER_WRITE`] on `vol`, in a thread given 60 s: a lock or tail that a failure left held
+/// would keep it waiting.
+fn later_write(vol: Volume, what: &str) -> (Volume, pmfs::Result<()>) {
+    let vol = Arc::new(vol);
+    let (tx, rx) = mpsc::channel();
+    let v = vol.clone();
+    std::thread::spawn(move || {
+        let r = LATER_WRITE(&v);
+        drop(v);
+        let _ = tx.send(r);
+    });
+    let r = rx
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("{what}: a write after it still waits after 60 s"));
+    let vol = Arc::into_inner(vol).expect("the writer let the volume go");
+    (vol, r)
+}
 
 /// Without a crash, the operations outside the journal: after the `k`-th word store (and
 /// the next, when `run` is 2) is refused, the session shows the volume as before or after
@@ -495,7 +525,8 @@ fn after_a_refused_store_outside_the_journal_the_next_mount_shows_what_the_sessi
                     let (media, vol, what) = fail(kind, (name, op), k, run);
                     // A failed release of a lock may leave reads behind it waiting: the
                     // session is looked at only if it takes changes.
-                    match LATER_WRITE(&vol) {
+                    let (vol, later) = later_write(vol, &what);
+                    match later {
                         Ok(()) => {
                             let seen = snapshot(&vol);
                             assert!(

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use pmfs_core::layout::{BlockNo, PmOff};
 use pmfs_core::log::{Commit, Entry, Position};
-use pmfs_core::pm::{Media, procs};
+use pmfs_core::pm::procs;
 use pmfs_core::traits::{AllocHint, AllocKind, Extent, Run, Runs};
 use pmfs_mapping::hashfs::HashFsFile;
 
@@ -85,14 +85,17 @@ pub(super) struct Own<'a> {
 /// The file's tail held ([`Fs::lock_tail`]): this process's lock of it and the inode's `TAIL`
 /// word naming this process. Dropping it frees both.
 pub(super) struct TailGuard<'a> {
-    media: &'a dyn Media,
+    fs: &'a Fs,
     at: PmOff,
     _local: MutexGuard<'a, ()>,
 }
 
 impl Drop for TailGuard<'_> {
     fn drop(&mut self) {
-        let _ = self.media.store_u64(self.at, 0);
+        // A word left naming this live process holds the tail for good: every later taker
+        // waits for it, and only the next mount clears it. The session stops taking changes.
+        let freed = self.fs.m().store_u64(self.at, 0).map_err(Error::from);
+        let _ = self.fs.or_leave("a held file tail", freed);
     }
 }
 
@@ -269,10 +272,14 @@ impl Fs {
                 || cur != me && u32::try_from(cur).map_or(true, |pid| !self.holder_alive(pid));
             if (cur == 0 || (tries % 256 == 255 && dead())) && m.cas_u64(at, cur, me)?.is_ok() {
                 return Ok(TailGuard {
-                    media: m,
+                    fs: self,
                     at,
                     _local: local,
                 });
+            }
+            if tries % 256 == 255 {
+                // A tail this process failed to let go is never freed in this session.
+                self.writable()?;
             }
             tries = tries.wrapping_add(1);
             if tries < 64 {
