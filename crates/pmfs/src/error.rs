@@ -84,9 +84,9 @@ pub enum Error {
         at: PmOff,
     },
     /// A store the media refused left work that only recovery does (a journal slot not
-    /// retired, a half-done directory update, a lock or a claimed slot not released): the
-    /// session takes no more changes, and the clean unmount leaves the volume unclean, for
-    /// the next read-write mount to recover (`EIO`).
+    /// retired, a half-done directory update, a lock, a claimed slot, a file's tail or its
+    /// digest cursor not released): the session takes no more changes, and the clean
+    /// unmount leaves the volume unclean, for the next read-write mount to recover (`EIO`).
     #[error(
         "a failed store left {0} to recovery; the volume takes no changes until the next \
          read-write mount recovers it"
