@@ -4,7 +4,8 @@
 //! SEEK_DATA/SEEK_HOLE map), and only "after" once the write returned. Covered: aligned and
 //! unaligned overwrites, appends past an unaligned end of file, a write of 70 blocks, writes
 //! into the partial last block (in place) and a sparse write past end of file over stale
-//! bytes a truncate left, and an `O_APPEND` write through the path API. Crash points with at
+//! bytes a truncate left, an `O_APPEND` write through the path API, and the first write to a
+//! file that had no log (the open creates it; the file stays open). Crash points with at
 //! most 8 images are enumerated, others sampled (4; with `PMFS_CRASH_SAMPLES` that many, and
 //! points of up to 256 images enumerated). Recovery of a crashed write survives crashes of
 //! its own, and so does the digest of a mix of writes (appends, overwrites of blocks written
@@ -14,12 +15,14 @@ mod data_common;
 
 use std::sync::Arc;
 
-use pmfs::{OpenNode, OpenOptions, Volume};
+use pmfs::{NodeKind, OpenNode, OpenOptions, Owner, Volume};
 use pmfs_core::pm::Media;
 use pmfs_core::sim::SimRegion;
 
 use data_common::model::Model;
-use data_common::{BS, Config, Sampling, check_op, configs, create, pattern, recover_and_image};
+use data_common::{
+    BS, Config, Sampling, check_op, configs, create, open, pattern, recover_and_image,
+};
 
 /// Creates `/f` holding `initial` (and an untouched neighbour `/g`), open for the write.
 fn setup_with(initial: &[u8]) -> impl Fn(&Volume) -> OpenNode + '_ {
@@ -321,5 +324,35 @@ fn recovery_of_a_write_survives_crashes() {
             .unwrap_or_else(|f| panic!("{f}"));
         assert!(nested > 0);
         drop(f);
+    }
+}
+
+/// The first write to a file that never had a log, left open: the open creates the log, and
+/// the write is durable on return without a digest or a close.
+#[test]
+fn first_write_to_a_file_without_a_log_is_atomic() {
+    let data = pattern(3, 2 * BS as usize + 100);
+    let before = Model(Vec::new());
+    let mut after = before.clone();
+    after.write(&data, 0);
+    for (i, cfg) in configs().into_iter().enumerate() {
+        check_op(
+            cfg,
+            Sampling::new(900 + i as u64),
+            &|vol: &Volume| {
+                vol.mknod(vol.root(), b"f", NodeKind::File, 0o644, Owner::default(), 0)
+                    .unwrap();
+                None
+            },
+            &|vol, open_f: &mut Option<OpenNode>| {
+                let f = open(vol, "f")?;
+                f.write_at(&data, 0)?;
+                *open_f = Some(f);
+                Ok(())
+            },
+            "f",
+            &before,
+            &after,
+        );
     }
 }
