@@ -484,7 +484,7 @@ mod tests {
 
     use super::*;
     use crate::layout::{BLOCK_SIZE, BlockNo};
-    use crate::pm::HeapRegion;
+    use crate::pm::{HeapRegion, Tap, Tapped};
     use crate::traits::{Run, SimpleAllocator};
 
     const BLOCKS: u64 = 256;
@@ -886,59 +886,32 @@ mod tests {
         assert_eq!(entries(&log).len(), 3);
     }
 
-    /// A heap region whose compare-and-swaps of the cursor word fail once armed, as a region
-    /// refuses one out of its bounds.
+    /// Fails the compare-and-swaps of the cursor word once armed, as a region refuses one out
+    /// of its bounds.
+    #[derive(Default)]
     struct CursorCasFails {
-        inner: HeapRegion,
         armed: std::sync::atomic::AtomicBool,
     }
 
-    impl Media for CursorCasFails {
-        fn size(&self) -> u64 {
-            self.inner.size()
-        }
-        fn read(&self, off: PmOff, buf: &mut [u8]) -> Result<()> {
-            self.inner.read(off, buf)
-        }
-        fn write(&self, off: PmOff, src: &[u8]) -> Result<()> {
-            self.inner.write(off, src)
-        }
-        fn write_nt(&self, off: PmOff, src: &[u8]) -> Result<()> {
-            self.inner.write_nt(off, src)
-        }
-        fn fill_nt(&self, off: PmOff, len: u64, byte: u8) -> Result<()> {
-            self.inner.fill_nt(off, len, byte)
-        }
-        fn flush(&self, off: PmOff, len: u64) -> Result<()> {
-            self.inner.flush(off, len)
-        }
-        fn fence(&self) {
-            self.inner.fence()
-        }
-        fn load_u64(&self, off: PmOff) -> Result<u64> {
-            self.inner.load_u64(off)
-        }
-        fn store_u64(&self, off: PmOff, val: u64) -> Result<()> {
-            self.inner.store_u64(off, val)
-        }
-        fn cas_u64(&self, off: PmOff, current: u64, new: u64) -> Result<Result<u64, u64>> {
+    impl Tap for CursorCasFails {
+        fn cas(&self, off: PmOff, _current: u64) -> Result<()> {
             if off == CURSOR && self.armed.load(Ordering::Relaxed) {
                 return Err(Error::OutOfBounds {
                     off,
                     len: 8,
-                    size: self.size(),
+                    size: BLOCKS * BLOCK_SIZE,
                 });
             }
-            self.inner.cas_u64(off, current, new)
+            Ok(())
         }
     }
 
     #[test]
     fn a_digest_that_cannot_let_its_cursor_go_says_so() {
-        let r = Arc::new(CursorCasFails {
-            inner: HeapRegion::new(BLOCKS * BLOCK_SIZE).unwrap(),
-            armed: Default::default(),
-        });
+        let r = Arc::new(Tapped::new(
+            HeapRegion::new(BLOCKS * BLOCK_SIZE).unwrap(),
+            CursorCasFails::default(),
+        ));
         let a = Arc::new(SimpleAllocator::new(BlockNo(1), BLOCKS - 1));
         let log = Log::create(r.clone(), ROOT, a).unwrap();
         init_cursor(&*r, CURSOR).unwrap();
@@ -946,8 +919,9 @@ mod tests {
             log.append(&entry(i)).unwrap();
         }
         let lsns: Vec<u64> = log.iter().unwrap().map(|e| e.unwrap().0.lsn()).collect();
-        let word =
-            |r: &CursorCasFails| Cursor::decode(r.load_u64(CURSOR).unwrap(), CURSOR).unwrap();
+        let word = |r: &Tapped<HeapRegion, CursorCasFails>| {
+            Cursor::decode(r.load_u64(CURSOR).unwrap(), CURSOR).unwrap()
+        };
         let second = lsns[1];
         let fail_at = |arm: bool| {
             let r = r.clone();
@@ -955,7 +929,7 @@ mod tests {
                 if lsn < second {
                     return Ok(());
                 }
-                r.armed.store(arm, Ordering::Relaxed);
+                r.tap().armed.store(arm, Ordering::Relaxed);
                 Err(Error::InvalidArgument("apply failed"))
             }
         };
@@ -981,7 +955,7 @@ mod tests {
             }
             e => panic!("{e:?}"),
         }
-        r.armed.store(false, Ordering::Relaxed);
+        r.tap().armed.store(false, Ordering::Relaxed);
         assert_eq!(
             word(&r),
             Cursor {
