@@ -22,31 +22,36 @@ use std::time::Duration;
 
 use pmfs::{OpenMode, OpenOptions, RenameFlags, Volume};
 use pmfs_core::layout::PmOff;
-use pmfs_core::pm::{HeapRegion, Media};
+use pmfs_core::pm::{HeapRegion, Media, Tap, Tapped};
 use pmfs_core::sim::{Explorer, SAMPLES_ENV, SimRegion};
 
 use common::crash::{SIM_SIZE, recover_and_check, sim_options};
 use common::{KINDS, Obj, Snapshot, snapshot};
 
-/// A region whose word stores (plain or compare-and-swap) fail on request.
-struct Refusing<M> {
-    inner: Arc<M>,
+/// Makes word stores (plain or compare-and-swap) of a region of `size` bytes fail on
+/// request, as the region refuses one out of its bounds.
+struct Refuse {
+    size: u64,
     /// Word stores to let through before the one refused; `u64::MAX`: none refused.
     left: AtomicU64,
     run: AtomicU64,
     stores: AtomicU64,
 }
 
-impl<M: Media> Refusing<M> {
-    fn new(inner: Arc<M>) -> Self {
-        Refusing {
-            inner,
-            left: AtomicU64::new(u64::MAX),
-            run: AtomicU64::new(1),
-            stores: AtomicU64::new(0),
-        }
-    }
+/// A region whose word stores fail on request.
+type Refusing<M> = Tapped<Arc<M>, Refuse>;
 
+fn refusing<M: Media>(inner: Arc<M>) -> Arc<Refusing<M>> {
+    let tap = Refuse {
+        size: inner.size(),
+        left: AtomicU64::new(u64::MAX),
+        run: AtomicU64::new(1),
+        stores: AtomicU64::new(0),
+    };
+    Arc::new(Tapped::new(inner, tap))
+}
+
+impl Refuse {
     /// Refuses the `k`-th word store from now on (1: the next one).
     fn refuse(&self, k: u64) {
         self.refuse_run(k, 1);
@@ -73,7 +78,7 @@ impl<M: Media> Refusing<M> {
                 return Err(pmfs_core::Error::OutOfBounds {
                     off,
                     len: 8,
-                    size: self.size(),
+                    size: self.size,
                 });
             }
             self.left.store(left - 1, Ordering::Relaxed);
@@ -87,38 +92,12 @@ impl<M: Media> Refusing<M> {
     }
 }
 
-impl<M: Media> Media for Refusing<M> {
-    fn size(&self) -> u64 {
-        self.inner.size()
+impl Tap for Refuse {
+    fn store(&self, off: PmOff) -> pmfs_core::Result<()> {
+        self.pass(off)
     }
-    fn read(&self, off: PmOff, buf: &mut [u8]) -> pmfs_core::Result<()> {
-        self.inner.read(off, buf)
-    }
-    fn write(&self, off: PmOff, src: &[u8]) -> pmfs_core::Result<()> {
-        self.inner.write(off, src)
-    }
-    fn write_nt(&self, off: PmOff, src: &[u8]) -> pmfs_core::Result<()> {
-        self.inner.write_nt(off, src)
-    }
-    fn fill_nt(&self, off: PmOff, len: u64, byte: u8) -> pmfs_core::Result<()> {
-        self.inner.fill_nt(off, len, byte)
-    }
-    fn flush(&self, off: PmOff, len: u64) -> pmfs_core::Result<()> {
-        self.inner.flush(off, len)
-    }
-    fn fence(&self) {
-        self.inner.fence()
-    }
-    fn load_u64(&self, off: PmOff) -> pmfs_core::Result<u64> {
-        self.inner.load_u64(off)
-    }
-    fn store_u64(&self, off: PmOff, val: u64) -> pmfs_core::Result<()> {
-        self.pass(off)?;
-        self.inner.store_u64(off, val)
-    }
-    fn cas_u64(&self, off: PmOff, current: u64, new: u64) -> pmfs_core::Result<Result<u64, u64>> {
-        self.pass(off)?;
-        self.inner.cas_u64(off, current, new)
+    fn cas(&self, off: PmOff, _current: u64) -> pmfs_core::Result<()> {
+        self.pass(off)
     }
 }
 
@@ -168,12 +147,12 @@ fn with_later(s: &Snapshot, n: usize) -> Snapshot {
 
 /// Word stores `op` makes on a fresh tree.
 fn stores_of(kind: pmfs::MappingKind, op: Op) -> u64 {
-    let media = Arc::new(Refusing::new(Arc::new(HeapRegion::new(SIM_SIZE).unwrap())));
+    let media = refusing(Arc::new(HeapRegion::new(SIM_SIZE).unwrap()));
     let vol = Volume::format(media.clone(), &sim_options(kind)).unwrap();
     tree(&vol);
-    let from = media.stores.load(Ordering::Relaxed);
+    let from = media.tap().stores.load(Ordering::Relaxed);
     op(&vol).unwrap();
-    media.stores.load(Ordering::Relaxed) - from
+    media.tap().stores.load(Ordering::Relaxed) - from
 }
 
 /// The states the session may show after `op` failed: as before, or as after it.
@@ -200,7 +179,7 @@ fn explorer(seed: u64) -> Explorer {
 fn check(kind: pmfs::MappingKind, name: &str, op: Op, k: u64, seed: u64) {
     let (before, after) = outcomes(kind, op);
     let region = Arc::new(SimRegion::new(SIM_SIZE).unwrap());
-    let media = Arc::new(Refusing::new(region.clone()));
+    let media = refusing(region.clone());
     let vol = Volume::format(media.clone(), &sim_options(kind)).unwrap();
     tree(&vol);
     region.persist_all();
@@ -214,9 +193,9 @@ fn check(kind: pmfs::MappingKind, name: &str, op: Op, k: u64, seed: u64) {
         .run(
             &region,
             |_| {
-                media.refuse(k);
+                media.tap().refuse(k);
                 let r = op(&vol);
-                media.accept_all();
+                media.tap().accept_all();
                 let now = snapshot(&vol);
                 assert!(
                     now == before || now == after,
@@ -305,12 +284,12 @@ fn fail(
     k: u64,
     run: u64,
 ) -> (Arc<Refusing<HeapRegion>>, Volume, String) {
-    let media = Arc::new(Refusing::new(Arc::new(HeapRegion::new(SIM_SIZE).unwrap())));
+    let media = refusing(Arc::new(HeapRegion::new(SIM_SIZE).unwrap()));
     let vol = Volume::format(media.clone(), &sim_options(kind)).unwrap();
     tree(&vol);
-    media.refuse_run(k, run);
+    media.tap().refuse_run(k, run);
     let r = op(&vol);
-    media.accept_all();
+    media.tap().accept_all();
     let what = format!(
         "{kind:?}, {name}, stores {k} to {} refused ({r:?})",
         k + run - 1

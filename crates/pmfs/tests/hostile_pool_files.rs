@@ -13,7 +13,7 @@ use pmfs::{
     Error, FORMAT_VERSION, MappingKind, OpenMode, OpenNode, Options, SeekTarget, Volume, fsck,
 };
 use pmfs_core::layout::PmOff;
-use pmfs_core::pm::{HeapRegion, Media};
+use pmfs_core::pm::{HeapRegion, Media, Tap, Tapped};
 
 use common::{crash_copy, snapshot};
 
@@ -251,44 +251,30 @@ fn region(img: &[u8]) -> Arc<dyn Media> {
     Arc::new(HeapRegion::from_image(img).unwrap())
 }
 
-/// A media that refuses every store: a pool file that is mapped read-only.
-struct ReadOnlyMedia(HeapRegion);
+/// Refuses every store: a pool file that is mapped read-only.
+struct ReadOnly;
 
-fn refused() -> pmfs_core::Error {
-    pmfs_core::Error::Io(std::io::Error::from_raw_os_error(libc::EROFS))
+fn refused() -> pmfs_core::Result<()> {
+    Err(pmfs_core::Error::Io(std::io::Error::from_raw_os_error(
+        libc::EROFS,
+    )))
 }
 
-impl Media for ReadOnlyMedia {
-    fn size(&self) -> u64 {
-        self.0.size()
+impl Tap for ReadOnly {
+    fn write(&self, _: PmOff, _: u64) -> pmfs_core::Result<()> {
+        refused()
     }
-    fn read(&self, off: PmOff, buf: &mut [u8]) -> pmfs_core::Result<()> {
-        self.0.read(off, buf)
+    fn store(&self, _: PmOff) -> pmfs_core::Result<()> {
+        refused()
     }
-    fn write(&self, _: PmOff, _: &[u8]) -> pmfs_core::Result<()> {
-        Err(refused())
+    fn cas(&self, _: PmOff, _: u64) -> pmfs_core::Result<()> {
+        refused()
     }
-    fn write_nt(&self, _: PmOff, _: &[u8]) -> pmfs_core::Result<()> {
-        Err(refused())
-    }
-    fn fill_nt(&self, _: PmOff, _: u64, _: u8) -> pmfs_core::Result<()> {
-        Err(refused())
-    }
-    fn flush(&self, off: PmOff, len: u64) -> pmfs_core::Result<()> {
-        self.0.flush(off, len)
-    }
-    fn fence(&self) {
-        self.0.fence()
-    }
-    fn load_u64(&self, off: PmOff) -> pmfs_core::Result<u64> {
-        self.0.load_u64(off)
-    }
-    fn store_u64(&self, _: PmOff, _: u64) -> pmfs_core::Result<()> {
-        Err(refused())
-    }
-    fn cas_u64(&self, _: PmOff, _: u64, _: u64) -> pmfs_core::Result<Result<u64, u64>> {
-        Err(refused())
-    }
+}
+
+/// A media with the content of `img` that refuses every store.
+fn read_only(img: &[u8]) -> Arc<dyn Media> {
+    Arc::new(Tapped::new(HeapRegion::from_image(img).unwrap(), ReadOnly))
 }
 
 #[test]
@@ -300,7 +286,7 @@ fn a_read_only_pool_mounts_read_only_and_refuses_writes() {
 
     // A mapping that refuses stores: the read-only mount works and never writes; a
     // read-write mount fails with the store's error instead of panicking.
-    let ro: Arc<dyn Media> = Arc::new(ReadOnlyMedia(HeapRegion::from_image(&img).unwrap()));
+    let ro: Arc<dyn Media> = read_only(&img);
     let vol = Volume::mount_read_only(ro.clone()).unwrap();
     assert_eq!(vol.read("/d/f").unwrap(), b"pool content");
     // Its free space is what a read-write mount counts (the blocks of file logs included).
@@ -343,8 +329,7 @@ fn a_read_only_pool_mounts_read_only_and_refuses_writes() {
     };
     let mut dirty_img = vec![0u8; dirty.size() as usize];
     dirty.read(PmOff(0), &mut dirty_img).unwrap();
-    let ro_dirty: Arc<dyn Media> =
-        Arc::new(ReadOnlyMedia(HeapRegion::from_image(&dirty_img).unwrap()));
+    let ro_dirty: Arc<dyn Media> = read_only(&dirty_img);
     let vol = Volume::mount_read_only(ro_dirty).unwrap();
     assert!(!vol.mount_report().clean);
     assert_eq!(vol.read("/d/new").unwrap(), b"n");

@@ -15,7 +15,7 @@ use pmfs::{MappingKind, Owner, Volume, fsck};
 use pmfs_core::layout::PmOff;
 use pmfs_core::pm::Media;
 
-use common::counting::Counting;
+use common::counting;
 use common::{KINDS, RW, options};
 
 const BS: u64 = 4096;
@@ -34,7 +34,7 @@ const LIMIT: u64 = 6_000_000;
 #[test]
 fn mount_check_and_repair_of_many_files_read_each_table_once() {
     for kind in KINDS {
-        let clean = Arc::new(Counting::new(VOLUME));
+        let clean = Arc::new(counting::new(VOLUME));
         let media: Arc<dyn Media> = clean.clone();
         let vol = Volume::format(media.clone(), &options(kind)).unwrap();
         let who = Owner { uid: 0, gid: 0 };
@@ -70,6 +70,7 @@ fn mount_check_and_repair_of_many_files_read_each_table_once() {
         let what = |op: &str| format!("{kind:?}: {op}");
 
         let vol = clean
+            .tap()
             .costs(LIMIT, &what("mount"), || Volume::mount(media.clone()))
             .unwrap();
         let free = vol.statfs().unwrap().free_blocks;
@@ -82,6 +83,7 @@ fn mount_check_and_repair_of_many_files_read_each_table_once() {
         drop(f);
         vol.close().unwrap();
         let report = clean
+            .tap()
             .costs(LIMIT, &what("check"), || fsck::check(media.clone()))
             .unwrap();
         assert!(report.is_clean(), "{kind:?}: {:#?}", report.problems);
@@ -89,8 +91,9 @@ fn mount_check_and_repair_of_many_files_read_each_table_once() {
         assert!(report.used_blocks >= blocks, "{kind:?}: {report:?}");
         assert_eq!(report.free_blocks, free, "{kind:?}: {report:?}");
 
-        let crashed = Arc::new(Counting::from_image(&image));
+        let crashed = Arc::new(counting::from_image(&image));
         let vol = crashed
+            .tap()
             .costs(LIMIT, &what("mount after a crash"), || {
                 Volume::mount(crashed.clone())
             })
@@ -100,8 +103,9 @@ fn mount_check_and_repair_of_many_files_read_each_table_once() {
         assert_eq!(vol.statfs().unwrap().free_blocks, free, "{kind:?}");
         vol.close().unwrap();
 
-        let crashed = Arc::new(Counting::from_image(&image));
+        let crashed = Arc::new(counting::from_image(&image));
         let repair = crashed
+            .tap()
             .costs(LIMIT, &what("repair after a crash"), || {
                 fsck::repair(crashed.clone())
             })

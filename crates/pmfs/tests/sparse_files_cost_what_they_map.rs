@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use pmfs::{Ino, MappingKind, OpenMode, OpenNode, Owner, SeekTarget, Volume, fsck};
 
-use common::counting::Counting;
+use common::counting::{self, Counting};
 use common::{KINDS, options};
 
 const BS: u64 = 4096;
@@ -39,9 +39,9 @@ const RW: OpenMode = OpenMode {
     truncate: false,
 };
 
-/// [`Counting::costs`] with [`LIMIT`].
+/// [`Loads::costs`](common::counting::Loads::costs) with [`LIMIT`].
 fn cheap<T>(media: &Counting, what: &str, op: impl FnOnce() -> T) -> T {
-    media.costs(LIMIT, what, op)
+    media.tap().costs(LIMIT, what, op)
 }
 
 fn open(vol: &Volume, ino: Ino) -> OpenNode {
@@ -51,7 +51,7 @@ fn open(vol: &Volume, ino: Ino) -> OpenNode {
 #[test]
 fn seeks_counts_and_truncations_of_a_sparse_file_read_what_it_maps() {
     for kind in KINDS {
-        let media = Arc::new(Counting::new(VOLUME));
+        let media = Arc::new(counting::new(VOLUME));
         let vol = Volume::format(media.clone(), &options(kind)).unwrap();
         let who = Owner { uid: 0, gid: 0 };
         let (attr, f, _) = vol
@@ -86,9 +86,11 @@ fn seeks_counts_and_truncations_of_a_sparse_file_read_what_it_maps() {
         // The hashed structures have no order to skip a hole by: one pass over their table.
         let hashed = matches!(kind, MappingKind::Cuckoo | MappingKind::HashFs);
         let limit = if hashed { LIMIT + TABLE_PASS } else { LIMIT };
-        media.costs(limit, &what("SEEK_DATA to a digested write"), || {
-            assert_eq!(f.seek(BS, SeekTarget::Data).unwrap(), Some(far - 5))
-        });
+        media
+            .tap()
+            .costs(limit, &what("SEEK_DATA to a digested write"), || {
+                assert_eq!(f.seek(BS, SeekTarget::Data).unwrap(), Some(far - 5))
+            });
         assert_eq!(
             f.seek(far, SeekTarget::Hole).unwrap(),
             Some((far / BS + 1) * BS)
@@ -100,9 +102,11 @@ fn seeks_counts_and_truncations_of_a_sparse_file_read_what_it_maps() {
 
         // A truncation below the far block unmaps it (a lookup of the hole before it); one
         // from the sparse size down to the data again looks at nothing.
-        media.costs(limit, &what("truncation to below a far block"), || {
-            f.set_len(BS).unwrap()
-        });
+        media
+            .tap()
+            .costs(limit, &what("truncation to below a far block"), || {
+                f.set_len(BS).unwrap()
+            });
         assert_eq!(f.seek(0, SeekTarget::Data).unwrap(), Some(0));
         assert_eq!(vol.getattr(ino).unwrap().blocks, units(1));
         f.set_len(HUGE).unwrap();

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use pmfs_core::Result;
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
-use pmfs_core::pm::{HeapRegion, Media};
+use pmfs_core::pm::{HeapRegion, Media, Tap, Tapped};
 use pmfs_core::traits::{Extent, FileId, FileMapping};
 
 use super::slot::{EMPTY, PURGING, TOMBSTONE};
@@ -29,56 +29,20 @@ const WAIT: Duration = Duration::from_secs(20);
 
 type Hook = (PmOff, u64, Box<dyn FnOnce() + Send>);
 
-/// A media that runs a hook once, just before the first CAS of `(offset, expected word)`.
-struct Hooked {
-    inner: Arc<HeapRegion>,
-    hook: Mutex<Option<Hook>>,
-}
+/// Runs a hook once, just before the first CAS of `(offset, expected word)`.
+#[derive(Default)]
+struct BeforeCas(Mutex<Option<Hook>>);
 
-impl Hooked {
-    fn new(inner: &Arc<HeapRegion>) -> Self {
-        Self {
-            inner: Arc::clone(inner),
-            hook: Mutex::new(None),
-        }
-    }
-
-    fn before_cas(&self, off: PmOff, current: u64, f: impl FnOnce() + Send + 'static) {
-        *self.hook.lock().unwrap() = Some((off, current, Box::new(f)));
+impl BeforeCas {
+    fn set(&self, off: PmOff, current: u64, f: impl FnOnce() + Send + 'static) {
+        *self.0.lock().unwrap() = Some((off, current, Box::new(f)));
     }
 }
 
-impl Media for Hooked {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn read(&self, off: PmOff, buf: &mut [u8]) -> Result<()> {
-        self.inner.read(off, buf)
-    }
-    fn write(&self, off: PmOff, src: &[u8]) -> Result<()> {
-        self.inner.write(off, src)
-    }
-    fn write_nt(&self, off: PmOff, src: &[u8]) -> Result<()> {
-        self.inner.write_nt(off, src)
-    }
-    fn fill_nt(&self, off: PmOff, len: u64, byte: u8) -> Result<()> {
-        self.inner.fill_nt(off, len, byte)
-    }
-    fn flush(&self, off: PmOff, len: u64) -> Result<()> {
-        self.inner.flush(off, len)
-    }
-    fn fence(&self) {
-        self.inner.fence()
-    }
-    fn load_u64(&self, off: PmOff) -> Result<u64> {
-        self.inner.load_u64(off)
-    }
-    fn store_u64(&self, off: PmOff, val: u64) -> Result<()> {
-        self.inner.store_u64(off, val)
-    }
-    fn cas_u64(&self, off: PmOff, current: u64, new: u64) -> Result<Result<u64, u64>> {
+impl Tap for BeforeCas {
+    fn cas(&self, off: PmOff, current: u64) -> Result<()> {
         let due = {
-            let mut hook = self.hook.lock().unwrap();
+            let mut hook = self.0.lock().unwrap();
             match hook.take() {
                 Some((o, c, f)) if o == off && c == current => Some(f),
                 other => {
@@ -90,8 +54,13 @@ impl Media for Hooked {
         if let Some(f) = due {
             f();
         }
-        self.inner.cas_u64(off, current, new)
+        Ok(())
     }
+}
+
+/// A media on `region` whose operations can be paused before a chosen CAS.
+fn hooked(region: &Arc<HeapRegion>) -> Tapped<Arc<HeapRegion>, BeforeCas> {
+    Tapped::new(Arc::clone(region), BeforeCas::default())
 }
 
 fn file<M: Media>(t: &HashFs<M>, ino: u64) -> HashFsFile {
@@ -137,22 +106,23 @@ fn insert_past_a_reclaim(pause: Option<u64>, batch: bool) -> u64 {
     plain.insert(&holder, p, 1, &mut out).unwrap();
     assert_eq!(out[0].pblk.0, DATA.start.0 + h);
 
-    let remover = HashFs::open(Hooked::new(&region), META, DATA).unwrap();
-    let writer = HashFs::open(Hooked::new(&region), META, DATA).unwrap();
+    let remover = HashFs::open(hooked(&region), META, DATA).unwrap();
+    let writer = HashFs::open(hooked(&region), META, DATA).unwrap();
     let slot_h = plain.slot_off(h);
     let (start_tx, start_rx) = channel();
     let (ready_tx, ready_rx) = channel();
     let (go_tx, go_rx) = channel();
     let (done_tx, done_rx) = channel();
     if let Some(word) = pause {
-        remover.media().before_cas(slot_h, word, move || {
+        remover.media().tap().set(slot_h, word, move || {
             signal(&ready_tx);
             wait(&go_rx, "the insert");
         });
     }
     writer
         .media()
-        .before_cas(plain.slot_off(h + 1), EMPTY, move || {
+        .tap()
+        .set(plain.slot_off(h + 1), EMPTY, move || {
             signal(&start_tx);
             match pause {
                 Some(_) => wait(&ready_rx, "the reclaim to pause"),
