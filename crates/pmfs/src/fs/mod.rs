@@ -370,6 +370,7 @@ impl Fs {
         let mut fs = Fs::assemble(media, geo, parts, inodes, root, LoadMode::Clean, false);
         fs.clock.store(now, Ordering::Relaxed);
         fs.report.clean = true;
+        fs.forget_left_tails();
         Ok(fs)
     }
 
@@ -587,6 +588,7 @@ impl Fs {
                     v.push(l.h.ino);
                 }
             }
+            fs.forget_left_tails();
             v
         };
 

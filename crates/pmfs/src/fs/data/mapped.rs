@@ -455,7 +455,7 @@ impl Fs {
     /// file's tail, which every update that moves the end or writes that block holds; in
     /// mapped mode updates keep the bytes zero (`write_in_place`, `shrink_mapped`).
     fn zero_past_end(&self, n: &Node, s: &Shared) -> Result<()> {
-        let _tail = self.lock_tail(n.h.ino, s)?;
+        let _tail = self.lock_tail(n, s)?;
         let size = self.folded_size(n.h.ino, s)?;
         if size.is_multiple_of(BS) {
             return Ok(());

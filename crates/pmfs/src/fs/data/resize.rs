@@ -54,7 +54,7 @@ impl Fs {
                 what: "file log",
                 at: self.inodes.field(ino, field::LOG),
             })?;
-            let _tail = self.lock_tail(ino, &s)?;
+            let _tail = self.lock_tail(n, &s)?;
             if self.size_of(n)? != size {
                 continue;
             }

@@ -1,13 +1,13 @@
 //! The write path: the file's tail, staging, the copy-on-write update and its commit by CAS
 //! on the file's log, and the writes and appends built on them.
 
-use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use pmfs_core::layout::{BlockNo, PmOff};
 use pmfs_core::log::{Commit, Entry, Position};
-use pmfs_core::pm::procs;
+use pmfs_core::pm::procs::{self, DevIno};
 use pmfs_core::traits::{AllocHint, AllocKind, Extent, Run, Runs};
 use pmfs_mapping::hashfs::HashFsFile;
 
@@ -86,17 +86,47 @@ pub(super) struct Own<'a> {
 /// word naming this process. Dropping it frees both.
 pub(super) struct TailGuard<'a> {
     fs: &'a Fs,
-    at: PmOff,
+    tail: LeftTail,
     _local: MutexGuard<'a, ()>,
 }
 
 impl Drop for TailGuard<'_> {
     fn drop(&mut self) {
         // A word left naming this live process holds the tail for good: every later taker
-        // waits for it, and only the next mount clears it. The session stops taking changes.
-        let freed = self.fs.m().store_u64(self.at, 0).map_err(Error::from);
+        // elsewhere waits for it, and only the next mount clears it. The session stops taking
+        // changes; another volume of this process takes the tail over.
+        let freed = self.fs.m().store_u64(self.tail.at, 0).map_err(Error::from);
+        if freed.is_err() {
+            left_tails().push(self.tail);
+        }
         let _ = self.fs.or_leave("a held file tail", freed);
     }
+}
+
+/// A pool as this process tells pools apart: by its file, or, for a region that maps none (a
+/// heap region in tests), by the region that the volumes on it share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PoolId {
+    File(DevIno),
+    Region(usize),
+}
+
+/// A file's tail: its inode's `TAIL` word, in a pool, while the inode has one generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LeftTail {
+    pool: PoolId,
+    at: PmOff,
+    generation: u32,
+}
+
+/// The tails volumes of this process failed to let go ([`TailGuard`]). Their words still name
+/// this process: other processes wait for it to exit (or for the next mount, which frees every
+/// tail), but another volume of this process, which would wait for itself, takes such a tail
+/// over instead. A mount forgets its pool's.
+static LEFT_TAILS: Mutex<Vec<LeftTail>> = Mutex::new(Vec::new());
+
+fn left_tails() -> MutexGuard<'static, Vec<LeftTail>> {
+    LEFT_TAILS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The bytes of an update that go in place into the partial last block (see
@@ -255,31 +285,61 @@ impl Fs {
         self.alive_seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes the tail of file `ino` ([`TailGuard`]): waits for a live holder, replaces a
-    /// dead one. Every update that changes the size or writes the partial last block holds
-    /// it from its plan to its commit; it lets the holder write past the end of file in
-    /// place. Taken under the inode's lock (shared or alone), never the other way round.
-    pub(super) fn lock_tail<'a>(&'a self, ino: u32, s: &'a Shared) -> Result<TailGuard<'a>> {
+    /// This volume's pool, as [`LEFT_TAILS`] names it.
+    fn pool_id(&self) -> PoolId {
+        match self.m().file_id() {
+            Some(id) => PoolId::File(id),
+            None => PoolId::Region(Arc::as_ptr(self.media()).cast::<()>() as usize),
+        }
+    }
+
+    /// Forgets the tails this process failed to let go on this volume's pool: a mount has
+    /// freed them.
+    pub(in crate::fs) fn forget_left_tails(&self) {
+        let pool = self.pool_id();
+        left_tails().retain(|t| t.pool != pool);
+    }
+
+    /// Takes the tail of file `n` ([`TailGuard`]): waits for a live holder, replaces a dead
+    /// one, and takes over one that another volume of this process failed to let go. Every
+    /// update that changes the size or writes the partial last block holds it from its plan
+    /// to its commit; it lets the holder write past the end of file in place. Taken under the
+    /// inode's lock (shared or alone), never the other way round.
+    pub(super) fn lock_tail<'a>(&'a self, n: &Node, s: &'a Shared) -> Result<TailGuard<'a>> {
         let local = s.tail.lock().unwrap_or_else(|e| e.into_inner());
         let m = self.m();
-        let at = self.inodes.field(ino, field::TAIL);
+        let tail = LeftTail {
+            pool: self.pool_id(),
+            at: self.inodes.field(n.h.ino, field::TAIL),
+            generation: n.h.generation,
+        };
+        let guard = |local| TailGuard {
+            fs: self,
+            tail,
+            _local: local,
+        };
         let me = u64::from(self.holder);
         let mut tries = 0u32;
         loop {
-            let cur = m.load_u64(at)?;
+            let cur = m.load_u64(tail.at)?;
             // Another volume of this process may hold it too (the same id): wait for that.
             let dead =
                 || cur != me && u32::try_from(cur).map_or(true, |pid| !self.holder_alive(pid));
-            if (cur == 0 || (tries % 256 == 255 && dead())) && m.cas_u64(at, cur, me)?.is_ok() {
-                return Ok(TailGuard {
-                    fs: self,
-                    at,
-                    _local: local,
-                });
+            if (cur == 0 || (tries % 256 == 255 && dead())) && m.cas_u64(tail.at, cur, me)?.is_ok()
+            {
+                return Ok(guard(local));
             }
             if tries % 256 == 255 {
-                // A tail this process failed to let go is never freed in this session.
+                // A tail this volume failed to let go is never freed in this session; one
+                // another volume of this process failed to let go is this one's to take.
                 self.writable()?;
+                if cur == me {
+                    let mut left = left_tails();
+                    if let Some(i) = left.iter().position(|t| *t == tail) {
+                        left.swap_remove(i);
+                        return Ok(guard(local));
+                    }
+                }
             }
             tries = tries.wrapping_add(1);
             if tries < 64 {
@@ -402,7 +462,7 @@ impl Fs {
         // allocated: digest them and try once more.
         let mut digested = false;
         let mut tail = if how.tail_first {
-            Some(self.lock_tail(n.h.ino, &s)?)
+            Some(self.lock_tail(n, &s)?)
         } else {
             None
         };
@@ -421,7 +481,7 @@ impl Fs {
             if !tail_held && needs_tail(&segs, extend_to, size) {
                 drop(ov);
                 drop(hold);
-                tail = Some(self.lock_tail(n.h.ino, &s)?);
+                tail = Some(self.lock_tail(n, &s)?);
                 continue;
             }
             // Holding the tail, and out of mapped mode, the bytes past the end of file in its
