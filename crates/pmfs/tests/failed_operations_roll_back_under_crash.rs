@@ -11,7 +11,8 @@
 //! session takes no more changes until recovery has run. Operations outside the journal
 //! (log-free directory updates, writes, size changes) are checked the same way without a
 //! crash: a failure after their first step reached the media leaves a half-done operation
-//! that only recovery resolves, and the session then takes no more changes.
+//! that only recovery resolves, and the session then takes no more changes. A client in the
+//! owner's process whose update failed leaves the file's tail to the owner.
 
 mod common;
 
@@ -532,6 +533,58 @@ fn after_a_refused_store_outside_the_journal_the_next_mount_shows_what_the_sessi
                     }
                 }
             }
+        }
+    }
+}
+
+type ClientOp = fn(&pmfs::OpenNode) -> pmfs::Result<()>;
+
+/// Updates of `/t/c` by a client of the volume's pool in the same process, which take the
+/// file's tail.
+const CLIENT_OPS: [(&str, ClientOp); 2] = [
+    ("truncate", |f| f.set_len(100)),
+    ("append", |f| f.write_at(&[3; 10], 5000).map(drop)),
+];
+
+/// A client's update of `/t/c` in the owner's process, on a fresh tree, with word store `k`
+/// refused (none: `0`): the media, the owner, and the word stores the update made.
+fn client_fails(op: ClientOp, k: u64) -> (Arc<Refusing<HeapRegion>>, Volume, u64) {
+    let media = refusing(Arc::new(HeapRegion::new(SIM_SIZE).unwrap()));
+    let vol = Volume::format(media.clone(), &sim_options(pmfs::MappingKind::HashFs)).unwrap();
+    tree(&vol);
+    let client = Volume::attach_media(media.clone()).unwrap();
+    let mode = OpenMode {
+        write: true,
+        ..OpenMode::default()
+    };
+    let c = client.open_ino(node_c(&vol).unwrap().ino(), mode).unwrap();
+    let from = media.tap().stores.load(Ordering::Relaxed);
+    if k > 0 {
+        media.tap().refuse(k);
+    }
+    let _ = op(&c);
+    media.tap().accept_all();
+    let stores = media.tap().stores.load(Ordering::Relaxed) - from;
+    (media, vol, stores)
+}
+
+/// A file's tail that a volume failed to let go names its process until the next mount, so
+/// other processes wait for that one to exit; another volume of the same process takes the
+/// tail over instead of waiting for itself. Here the owner writes the file after each failed
+/// update of a client in its process, closes, and the next mount shows what it showed.
+#[test]
+fn a_tail_a_client_failed_to_let_go_is_taken_over_by_its_owner() {
+    for (name, op) in CLIENT_OPS {
+        let (_, _, stores) = client_fails(op, 0);
+        for k in 1..=stores {
+            let what = format!("client {name}, store {k} refused");
+            let (media, vol, _) = client_fails(op, k);
+            let (vol, later) = later_write(vol, &what);
+            later.unwrap_or_else(|e| panic!("{what}: the owner's write after it gives {e}"));
+            let seen = snapshot(&vol);
+            let closed = vol.close();
+            assert!(closed.is_ok(), "{what}: close gives {closed:?}");
+            assert_eq!(remounted(&media, &what), seen, "{what}");
         }
     }
 }
