@@ -11,6 +11,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use common::Pool;
 
@@ -26,14 +27,21 @@ struct Requests {
 impl Requests {
     /// Starts recording the requests sent on the connection of the mount at `mnt`.
     fn on(mnt: &Path) -> Requests {
-        if !Path::new(TRACEFS).join("instances").is_dir() {
-            let ok = std::process::Command::new("mount")
-                .args(["-t", "tracefs", "tracefs", TRACEFS])
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "tracefs is not mounted on {TRACEFS} and could not be");
-        }
+        // Once for the tests of this binary, which run in parallel: two mounts at once would
+        // see tracefs missing, and the second would fail.
+        static MOUNTED: OnceLock<bool> = OnceLock::new();
+        let mounted = MOUNTED.get_or_init(|| {
+            Path::new(TRACEFS).join("instances").is_dir()
+                || std::process::Command::new("mount")
+                    .args(["-t", "tracefs", "tracefs", TRACEFS])
+                    .status()
+                    .unwrap()
+                    .success()
+        });
+        assert!(
+            *mounted,
+            "tracefs is not mounted on {TRACEFS} and could not be"
+        );
         // The event's connection is the kernel's encoding of the mount's device number, which
         // no other mount has while this one exists: it names the instance too.
         let dev = fs::metadata(mnt).unwrap().dev();
