@@ -14,7 +14,7 @@ it when done) and leaves this one alone.
 Usage: python3 scripts/fence-mutants.py [--list] [--only SUBSTRING] [--tests T1,T2,...]
   --list     print the candidate sites and stop
   --only S   mutate the sites whose `path:line` contains S (S1,S2,...: those of S1 first)
-  --tests    the crash tests to run (test targets of `pmfs-core` and `pmfs`), default:
+  --tests    the crash tests to run (test targets of any crate of the workspace), default:
              CRASH_TESTS
 Environment: PMFS_MUTANT_TIMEOUT (seconds per mutant's test run, default 900).
 """
@@ -32,6 +32,10 @@ CRASH_TESTS = [
     'recovery_is_idempotent_under_crash', 'operation_sequences_are_atomic_under_crash',
     'format_upgrade_is_atomic_under_crash',
     'failed_operations_roll_back_under_crash', 'mapped_files_are_durable_under_crash',
+    # The mappings' and the allocator's own crash tests: seconds, next to the engine's minutes.
+    'extent_crash', 'radix_crash', 'cuckoo_ops_are_atomic_under_crash',
+    'hashfs_ops_are_atomic_under_crash', 'hashfs_cow_ops_are_atomic_under_crash',
+    'hashfs_batched_apply_is_idempotent_under_crash', 'baseline_bitmap_is_crash_atomic',
 ]
 STATEMENT = re.compile(r'^\s*[\w.()&*]+\.(flush|persist)\(.*\)\?;\s*$|^\s*[\w.()&*]+\.fence\(\);\s*$')
 PERSISTING = re.compile(r'\b(store_u64|cas_u64|write)_persist\(')
@@ -62,6 +66,15 @@ def sites():
     return out
 
 
+def package(test):
+    """The crate whose `tests/` holds the test target `test`."""
+    crates = os.path.join(ROOT, 'crates')
+    for crate in sorted(os.listdir(crates)):
+        if os.path.exists(os.path.join(crates, crate, 'tests', f'{test}.rs')):
+            return crate
+    sys.exit(f'no crate has a test target named {test}')
+
+
 def run(cmd, **kw):
     return subprocess.run(cmd, cwd=WORKTREE, capture_output=True, text=True, **kw)
 
@@ -88,12 +101,14 @@ def main():
                        check=True, capture_output=True)
     # This tree's HEAD, and no mutant an interrupted run left behind.
     run(['git', 'reset', '-q', '--hard', head]).check_returncode()
-    test_args = [a for t in args.tests.split(',') for a in ('--test', t)]
+    tests = args.tests.split(',')
+    test_args = [a for t in tests for a in ('--test', t)]
+    packages = sorted({package(t) for t in tests})
     # Release code without the release profile's fat LTO, which dominates each rebuild.
     fast = [a for c in ('lto=false', 'codegen-units=16', 'debug=0')
             for a in ('--config', f'profile.release.{c}')]
-    cargo = ['cargo', 'test', '--release', *fast, '-q', '-p', 'pmfs-core', '-p', 'pmfs',
-             *test_args]
+    cargo = ['cargo', 'test', '--release', *fast, '-q',
+             *[a for p in packages for a in ('-p', p)], *test_args]
     survivors = []
     for i, (path, n, mutated) in enumerate(chosen, 1):
         file = os.path.join(WORKTREE, path)
