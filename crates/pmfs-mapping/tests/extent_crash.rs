@@ -4,7 +4,7 @@
 //! apply in one `replace` (inside a leaf, splitting it, across leaves), removes that
 //! merge nodes and shrink the tree, punched holes, truncates and whole-file removal, opening
 //! and recovering yields exactly the state before or after the call in progress (after, once
-//! it returned), with a consistent set of owned blocks and a tree that keeps working. The
+//! it returned), with a consistent set of owned blocks and a tree that keeps working (every fourth crash point's recovery is crashed as well). The
 //! simulator's fence count also shows the runs of a `replace_many` batch sharing one
 //! transaction.
 
@@ -12,12 +12,12 @@ mod tree_common;
 
 use std::sync::Arc;
 
-use pmfs_core::pm::HeapRegion;
+use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::{Explorer, SimRegion};
 use pmfs_core::traits::{BlockAllocator, FileMapping, Run, SimpleAllocator};
 use pmfs_mapping::extent::{ExtentOptions, ExtentTree};
 use pmfs_mapping::undo::UndoGeometry;
-use tree_common::{CrashOp, Geometry, apply, crash_check, fresh_runs, many};
+use tree_common::{CrashOp, Geometry, Open, apply, crash_check, fresh_runs, many};
 
 const OPTS: ExtentOptions = ExtentOptions {
     fanout: 4,
@@ -26,6 +26,23 @@ const OPTS: ExtentOptions = ExtentOptions {
         slot_blocks: 4,
     },
 };
+
+/// How often the harness crashes a recovery as well: at every 4th crash point.
+const NESTED: u64 = 4;
+
+/// The fanout-4 tree in a geometry's meta area.
+struct Extents(Geometry);
+
+impl Open for Extents {
+    type On<M: Media> = ExtentTree<M, SimpleAllocator>;
+    fn open<M: Media>(
+        &self,
+        media: M,
+        alloc: Arc<SimpleAllocator>,
+    ) -> pmfs_core::Result<Self::On<M>> {
+        ExtentTree::open(media, self.0.meta, alloc)
+    }
+}
 
 /// Formats a fanout-4 tree, applies `setup` (with every other data block reserved when
 /// `fragmented`), then crash-checks `ops`.
@@ -50,15 +67,7 @@ fn run(explorer: Explorer, files: usize, fragmented: bool, setup: &[CrashOp], op
             apply(&tree, &alloc, &handles, op).unwrap();
         }
     }
-    let stats = crash_check(
-        explorer,
-        &region,
-        &g,
-        &reserved,
-        ops,
-        |r, a| ExtentTree::open(r, g.meta, a),
-        |r: HeapRegion, a: Arc<SimpleAllocator>| ExtentTree::open(r, g.meta, a),
-    );
+    let stats = crash_check(explorer, &region, &g, &reserved, ops, &Extents(g), NESTED);
     // Every operation is a transaction with at least its commit's fence: each was explored.
     assert!(stats.fences >= ops.len() as u64, "{stats:?}");
 }
@@ -334,6 +343,20 @@ impl<F: FileMapping> FileMapping for TwoStepInsert<F> {
     }
 }
 
+/// The fanout-4 tree with [`TwoStepInsert`]s.
+struct TwoSteps(Geometry);
+
+impl Open for TwoSteps {
+    type On<M: Media> = TwoStepInsert<ExtentTree<M, SimpleAllocator>>;
+    fn open<M: Media>(
+        &self,
+        media: M,
+        alloc: Arc<SimpleAllocator>,
+    ) -> pmfs_core::Result<Self::On<M>> {
+        ExtentTree::open(media, self.0.meta, alloc).map(TwoStepInsert)
+    }
+}
+
 #[test]
 fn the_checker_rejects_an_insert_insert_at_or_replace_done_in_two_steps() {
     for op in [
@@ -353,15 +376,7 @@ fn the_checker_rejects(op: CrashOp) {
         ExtentTree::format_with(&region, g.meta, alloc, OPTS).unwrap();
     }
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        crash_check(
-            Explorer::new(6),
-            &region,
-            &g,
-            &[],
-            &[op],
-            |r, a| ExtentTree::open(r, g.meta, a).map(TwoStepInsert),
-            |r: HeapRegion, a| ExtentTree::open(r, g.meta, a).map(TwoStepInsert),
-        )
+        crash_check(Explorer::new(6), &region, &g, &[], &[op], &TwoSteps(g), 0)
     }));
     let Err(message) = result else {
         panic!("a torn {op:?} must be caught");

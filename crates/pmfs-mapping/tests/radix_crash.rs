@@ -5,18 +5,18 @@
 //! again, leaves are filled across their boundaries, large ranges are truncated and files
 //! removed, opening and recovering yields exactly the state before or after the call in
 //! progress (after, once it returned), with a consistent set of owned blocks and a tree that
-//! keeps working.
+//! keeps working. Every fourth crash point's recovery is crashed as well.
 
 mod tree_common;
 
 use std::sync::Arc;
 
-use pmfs_core::pm::HeapRegion;
+use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::{Explorer, SimRegion};
 use pmfs_core::traits::{BlockAllocator, FileMapping, SimpleAllocator};
 use pmfs_mapping::radix::{RadixOptions, RadixTree};
 use pmfs_mapping::undo::UndoGeometry;
-use tree_common::{CrashOp, Geometry, apply, crash_check, many};
+use tree_common::{CrashOp, Geometry, Open, apply, crash_check, many};
 
 const OPTS: RadixOptions = RadixOptions {
     undo: UndoGeometry {
@@ -24,6 +24,23 @@ const OPTS: RadixOptions = RadixOptions {
         slot_blocks: 8,
     },
 };
+
+/// How often the harness crashes a recovery as well: at every 4th crash point.
+const NESTED: u64 = 4;
+
+/// The tree in a geometry's meta area.
+struct Radix(Geometry);
+
+impl Open for Radix {
+    type On<M: Media> = RadixTree<M, SimpleAllocator>;
+    fn open<M: Media>(
+        &self,
+        media: M,
+        alloc: Arc<SimpleAllocator>,
+    ) -> pmfs_core::Result<Self::On<M>> {
+        RadixTree::open(media, self.0.meta, alloc)
+    }
+}
 
 /// Formats a tree, applies `setup` (with every other data block reserved when `fragmented`),
 /// then crash-checks `ops`.
@@ -48,15 +65,7 @@ fn run(explorer: Explorer, files: usize, fragmented: bool, setup: &[CrashOp], op
             apply(&tree, &alloc, &handles, op).unwrap();
         }
     }
-    let stats = crash_check(
-        explorer,
-        &region,
-        &g,
-        &reserved,
-        ops,
-        |r, a| RadixTree::open(r, g.meta, a),
-        |r: HeapRegion, a| RadixTree::open(r, g.meta, a),
-    );
+    let stats = crash_check(explorer, &region, &g, &reserved, ops, &Radix(g), NESTED);
     assert!(stats.fences > ops.len() as u64, "{stats:?}");
 }
 

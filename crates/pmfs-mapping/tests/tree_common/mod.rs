@@ -13,7 +13,10 @@
 //! changes may also map its old block, its new one, or — inside a run that was not mapped
 //! whole, which is a remove and an insert — none); its owned blocks must rebuild an allocator
 //! (inside the data area, no block owned twice), and it must accept a further insert and
-//! remove.
+//! remove. Every so many crash points the harness crashes the recovery too: recovering,
+//! then inserting and removing a far block, on a simulated copy of the post-crash image, and
+//! each crash of that recovers to the state the image recovers to (with the far block mapped
+//! while the insert may have happened).
 
 #![allow(dead_code)]
 
@@ -22,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
-use pmfs_core::pm::HeapRegion;
+use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::{Explorer, SimRegion, Stats};
 use pmfs_core::traits::merge_runs;
 use pmfs_core::traits::{
@@ -75,6 +78,18 @@ impl Geometry {
             .map(|i| Extent::new(self.data.start + i, 1))
             .collect()
     }
+}
+
+/// Opens the structure under test, formatted in the test region's meta area, on any media.
+pub trait Open {
+    /// The structure on media `M`.
+    type On<M: Media>: FileMapping;
+    /// Opens it on `media`, drawing blocks from `alloc`.
+    fn open<M: Media>(
+        &self,
+        media: M,
+        alloc: Arc<SimpleAllocator>,
+    ) -> pmfs_core::Result<Self::On<M>>;
 }
 
 /// One operation of a crash test.
@@ -236,17 +251,27 @@ pub fn rebuild_alloc<F: FileMapping>(
     g: &Geometry,
     reserved: &[Extent],
 ) -> Result<Arc<SimpleAllocator>, String> {
+    let alloc = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
+    rebuild_into(&alloc, m, g, reserved)?;
+    Ok(alloc)
+}
+
+/// [`rebuild_alloc`] into `alloc`, which `m` may draw its blocks from.
+fn rebuild_into<F: FileMapping>(
+    alloc: &SimpleAllocator,
+    m: &F,
+    g: &Geometry,
+    reserved: &[Extent],
+) -> Result<(), String> {
     let mut used = reserved.to_vec();
     for id in g.ids() {
         let h = m.open_file(id).map_err(|e| format!("open_file: {e}"))?;
         m.owned_blocks(&h, &mut |e| used.push(e))
             .map_err(|e| format!("owned_blocks of {id:?}: {e}"))?;
     }
-    let alloc = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
     alloc
         .rebuild(&mut used.into_iter())
-        .map_err(|e| format!("owned blocks do not rebuild an allocator: {e}"))?;
-    Ok(alloc)
+        .map_err(|e| format!("owned blocks do not rebuild an allocator: {e}"))
 }
 
 /// Every mapped block of `s`, by file and logical block.
@@ -268,36 +293,36 @@ fn describe(s: &State) -> String {
         .join("; ")
 }
 
-/// Runs `ops` under `explorer` (see the module docs). `open_sim` and `open_heap` open
-/// the structure formatted in `region`'s meta area with the given allocator; `reserved`
-/// blocks stay allocated throughout. Returns the explorer's statistics.
-pub fn crash_check<'r, S, H>(
+/// A far logical block of the first file, which no test maps: the recovered structure must
+/// map and unmap it.
+const FAR: u64 = 3 << 20;
+
+/// Runs `ops` under `explorer` (see the module docs) on the structure `open` opens, with
+/// `reserved` blocks allocated throughout; crashes the recovery of the durable image of every
+/// `nested`-th crash point as well (none if 0). Returns the explorer's statistics.
+pub fn crash_check<O: Open>(
     explorer: Explorer,
-    region: &'r SimRegion,
+    region: &SimRegion,
     g: &Geometry,
     reserved: &[Extent],
     ops: &[CrashOp],
-    open_sim: impl Fn(&'r SimRegion, Arc<SimpleAllocator>) -> pmfs_core::Result<S>,
-    open_heap: impl Fn(HeapRegion, Arc<SimpleAllocator>) -> pmfs_core::Result<H>,
-) -> Stats
-where
-    S: FileMapping,
-    H: FileMapping,
-{
+    open: &O,
+    nested: u64,
+) -> Stats {
     region.persist_all();
     let ids = g.ids();
+    let heap = |image: &[u8]| HeapRegion::from_image(image).map_err(|e| e.to_string());
+    let fresh = || Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
 
     // Dry run on a heap copy: the exact state after each operation.
-    let heap = HeapRegion::from_image(&region.image()).unwrap();
-    let probe = open_heap(
-        heap,
-        Arc::new(SimpleAllocator::new(g.data.start, g.data.len)),
-    )
-    .expect("open the starting image");
+    let probe = open
+        .open(heap(&region.image()).unwrap(), fresh())
+        .expect("open the starting image");
     let alloc = rebuild_alloc(&probe, g, reserved).expect("starting state");
     drop(probe);
-    let heap = HeapRegion::from_image(&region.image()).unwrap();
-    let dry = open_heap(heap, alloc.clone()).expect("open the starting image");
+    let dry = open
+        .open(heap(&region.image()).unwrap(), alloc.clone())
+        .expect("open the starting image");
     let handles: Vec<_> = ids.iter().map(|id| dry.open_file(*id).unwrap()).collect();
     let mut states = vec![state_of(&dry, &ids).unwrap()];
     let mut outcomes = Vec::new();
@@ -322,14 +347,12 @@ where
     drop(dry);
 
     // The real run.
-    let probe = open_sim(
-        region,
-        Arc::new(SimpleAllocator::new(g.data.start, g.data.len)),
-    )
-    .expect("open the starting image");
+    let probe = open.open(region, fresh()).expect("open the starting image");
     let alloc = rebuild_alloc(&probe, g, reserved).expect("starting state");
     drop(probe);
-    let tree = open_sim(region, alloc.clone()).expect("open the starting image");
+    let tree = open
+        .open(region, alloc.clone())
+        .expect("open the starting image");
     let handles: Vec<_> = ids.iter().map(|id| tree.open_file(*id).unwrap()).collect();
     let done = Cell::new(0usize);
     let stats = explorer.run(
@@ -343,9 +366,9 @@ where
         },
         |cp| {
             let k = done.get();
-            let heap = HeapRegion::from_image(cp.image).map_err(|e| e.to_string())?;
-            let fresh = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
-            let m = open_heap(heap, fresh).map_err(|e| format!("open after crash: {e}"))?;
+            let m = open
+                .open(heap(cp.image)?, fresh())
+                .map_err(|e| format!("open after crash: {e}"))?;
             m.recover().map_err(|e| format!("recover: {e}"))?;
             let got = state_of(&m, &ids)?;
             let before = &states[k];
@@ -370,26 +393,17 @@ where
             }
             let alloc = rebuild_alloc(&m, g, reserved)?;
             // The recovered structure must keep working: map and unmap a far block.
-            let m = {
-                let heap = HeapRegion::from_image(cp.image).map_err(|e| e.to_string())?;
-                let m = open_heap(heap, alloc).map_err(|e| e.to_string())?;
-                m.recover().map_err(|e| format!("second recover: {e}"))?;
-                m
-            };
-            let h = m.open_file(ids[0]).map_err(|e| e.to_string())?;
-            let far = 3 << 20;
-            m.insert(&h, far, 2, &mut Vec::new())
-                .map_err(|e| format!("insert after recovery: {e}"))?;
-            let n = m
-                .remove(&h, far, 2)
-                .map_err(|e| format!("remove after recovery: {e}"))?;
-            if n != 2 {
-                return Err(format!("remove after recovery freed {n} blocks"));
-            }
-            drop(h);
-            let again = state_of(&m, &ids)?;
-            if again != got {
+            let m = open
+                .open(heap(cp.image)?, alloc)
+                .map_err(|e| e.to_string())?;
+            m.recover().map_err(|e| format!("second recover: {e}"))?;
+            let far = far_and_back(&m, &ids)?;
+            if far.last() != Some(&got) {
                 return Err("insert + remove after recovery changed the state".into());
+            }
+            if nested > 0 && !cp.end && cp.index == 0 && cp.fence % nested == 0 {
+                recovery_under_crash(cp.image, g, reserved, open, &got, &far[0], cp.fence)
+                    .map_err(|e| format!("a crash during recovery: {e}"))?;
             }
             Ok(())
         },
@@ -398,4 +412,70 @@ where
         Ok(s) => s,
         Err(f) => panic!("crash check failed: {f}"),
     }
+}
+
+/// Maps two blocks at [`FAR`] in the first file and unmaps them; returns the state with them
+/// mapped and the state after.
+fn far_and_back<F: FileMapping>(m: &F, ids: &[FileId]) -> Result<[State; 2], String> {
+    let h = m.open_file(ids[0]).map_err(|e| e.to_string())?;
+    m.insert(&h, FAR, 2, &mut Vec::new())
+        .map_err(|e| format!("insert after recovery: {e}"))?;
+    let mapped = state_of(m, ids)?;
+    let n = m
+        .remove(&h, FAR, 2)
+        .map_err(|e| format!("remove after recovery: {e}"))?;
+    if n != 2 {
+        return Err(format!("remove after recovery freed {n} blocks"));
+    }
+    Ok([mapped, state_of(m, ids)?])
+}
+
+/// Explores crashes of the recovery of `image` and of [`far_and_back`] after it, on a
+/// simulated copy: every crash must recover to `want`, what the image recovers to, or, while
+/// the far blocks may be mapped, to `with_far`; to `want` once all is done.
+fn recovery_under_crash<O: Open>(
+    image: &[u8],
+    g: &Geometry,
+    reserved: &[Extent],
+    open: &O,
+    want: &State,
+    with_far: &State,
+    seed: u64,
+) -> Result<(), String> {
+    let ids = g.ids();
+    let region = SimRegion::from_image(image).map_err(|e| e.to_string())?;
+    // 0: recovering, 1: mapping or unmapping the far blocks, 2: done.
+    let phase = Cell::new(0u8);
+    Explorer::new(seed)
+        .run(
+            &region,
+            |pm| {
+                let alloc = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
+                let m = open.open(pm, alloc.clone()).expect("open");
+                m.recover().expect("recover");
+                rebuild_into(&alloc, &m, g, reserved).expect("recovered blocks");
+                phase.set(1);
+                far_and_back(&m, &ids).expect("the far blocks");
+                phase.set(2);
+            },
+            |cp| {
+                let heap = HeapRegion::from_image(cp.image).map_err(|e| e.to_string())?;
+                let fresh = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
+                let m = open.open(heap, fresh).map_err(|e| format!("open: {e}"))?;
+                m.recover().map_err(|e| format!("recover: {e}"))?;
+                let got = state_of(&m, &ids)?;
+                if got == *want || (phase.get() == 1 && !cp.end && got == *with_far) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "in phase {} the state is {}\nnot {}",
+                        phase.get(),
+                        describe(&got),
+                        describe(want)
+                    ))
+                }
+            },
+        )
+        .map(drop)
+        .map_err(|f| f.to_string())
 }
