@@ -10,12 +10,17 @@
 //! block it changes maps its old block, its new one or (inside a run that was not mapped
 //! whole) none in a recovered image, and nothing else changes.
 //!
+//! An insert that finds no room leaves the table as it was. Every fourth crash point's
+//! recovery is crashed as well, with an insert and a remove right after it: each such crash
+//! recovers to the state the first one did (with the inserted blocks while they may be
+//! mapped). A format is durable on return.
+//!
 //! The table starts 75% full so that inserts displace entries. The expected states come from
 //! a twin table on a heap region with the same salt and an allocator in the same state.
 
 mod tree_common;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -37,6 +42,10 @@ const INOS: [u64; 4] = [1, 2, 3, 4];
 /// Data blocks live outside the region: the table never touches them.
 const DATA: u64 = 100_000;
 const DATA_LEN: u64 = 5000;
+/// How often a recovery is crashed as well: at every 4th crash point.
+const NESTED: u64 = 4;
+/// A logical block no workload maps, which the insert after a recovery maps.
+const FAR: u64 = 1000;
 
 /// 64 buckets: 192 entries.
 fn meta() -> Extent {
@@ -238,19 +247,87 @@ fn check_ops_in(meta: Extent, seed: u64, ops: &[Op], prefixes: bool) -> Vec<Stri
         |cp| {
             let got = recovered(cp.image, meta)?;
             let (before, after, many) = &*window.borrow();
-            if got == *before || got == *after || (*many && between(&got, before, after)) {
-                Ok(())
-            } else {
-                Err(format!(
+            if !(got == *before || got == *after || (*many && between(&got, before, after))) {
+                return Err(format!(
                     "recovered {got:?}\nbefore the operation: {before:?}\nafter it: {after:?}"
-                ))
+                ));
             }
+            if !cp.end && cp.index == 0 && cp.fence % NESTED == 0 {
+                recovery_under_crash(cp.image, meta, &got, cp.fence)
+                    .map_err(|e| format!("a crash during recovery: {e}"))?;
+            }
+            Ok(())
         },
     );
     if let Err(f) = result {
         panic!("{f}");
     }
     results
+}
+
+/// Inserts two blocks at [`FAR`] in the first file and removes them (an insert that finds
+/// no room changes nothing); returns the state in between. The table's allocator must be
+/// fresh: it first learns the blocks the table maps.
+fn far_and_back<M: Media>(t: &Table<M>) -> Result<State, String> {
+    let mapped = state(t)?
+        .into_values()
+        .map(|pblk| Extent::new(BlockNo(pblk), 1));
+    t.allocator()
+        .rebuild(&mut mapped.collect::<Vec<_>>().into_iter())
+        .map_err(|e| format!("mapped blocks do not rebuild an allocator: {e}"))?;
+    let f = t
+        .open_file(FileId {
+            ino: INOS[0],
+            root: PmOff(0),
+        })
+        .map_err(|e| e.to_string())?;
+    match t.insert(&f, FAR, 2, &mut Vec::new()) {
+        Ok(()) | Err(pmfs_core::Error::NoSpace) => {}
+        Err(e) => return Err(format!("insert after recovery: {e}")),
+    }
+    let mapped = state(t)?;
+    t.remove(&f, FAR, 2)
+        .map_err(|e| format!("remove after recovery: {e}"))?;
+    Ok(mapped)
+}
+
+/// Explores crashes of the recovery of `image` and of [`far_and_back`] after it, on a
+/// simulated copy: every crash must recover to `want`, what the image recovers to, or, while
+/// the far blocks may be mapped, to the state with them; to `want` once all is done.
+fn recovery_under_crash(image: &[u8], meta: Extent, want: &State, seed: u64) -> Result<(), String> {
+    let with_far = {
+        let region = HeapRegion::from_image(image).map_err(|e| e.to_string())?;
+        let t = CuckooMapping::open(&region, meta, alloc()).map_err(|e| e.to_string())?;
+        t.recover().map_err(|e| e.to_string())?;
+        far_and_back(&t)?
+    };
+    let region = SimRegion::from_image(image).map_err(|e| e.to_string())?;
+    // 0: recovering, 1: inserting or removing the far blocks, 2: done.
+    let phase = Cell::new(0u8);
+    Explorer::new(seed)
+        .run(
+            &region,
+            |pm| {
+                let t = CuckooMapping::open(pm, meta, alloc()).expect("open");
+                t.recover().expect("recover");
+                phase.set(1);
+                far_and_back(&t).expect("the far blocks");
+                phase.set(2);
+            },
+            |cp| {
+                let got = recovered(cp.image, meta)?;
+                if got == *want || (phase.get() == 1 && !cp.end && got == with_far) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "in phase {}: recovered {got:?}\nnot {want:?}",
+                        phase.get()
+                    ))
+                }
+            },
+        )
+        .map(drop)
+        .map_err(|f| f.to_string())
 }
 
 /// How many `insert_at`s of `ops` mapped their blocks and how many were refused as overlapping.
@@ -346,4 +423,39 @@ fn cuckoo_replace_many_of_a_run_longer_than_an_entry_allows_keeps_every_block_ol
     ];
     let results = check_ops_in(big_meta(), 22, &ops, false);
     assert_eq!(results[1], format!("Ok({})", RUN_MAX + 20));
+}
+
+#[test]
+fn cuckoo_inserts_that_find_no_room_leave_the_table_as_it_was() {
+    let ops = [
+        Op::Insert(0, 0, 20),
+        Op::Insert(1, 0, 20),
+        Op::Insert(2, 0, 20),
+        Op::Remove(0, 0, 20),
+        Op::Insert(2, 0, 20),
+    ];
+    let results = check_ops(51, &ops, false);
+    assert!(results[0] == "Ok(0)", "{results:?}");
+    assert!(results.iter().any(|r| r.contains("NoSpace")), "{results:?}");
+}
+
+/// A format is durable on return; a crash inside it leaves a region that does not open as a
+/// table, or the empty table.
+#[test]
+fn cuckoo_format_is_durable_on_return() {
+    let region = SimRegion::new(meta().len * BLOCK_SIZE).expect("sim region");
+    let stats = Explorer::new(3)
+        .run(
+            &region,
+            |pm| {
+                CuckooMapping::format_with_salt(pm, meta(), alloc(), SALT).expect("format");
+            },
+            |cp| match recovered(cp.image, meta()) {
+                Ok(s) if s.is_empty() => Ok(()),
+                Err(e) if !cp.end && e.starts_with("open: ") => Ok(()),
+                r => Err(format!("after the format: {r:?}")),
+            },
+        )
+        .expect("crash check");
+    assert!(stats.fences >= 1, "{stats:?}");
 }
