@@ -1,15 +1,21 @@
-//! The baseline allocator's persistent bitmap under the crash simulator: a crash at any point
-//! of an `alloc` or `free` leaves, after `open`, exactly the allocated set from before the call
-//! or from after it, and every call that returned is durable. With `Durability::AtSync` the
-//! calls fence nothing, and `sync` makes them all durable at once.
+//! The baseline allocator's persistent bitmap under the crash simulator:
+//! - a crash at any point of an `alloc` or `free` leaves, after `open`, exactly the allocated
+//!   set from before the call or from after it, and every call that returned is durable;
+//! - so do the calls made after an `open` that recovered from such a crash: the next crash
+//!   neither undoes them nor replays the interrupted call over them;
+//! - `format` and `rebuild` are durable when they return; a crash during `format` leaves a
+//!   region that `open` refuses or opens empty, and one during `rebuild` a bitmap that opens.
+//!
+//! With `Durability::AtSync` the calls fence nothing, and `sync` makes them all durable at once.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use pmfs_alloc::FreeExtentAllocator;
 use pmfs_alloc::baseline::{Durability, bitmap_area_size};
+use pmfs_core::Error;
 use pmfs_core::layout::{BlockNo, PmOff};
 use pmfs_core::pm::HeapRegion;
-use pmfs_core::sim::{Explorer, SimRegion};
+use pmfs_core::sim::{CrashFailure, CrashPoint, Explorer, SimRegion, Stats};
 use pmfs_core::traits::{AllocHint, AllocKind, BlockAllocator, Extent};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -17,12 +23,29 @@ use rand::{Rng, SeedableRng};
 const AREA: PmOff = PmOff(192);
 const FIRST: u64 = 300;
 const COUNT: u64 = 3000;
+/// Blocks per bitmap word.
+const WORD: u64 = 64;
+/// The outer crash points whose images `operations_after_a_recovery_survive_the_next_crash`
+/// recovers and continues from: every `RECOVERED_EVERY`-th (odd, so that they cycle through
+/// the four fences of a multi-word call).
+const RECOVERED_EVERY: u64 = 3;
 
 /// One operation of a workload.
 #[derive(Clone, Copy, Debug)]
 enum Op {
     Alloc(u64, AllocHint),
     Free(Extent),
+}
+
+fn managed() -> Extent {
+    Extent::new(BlockNo(FIRST), COUNT)
+}
+
+fn growing(goal: Option<BlockNo>) -> AllocHint {
+    AllocHint {
+        kind: AllocKind::Growing,
+        goal,
+    }
 }
 
 /// Random operations: allocations of 1..=700 blocks (most span several bitmap words), frees
@@ -40,13 +63,7 @@ fn workload(seed: u64, n: usize) -> Vec<Op> {
                 rng.gen_range(1..=700)
             };
             let goal = held.last().filter(|_| rng.gen_bool(0.5)).map(Extent::end);
-            Op::Alloc(
-                want,
-                AllocHint {
-                    kind: AllocKind::Growing,
-                    goal,
-                },
-            )
+            Op::Alloc(want, growing(goal))
         } else {
             let e = held.swap_remove(rng.gen_range(0..held.len()));
             let skip = rng.gen_range(0..e.len);
@@ -75,11 +92,69 @@ fn workload(seed: u64, n: usize) -> Vec<Op> {
     ops
 }
 
+/// Random operations that each change several bitmap words: allocations of 65..=400 blocks
+/// and frees of whole allocated extents.
+fn multi_word_workload(seed: u64, n: usize) -> Vec<Op> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let twin = twin();
+    let mut held: Vec<Extent> = Vec::new();
+    let mut ops = Vec::new();
+    for _ in 0..n {
+        let op = if held.is_empty() || rng.gen_bool(0.6) {
+            let want = rng.gen_range(WORD + 1..=400);
+            let e = twin
+                .alloc(want, growing(None))
+                .expect("the range never fills up");
+            assert_eq!(e.len, want, "next fit finds room for the whole allocation");
+            held.push(e);
+            Op::Alloc(want, growing(None))
+        } else {
+            let e = held.swap_remove(rng.gen_range(0..held.len()));
+            twin.free(e).expect("free of held blocks");
+            Op::Free(e)
+        };
+        ops.push(op);
+    }
+    ops
+}
+
+/// Operations that each change one bitmap word (words are counted from `FIRST`), from the
+/// allocated extents `used`: frees of all of them, in pieces that stay inside a word, then an
+/// allocation of 1..=8 blocks at the start of every word (so that every range spanning two
+/// words has a block allocated again).
+fn one_word_ops(used: &[Extent]) -> Vec<Op> {
+    let mut ops = Vec::new();
+    for e in used {
+        let mut b = e.start.0;
+        while b < e.end().0 {
+            let word_end = FIRST + ((b - FIRST) / WORD + 1) * WORD;
+            let len = word_end.min(e.end().0) - b;
+            ops.push(Op::Free(Extent::new(BlockNo(b), len)));
+            b += len;
+        }
+    }
+    for w in 0..COUNT.div_ceil(WORD) {
+        ops.push(Op::Alloc(
+            1 + w % 8,
+            growing(Some(BlockNo(FIRST + w * WORD))),
+        ));
+    }
+    ops
+}
+
 /// A volatile allocator in the same state as the one under test: it tells the checker what
 /// each operation will do before the simulated one does it.
 fn twin() -> FreeExtentAllocator<HeapRegion> {
     let region = HeapRegion::new(AREA.0 + bitmap_area_size(COUNT)).expect("heap region");
-    FreeExtentAllocator::format(region, AREA, Extent::new(BlockNo(FIRST), COUNT)).expect("format")
+    FreeExtentAllocator::format(region, AREA, managed()).expect("format")
+}
+
+/// A simulated region with a durable, empty allocator at `AREA`.
+fn formatted() -> SimRegion {
+    let region = SimRegion::new(4096).expect("sim region");
+    FreeExtentAllocator::format(&region, AREA, managed()).expect("format");
+    region.persist_all();
+    region
 }
 
 fn apply(a: &impl BlockAllocator, op: Op) {
@@ -91,28 +166,36 @@ fn apply(a: &impl BlockAllocator, op: Op) {
     }
 }
 
-fn recovered(image: &[u8]) -> Result<Vec<Extent>, String> {
+/// The allocator `open` recovers from a copy of `image`.
+fn open_copy(image: &[u8]) -> Result<FreeExtentAllocator<HeapRegion>, String> {
     let region = HeapRegion::from_image(image).map_err(|e| e.to_string())?;
-    let a = FreeExtentAllocator::open(&region, AREA).map_err(|e| format!("open: {e}"))?;
-    Ok(a.used_extents())
+    FreeExtentAllocator::open(region, AREA).map_err(|e| format!("open: {e}"))
 }
 
-/// Runs `ops` under the explorer; every crash image must recover to the state before or after
-/// the operation in progress.
-fn check_ops(seed: u64, ops: &[Op], prefixes: bool) {
-    let region = SimRegion::new(4096).expect("sim region");
-    FreeExtentAllocator::format(&region, AREA, Extent::new(BlockNo(FIRST), COUNT)).expect("format");
-    region.persist_all();
-    let twin = twin();
+fn recovered(image: &[u8]) -> Result<Vec<Extent>, String> {
+    Ok(open_copy(image)?.used_extents())
+}
+
+/// Runs `open` on `region` followed by `ops` under `explorer`, with `twin` in the state
+/// `open` must recover. Every crash image must recover to the state before or after the
+/// operation in progress (during `open`, the state `twin` started in); the images that do
+/// then go to `also`.
+fn explore_ops(
+    explorer: &Explorer,
+    region: &SimRegion,
+    twin: &FreeExtentAllocator<HeapRegion>,
+    ops: &[Op],
+    mut also: impl FnMut(&CrashPoint<'_>) -> Result<(), String>,
+) -> Result<Stats, CrashFailure> {
     // (state before the operation in progress, state after it)
-    let window = RefCell::new((Vec::new(), Vec::new()));
-    let result = Explorer::new(seed).store_prefixes(prefixes).run(
-        &region,
+    let window = RefCell::new((twin.used_extents(), twin.used_extents()));
+    explorer.run(
+        region,
         |pm| {
             let a = FreeExtentAllocator::open(pm, AREA).expect("open");
             for &op in ops {
                 let before = twin.used_extents();
-                apply(&twin, op);
+                apply(twin, op);
                 *window.borrow_mut() = (before, twin.used_extents());
                 apply(&a, op);
                 let after = window.borrow().1.clone();
@@ -122,14 +205,26 @@ fn check_ops(seed: u64, ops: &[Op], prefixes: bool) {
         |cp| {
             let got = recovered(cp.image)?;
             let (before, after) = &*window.borrow();
-            if got == *before || got == *after {
-                Ok(())
-            } else {
-                Err(format!(
+            if got != *before && got != *after {
+                return Err(format!(
                     "recovered {got:?}\nbefore the operation: {before:?}\nafter it: {after:?}"
-                ))
+                ));
             }
+            also(cp)
         },
+    )
+}
+
+/// Runs `ops` under the explorer; every crash image must recover to the state before or after
+/// the operation in progress.
+fn check_ops(seed: u64, ops: &[Op], prefixes: bool) {
+    let twin = twin();
+    let result = explore_ops(
+        &Explorer::new(seed).store_prefixes(prefixes),
+        &formatted(),
+        &twin,
+        ops,
+        |_| Ok(()),
     );
     if let Err(f) = result {
         panic!("{f}");
@@ -152,9 +247,7 @@ fn alloc_and_free_are_all_or_nothing_with_store_prefixes() {
 fn the_checker_rejects_a_bitmap_written_without_the_intent() {
     // Sanity check of the harness: writing two bitmap words with plain stores and a single
     // fence (no intent record) must produce a torn image the checker catches.
-    let region = SimRegion::new(4096).expect("sim region");
-    FreeExtentAllocator::format(&region, AREA, Extent::new(BlockNo(FIRST), COUNT)).expect("format");
-    region.persist_all();
+    let region = formatted();
     let words = AREA + 128;
     let torn = Explorer::new(5).run(
         &region,
@@ -187,9 +280,7 @@ fn the_checker_rejects_a_bitmap_written_without_the_intent() {
 
 #[test]
 fn deferred_changes_are_durable_at_sync_and_not_before() {
-    let region = SimRegion::new(4096).expect("sim region");
-    FreeExtentAllocator::format(&region, AREA, Extent::new(BlockNo(FIRST), COUNT)).expect("format");
-    region.persist_all();
+    let region = formatted();
     let a = FreeExtentAllocator::open(&region, AREA)
         .and_then(|a| a.with_durability(Durability::AtSync))
         .expect("open");
@@ -215,4 +306,107 @@ fn deferred_changes_are_durable_at_sync_and_not_before() {
     assert_eq!(recovered(&region.durable_image()), Ok(used));
     a.free(a.used_extents()[0]).expect("free");
     assert_eq!(recovered(&region.durable_image()), Ok(a.used_extents()));
+}
+
+/// Calls made after `open` recovered from a crash in a multi-word call are all-or-nothing and
+/// durable too: a crash during or after them does not undo them (say, by replaying the
+/// interrupted call again over blocks freed or allocated since). The calls change one bitmap
+/// word each: all the recovered extents are freed, then blocks are allocated again.
+#[test]
+fn operations_after_a_recovery_survive_the_next_crash() {
+    let twin = twin();
+    let continued = Cell::new(0u64);
+    let result = explore_ops(
+        &Explorer::new(11),
+        &formatted(),
+        &twin,
+        &multi_word_workload(11, 8),
+        |cp| {
+            if cp.fence % RECOVERED_EVERY != 0 {
+                return Ok(());
+            }
+            let again = open_copy(cp.image)?;
+            let region = SimRegion::from_image(cp.image).map_err(|e| e.to_string())?;
+            let ops = one_word_ops(&again.used_extents());
+            explore_ops(&Explorer::new(cp.fence), &region, &again, &ops, |_| Ok(()))
+                .map_err(|f| format!("after a recovery: {f}"))?;
+            continued.set(continued.get() + 1);
+            Ok(())
+        },
+    );
+    if let Err(f) = result {
+        panic!("{f}");
+    }
+    assert!(continued.get() > 0, "no crash image was continued from");
+}
+
+/// `format` is durable when it returns; a crash before leaves a region that `open` refuses
+/// as not formatted (it was zeroed) or that opens to the empty allocator.
+#[test]
+fn format_is_durable_on_return() {
+    let region = SimRegion::new(4096).expect("sim region");
+    let refused = Cell::new(0u64);
+    let result = Explorer::new(1).store_prefixes(true).run(
+        &region,
+        |pm| {
+            FreeExtentAllocator::format(pm, AREA, managed()).expect("format");
+        },
+        |cp| {
+            let heap = HeapRegion::from_image(cp.image).map_err(|e| e.to_string())?;
+            match FreeExtentAllocator::open(&heap, AREA) {
+                Ok(a) if a.managed() == managed() && a.used_extents().is_empty() => Ok(()),
+                Ok(a) => Err(format!(
+                    "opened managing {:?} with {:?} allocated",
+                    a.managed(),
+                    a.used_extents()
+                )),
+                Err(Error::Corrupt { .. }) if !cp.end => {
+                    refused.set(refused.get() + 1);
+                    Ok(())
+                }
+                Err(e) => Err(format!("open: {e}")),
+            }
+        },
+    );
+    if let Err(f) = result {
+        panic!("{f}");
+    }
+    assert!(refused.get() > 0, "no crash left the region unformatted");
+}
+
+/// `rebuild` is durable when it returns; a crash before leaves a bitmap that opens (the
+/// rebuild is then run again).
+#[test]
+fn rebuild_is_durable_on_return() {
+    let region = formatted();
+    let a = FreeExtentAllocator::open(&region, AREA).expect("open");
+    for want in [100, 7, 300] {
+        a.alloc(want, AllocHint::default()).expect("alloc");
+    }
+    assert_eq!(recovered(&region.durable_image()), Ok(a.used_extents()));
+    let rebuilt = vec![
+        Extent::new(BlockNo(FIRST + 50), 20),
+        Extent::new(BlockNo(FIRST + 600), 900),
+        Extent::new(BlockNo(FIRST + COUNT - 3), 3),
+    ];
+    assert_ne!(a.used_extents(), rebuilt);
+    let result = Explorer::new(3).run(
+        &region,
+        |_| {
+            a.rebuild(&mut rebuilt.iter().rev().copied())
+                .expect("rebuild")
+        },
+        |cp| {
+            let got = recovered(cp.image)?;
+            if cp.end && got != rebuilt {
+                Err(format!("recovered {got:?}\nafter rebuild to {rebuilt:?}"))
+            } else {
+                Ok(())
+            }
+        },
+    );
+    if let Err(f) = result {
+        panic!("{f}");
+    }
+    assert_eq!(a.used_extents(), rebuilt);
 }
