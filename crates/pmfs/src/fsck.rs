@@ -191,6 +191,10 @@ struct Model {
     bad_entries: Vec<(Handle, Vec<u8>)>,
     /// Inode numbers named by entries whose inode is dead (their blocks may have leaked).
     dead_named: Vec<u32>,
+    /// Inode numbers that are not live but still own blocks in a HashFS table: leaked
+    /// blocks, which a recovery that dropped the entries naming them (a crash after the
+    /// damage) leaves [`dead_named`](Model::dead_named) without.
+    dead_owners: Vec<u32>,
     reachable: HashSet<u32>,
     owners: HashMap<u64, u32>,
     beyond_eof: Vec<(Handle, u64, u64)>,
@@ -572,19 +576,30 @@ impl Checker<'_> {
     /// structure that keeps all files in one
     /// ([`visit_all`](pmfs_core::traits::FileMapping::visit_all)); `None` on the others, and
     /// where the pass cannot read the table (each file's walk then reports what it cannot
-    /// read). A block a damaged table maps twice counts once, as in a lookup.
-    fn tabled_runs(&self) -> Option<HashMap<u32, Vec<Run>>> {
+    /// read). A block a damaged table maps twice counts once, as in a lookup. On HashFS, whose
+    /// table is the allocator too, notes the inodes that are not live but own blocks in it
+    /// ([`dead_owners`](Model::dead_owners)).
+    fn tabled_runs(&mut self) -> Option<HashMap<u32, Vec<Run>>> {
         let mut by_ino: HashMap<u32, Vec<Run>> = HashMap::new();
+        let mut dead = HashSet::new();
         let live = &self.model.live;
-        let pass = self.fs.map.visit_all(&mut |ino, r| {
-            if let Ok(ino) = u32::try_from(ino)
-                && live.contains_key(&ino)
-            {
-                by_ino.entry(ino).or_default().push(r);
-            }
-        });
+        let count = self.fs.inodes.count();
+        let pass = self
+            .fs
+            .map
+            .visit_all(&mut |ino, r| match u32::try_from(ino) {
+                Ok(ino) if live.contains_key(&ino) => by_ino.entry(ino).or_default().push(r),
+                Ok(ino) if ino != 0 && u64::from(ino) < count => {
+                    dead.insert(ino);
+                }
+                _ => {}
+            });
         if !matches!(pass, Ok(true)) {
             return None;
+        }
+        if matches!(self.fs.stage, crate::parts::Stager::Hash(_)) {
+            self.model.dead_owners = dead.into_iter().collect();
+            self.model.dead_owners.sort_unstable();
         }
         by_ino.values_mut().for_each(sort_runs);
         Some(by_ino)
@@ -994,10 +1009,18 @@ pub fn check_dentry_page(page: &[u8], owner: u64, index: u64) -> Result<DentryPa
 /// Applies the fixes for what `examine` found on a mounted volume.
 fn fix(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
     let m = fs.m();
-    // Blocks still mapped to dead inodes that entries named: release them first: their
-    // numbers may be handed out again below (for HashFS this is the only way back; for the
-    // other kinds the allocator rebuild at the end covers it too).
-    for &ino in &model.dead_named {
+    // Blocks still mapped to dead inodes: release them first: their numbers may be handed
+    // out again below (for HashFS this is the only way back; for the other kinds the
+    // allocator rebuild at the end covers it too).
+    let mut dead: Vec<u32> = model
+        .dead_named
+        .iter()
+        .chain(&model.dead_owners)
+        .copied()
+        .collect();
+    dead.sort_unstable();
+    dead.dedup();
+    for ino in dead {
         if fs.inodes.load(m, ino, field::STATE)? & crate::inode::LIVE == 0 {
             let f = fs.map.open_file(fs.file_id(ino))?;
             let mut owned = 0u64;
