@@ -1169,7 +1169,7 @@ fn attach(fs: &Fs, lf: Handle, info: &Info, actions: &mut Vec<String>) -> Result
         return Ok(());
     }
     let now = fs.now();
-    let ins = d.prepare_insert(fs, lf, &name, kind, info.h, now)?;
+    let ins = d.prepare_insert(fs, lf, &name, kind, info.h, false, now)?;
     d.link_prev(m, &ins)?;
     m.fence();
     d.link_next(m, &ins)?;

@@ -1,12 +1,8 @@
 //! fsck's repairs survive their own crashes: on a volume with a wrong link count, an entry
-//! whose inode died and a leaked block, a crash at any fence of `fsck::repair` (images
-//! enumerated when a crash point has at most 8, else sampled), followed by another repair,
-//! ends in the namespace that one uninterrupted repair produces, with fsck clean. Once the
-//! repair has returned, the volume checks clean without another.
-//!
-//! Not covered, because it fails: a live inode that no entry names. A crash while the repair
-//! links it into `/lost+found` leaves a half-done directory insertion, which the next mount
-//! undoes as it would a create's, freeing the inode (and its data) instead of keeping it.
+//! whose inode died, a live inode that no entry names and a leaked block, a crash at any fence
+//! of `fsck::repair` (images enumerated when a crash point has at most 8, else sampled),
+//! followed by another repair, ends in the namespace that one uninterrupted repair produces,
+//! with fsck clean. Once the repair has returned, the volume checks clean without another.
 
 mod common;
 
@@ -20,13 +16,16 @@ use pmfs_core::sim::SimRegion;
 use common::crash::{SIM_SIZE, light_explorer, sim_options};
 use common::{KINDS, Obj, Snapshot, remount, snapshot};
 
+/// The inode that no entry names: inside the simulated volumes' 64.
+const STRAY: u64 = 40;
+
 fn heap(image: &[u8]) -> Result<Arc<dyn Media>, String> {
     Ok(Arc::new(
         HeapRegion::from_image(image).map_err(|e| e.to_string())?,
     ))
 }
 
-/// A closed, durable volume with the three kinds of damage. Its free space is in the baseline
+/// A closed, durable volume with the four kinds of damage. Its free space is in the baseline
 /// allocator's persistent bitmap, which can leak a block.
 fn damaged(kind: MappingKind) -> Arc<SimRegion> {
     let region = Arc::new(SimRegion::new(SIM_SIZE).unwrap());
@@ -49,6 +48,12 @@ fn damaged(kind: MappingKind) -> Arc<SimRegion> {
     media.store_u64(inode(file) + 24, 5).unwrap();
     let state = media.load_u64(inode(victim)).unwrap();
     media.store_u64(inode(victim), state & !(1 << 63)).unwrap();
+    let mut rec = [0u8; 128];
+    rec[0..8].copy_from_slice(&((1u64 << 63) | 1).to_le_bytes());
+    rec[8..12].copy_from_slice(&0o100644u32.to_le_bytes());
+    rec[20..22].copy_from_slice(&1u16.to_le_bytes());
+    rec[24..32].copy_from_slice(&1u64.to_le_bytes());
+    media.write(inode(STRAY), &rec).unwrap();
     region.persist_all();
     region
 }
@@ -85,11 +90,16 @@ fn a_repair_cut_short_by_a_crash_is_finished_by_the_next() {
         let region = damaged(kind);
         let copy = heap(&region.image()).unwrap();
         let found = fsck::check(copy.clone()).unwrap();
-        assert_eq!(found.problems.len(), 3, "{kind:?}: {:#?}", found.problems);
+        assert_eq!(found.problems.len(), 4, "{kind:?}: {:#?}", found.problems);
         let want = repaired(copy.clone()).unwrap();
         let vol = remount(&copy);
         assert_eq!(vol.metadata("/d/link").unwrap().nlink(), 2);
         assert!(!vol.exists("/d/victim-entry").unwrap());
+        assert!(
+            vol.metadata(&format!("/lost+found/#{STRAY}"))
+                .unwrap()
+                .is_file()
+        );
         vol.close().unwrap();
 
         let media: Arc<dyn Media> = region.clone();

@@ -5,8 +5,9 @@
 //! # Ordering of the log-free operations
 //!
 //! *Insert* entry `N` into the fragment after `X` (whose next neighbour is `Y`):
-//! 1. write `N` (its distances already pointing at `X` and `Y`) and, for a create, the new
-//!    inode's fields; store `Y.prev -> N`; one fence;
+//! 1. write `N` (its distances already pointing at `X` and `Y`; for a create, flagged "new
+//!    inode" in its own prev word) and, for a create, the new inode's fields; store
+//!    `Y.prev -> N`; one fence;
 //! 2. store `X.next -> N` and, for a create, the inode's live state word; one fence.
 //!
 //! *Remove* entry `B` between `A` and `C`:
@@ -17,9 +18,10 @@
 //! Recovery (run for every directory after an unclean shutdown, after the journal has been
 //! rolled back) walks each page's list and fixes:
 //! - `Y.prev` pointing between `X` and `Y` (insert after step 1): undo — restore `Y.prev`,
-//!   and free the new inode if it went live and no directory links it (the bytes at `N` may
-//!   still be those of an entry removed from the fragment earlier, whose inode lives on
-//!   under another name);
+//!   and free the inode of a create if it went live and no directory links it (the bytes at
+//!   `N` may still be those of an entry removed from the fragment earlier, whose inode lives
+//!   on under another name). An entry not flagged "new inode" names an inode that was live
+//!   before: a link's, or one fsck is linking into `/lost+found`; it stays;
 //! - `Y.prev` skipping `X` (remove after step 1): redo — zero `X`'s inode link count when
 //!   flagged and store `W.next -> Y`;
 //! - a linked entry whose inode is not live or has no links (insert whose second step was
@@ -258,7 +260,9 @@ impl DirInner {
         Ok(())
     }
 
-    /// Chooses a place for a new entry and writes it there (flushed, not fenced, not linked).
+    /// Chooses a place for a new entry and writes it there (flushed, not fenced, not linked);
+    /// `new_inode`: the insertion creates `h` ([`page::F_NEW_INODE`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn prepare_insert(
         &mut self,
         fs: &Fs,
@@ -266,6 +270,7 @@ impl DirInner {
         name: &[u8],
         kind: Kind,
         h: Handle,
+        new_inode: bool,
         ctime: i64,
     ) -> Result<Insertion> {
         let m = fs.m();
@@ -291,7 +296,7 @@ impl DirInner {
         let y_prev = self.at(pg, y);
         let y_prev_word = m.load_u64(y_prev)?;
         let mut buf = [0u8; page::MAX_ENTRY];
-        let bytes = page::encode_entry_into(
+        let len = page::encode_entry_into(
             &mut buf,
             n - x,
             y - n,
@@ -299,7 +304,12 @@ impl DirInner {
             ctime as u64,
             kind.code(),
             name,
-        );
+        )
+        .len();
+        let bytes = &mut buf[..len];
+        if new_inode {
+            page::flag_prev(bytes, page::F_NEW_INODE);
+        }
         let at = self.at(pg, n);
         m.write(at, bytes)?;
         m.flush(at, bytes.len() as u64)?;
@@ -673,11 +683,16 @@ fn repair_pending(
     match p {
         Pending::Insert { x, n, y, n_valid } => {
             // The inode of a create whose second step was half durable went live: free it.
-            // But the bytes at `N` may be those of an entry removed from this fragment
-            // earlier, which fit between `X` and `Y` as the new entry would, when none of the
-            // new entry's lines was written back: their inode may live on under another name
-            // (renamed, or one of several links), and must not be freed.
-            if n_valid && let Some(e) = view.entry(n) {
+            // Only a create's: the inode of a link or rename, or one fsck was linking into
+            // `/lost+found`, was live before. And the bytes at `N` may be those of an entry
+            // removed from this fragment earlier, which fit between `X` and `Y` as the new
+            // entry would, when none of the new entry's lines was written back: their inode
+            // may live on under another name (renamed, or one of several links), and must
+            // not be freed.
+            if n_valid
+                && view.prev_flags(n) & page::F_NEW_INODE != 0
+                && let Some(e) = view.entry(n)
+            {
                 let h = Handle::from_word(e.handle);
                 if h.ino != 0 && u64::from(h.ino) < fs.inodes.count() {
                     let rec = fs.inodes.read(m, h.ino)?;

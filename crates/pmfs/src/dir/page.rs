@@ -56,6 +56,10 @@ const M_TAIL: u64 = 0xe7;
 /// Flag in a prev word: the removal of the entry before this one drops its inode's last link
 /// (recovery completes it by zeroing the link count).
 pub(crate) const F_DROPS_INODE: u8 = 1;
+/// Flag in a new entry's own prev word: its insertion creates its inode, so that recovery,
+/// undoing the half-done insertion, frees the inode. Without it (a link, a rename, fsck
+/// linking an unreachable inode into `/lost+found`) the inode was live before and stays.
+pub(crate) const F_NEW_INODE: u8 = 2;
 
 /// Offsets inside the page header. The crc covers the immutable part (magic, version,
 /// owner, index); the removal time changes with every removal in the page.
@@ -112,6 +116,11 @@ fn dist(word: u64) -> u16 {
 
 fn flags(word: u64) -> u8 {
     (word >> 16) as u8
+}
+
+/// Sets `flag` in the prev word of the encoded `entry`.
+pub(crate) fn flag_prev(entry: &mut [u8], flag: u8) {
+    entry[2] |= flag;
 }
 
 /// The crc32c of an entry's immutable part.
@@ -413,6 +422,11 @@ impl<'a> PageView<'a> {
     /// Decodes the entry at `off` (for the recovery of a pending operation).
     pub fn entry(&self, off: u16) -> Option<RawDentry> {
         self.entry_at(off).map(|len| self.decode(off, len))
+    }
+
+    /// The flags of the prev word at `off`.
+    pub fn prev_flags(&self, off: u16) -> u8 {
+        flags(self.word(off))
     }
 }
 

@@ -246,7 +246,7 @@ impl Fs {
             block[..target.len()].copy_from_slice(target);
             m.write_nt(pblk.offset(), &block)?;
         }
-        let ins = d.prepare_insert(self, owner, name, kind, h, now)?;
+        let ins = d.prepare_insert(self, owner, name, kind, h, true, now)?;
         // Step 1: new entry, inode body and Y.prev durable together.
         d.link_prev(m, &ins)?;
         m.fence();
@@ -392,7 +392,7 @@ impl Fs {
             return Err(Error::TooManyLinks);
         }
         let now = self.now();
-        let ins = d.prepare_insert(self, parent.h, name, kind, target, now)?;
+        let ins = d.prepare_insert(self, parent.h, name, kind, target, false, now)?;
         let mut tx = self.journal.begin()?;
         for w in ins.words() {
             tx.protect(w);
@@ -525,7 +525,7 @@ impl Fs {
             .transpose()?;
         let ins = pair
             .dst()
-            .prepare_insert(self, dp.h, dname, s.kind, s.h, now)?;
+            .prepare_insert(self, dp.h, dname, s.kind, s.h, false, now)?;
         let r0 = pair.src().plan_remove(m, &s)?;
         let mut tx = self.journal.begin()?;
         for w in ins.words().into_iter().chain(r0.words()) {
