@@ -20,7 +20,7 @@
 
 mod tree_common;
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -35,7 +35,7 @@ use pmfs_mapping::cuckoo::bucket::RUN_MAX;
 use pmfs_mapping::hashfs::LBLK_LIMIT;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tree_common::{between, fresh_runs};
+use tree_common::{between, fresh_runs, recovery_under_crash};
 
 const SALT: u64 = 0xbeef;
 const INOS: [u64; 4] = [1, 2, 3, 4];
@@ -255,8 +255,27 @@ fn check_ops_in(meta: Extent, seed: u64, ops: &[Op], prefixes: bool, nested: u64
                 ));
             }
             if nested > 0 && !cp.end && cp.index == 0 && cp.fence % nested == 0 {
-                recovery_under_crash(cp.image, meta, &got, cp.fence)
-                    .map_err(|e| format!("a crash during recovery: {e}"))?;
+                let with_far = {
+                    let region = HeapRegion::from_image(cp.image).map_err(|e| e.to_string())?;
+                    let t =
+                        CuckooMapping::open(&region, meta, alloc()).map_err(|e| e.to_string())?;
+                    t.recover().map_err(|e| e.to_string())?;
+                    far_and_back(&t)?
+                };
+                recovery_under_crash(
+                    cp.image,
+                    cp.fence,
+                    |pm, after_recovery| {
+                        let t = CuckooMapping::open(pm, meta, alloc()).expect("open");
+                        t.recover().expect("recover");
+                        after_recovery();
+                        far_and_back(&t).expect("the far blocks");
+                    },
+                    |image| recovered(image, meta),
+                    &got,
+                    &with_far,
+                )
+                .map_err(|e| format!("a crash during recovery: {e}"))?;
             }
             Ok(())
         },
@@ -291,45 +310,6 @@ fn far_and_back<M: Media>(t: &Table<M>) -> Result<State, String> {
     t.remove(&f, FAR, 2)
         .map_err(|e| format!("remove after recovery: {e}"))?;
     Ok(mapped)
-}
-
-/// Explores crashes of the recovery of `image` and of [`far_and_back`] after it, on a
-/// simulated copy: every crash must recover to `want`, what the image recovers to, or, while
-/// the far blocks may be mapped, to the state with them; to `want` once all is done.
-fn recovery_under_crash(image: &[u8], meta: Extent, want: &State, seed: u64) -> Result<(), String> {
-    let with_far = {
-        let region = HeapRegion::from_image(image).map_err(|e| e.to_string())?;
-        let t = CuckooMapping::open(&region, meta, alloc()).map_err(|e| e.to_string())?;
-        t.recover().map_err(|e| e.to_string())?;
-        far_and_back(&t)?
-    };
-    let region = SimRegion::from_image(image).map_err(|e| e.to_string())?;
-    // 0: recovering, 1: inserting or removing the far blocks, 2: done.
-    let phase = Cell::new(0u8);
-    Explorer::new(seed)
-        .run(
-            &region,
-            |pm| {
-                let t = CuckooMapping::open(pm, meta, alloc()).expect("open");
-                t.recover().expect("recover");
-                phase.set(1);
-                far_and_back(&t).expect("the far blocks");
-                phase.set(2);
-            },
-            |cp| {
-                let got = recovered(cp.image, meta)?;
-                if got == *want || (phase.get() == 1 && !cp.end && got == with_far) {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "in phase {}: recovered {got:?}\nnot {want:?}",
-                        phase.get()
-                    ))
-                }
-            },
-        )
-        .map(drop)
-        .map_err(|f| f.to_string())
 }
 
 /// How many `insert_at`s of `ops` mapped their blocks and how many were refused as overlapping.

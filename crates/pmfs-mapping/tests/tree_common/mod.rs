@@ -402,8 +402,28 @@ pub fn crash_check<O: Open>(
                 return Err("insert + remove after recovery changed the state".into());
             }
             if nested > 0 && !cp.end && cp.index == 0 && cp.fence % nested == 0 {
-                recovery_under_crash(cp.image, g, reserved, open, &got, &far[0], cp.fence)
-                    .map_err(|e| format!("a crash during recovery: {e}"))?;
+                recovery_under_crash(
+                    cp.image,
+                    cp.fence,
+                    |pm, after_recovery| {
+                        let alloc = fresh();
+                        let m = open.open(pm, alloc.clone()).expect("open");
+                        m.recover().expect("recover");
+                        rebuild_into(&alloc, &m, g, reserved).expect("recovered blocks");
+                        after_recovery();
+                        far_and_back(&m, &ids).expect("the far blocks");
+                    },
+                    |image| {
+                        let m = open
+                            .open(heap(image)?, fresh())
+                            .map_err(|e| format!("open: {e}"))?;
+                        m.recover().map_err(|e| format!("recover: {e}"))?;
+                        state_of(&m, &ids)
+                    },
+                    &got,
+                    &far[0],
+                )
+                .map_err(|e| format!("a crash during recovery: {e}"))?;
             }
             Ok(())
         },
@@ -430,19 +450,18 @@ fn far_and_back<F: FileMapping>(m: &F, ids: &[FileId]) -> Result<[State; 2], Str
     Ok([mapped, state_of(m, ids)?])
 }
 
-/// Explores crashes of the recovery of `image` and of [`far_and_back`] after it, on a
-/// simulated copy: every crash must recover to `want`, what the image recovers to, or, while
-/// the far blocks may be mapped, to `with_far`; to `want` once all is done.
-fn recovery_under_crash<O: Open>(
+/// Explores crashes of `run` on a simulated copy of `image`: it recovers the structure
+/// there, calls the function it is given once recovered, then maps and unmaps far blocks. Every crash must
+/// recover (`recovered`) to `want`, what the image recovers to, or, while the far blocks may
+/// be mapped, to `with_far`; to `want` once `run` has returned.
+pub fn recovery_under_crash<S: PartialEq + std::fmt::Debug>(
     image: &[u8],
-    g: &Geometry,
-    reserved: &[Extent],
-    open: &O,
-    want: &State,
-    with_far: &State,
     seed: u64,
+    run: impl Fn(&SimRegion, &dyn Fn()),
+    recovered: impl Fn(&[u8]) -> Result<S, String>,
+    want: &S,
+    with_far: &S,
 ) -> Result<(), String> {
-    let ids = g.ids();
     let region = SimRegion::from_image(image).map_err(|e| e.to_string())?;
     // 0: recovering, 1: mapping or unmapping the far blocks, 2: done.
     let phase = Cell::new(0u8);
@@ -450,28 +469,17 @@ fn recovery_under_crash<O: Open>(
         .run(
             &region,
             |pm| {
-                let alloc = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
-                let m = open.open(pm, alloc.clone()).expect("open");
-                m.recover().expect("recover");
-                rebuild_into(&alloc, &m, g, reserved).expect("recovered blocks");
-                phase.set(1);
-                far_and_back(&m, &ids).expect("the far blocks");
+                run(pm, &|| phase.set(1));
                 phase.set(2);
             },
             |cp| {
-                let heap = HeapRegion::from_image(cp.image).map_err(|e| e.to_string())?;
-                let fresh = Arc::new(SimpleAllocator::new(g.data.start, g.data.len));
-                let m = open.open(heap, fresh).map_err(|e| format!("open: {e}"))?;
-                m.recover().map_err(|e| format!("recover: {e}"))?;
-                let got = state_of(&m, &ids)?;
+                let got = recovered(cp.image)?;
                 if got == *want || (phase.get() == 1 && !cp.end && got == *with_far) {
                     Ok(())
                 } else {
                     Err(format!(
-                        "in phase {} the state is {}\nnot {}",
-                        phase.get(),
-                        describe(&got),
-                        describe(want)
+                        "in phase {} the state is {got:?}\nnot {want:?}",
+                        phase.get()
                     ))
                 }
             },
