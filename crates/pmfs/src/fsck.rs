@@ -92,6 +92,10 @@ pub enum ProblemKind {
     MappedEnd,
     /// Used plus free blocks differ from the data region: blocks leaked or double-counted.
     FreeSpace,
+    /// An inode that is not live still maps blocks in a table that holds every file's (the
+    /// hashed mappings), and no entry names it: its blocks leak, and a file given the inode
+    /// number next would find them mapped.
+    DeadInodeBlocks,
     /// A regular file's log chain is damaged.
     FileLog,
 }
@@ -189,11 +193,12 @@ struct Model {
     names: HashMap<u32, Vec<(Handle, Vec<u8>)>>,
     /// Entries that name dead inodes or the wrong type: (directory, name).
     bad_entries: Vec<(Handle, Vec<u8>)>,
-    /// Inode numbers named by entries whose inode is dead (their blocks may have leaked).
+    /// Inode numbers named by entries whose inode is dead (their blocks may have leaked; the
+    /// dead entry reports them).
     dead_named: Vec<u32>,
-    /// Inode numbers that are not live but still own blocks in a HashFS table: leaked
-    /// blocks, which a recovery that dropped the entries naming them (a crash after the
-    /// damage) leaves [`dead_named`](Model::dead_named) without.
+    /// Inode numbers that are not live but still own blocks in a table that holds every
+    /// file's (the hashed mappings), sorted: named by dead entries, or by none when the
+    /// damage removed their names too, or a HashFS recovery dropped the entries naming them.
     dead_owners: Vec<u32>,
     reachable: HashSet<u32>,
     owners: HashMap<u64, u32>,
@@ -576,12 +581,13 @@ impl Checker<'_> {
     /// structure that keeps all files in one
     /// ([`visit_all`](pmfs_core::traits::FileMapping::visit_all)); `None` on the others, and
     /// where the pass cannot read the table (each file's walk then reports what it cannot
-    /// read). A block a damaged table maps twice counts once, as in a lookup. On HashFS, whose
-    /// table is the allocator too, notes the inodes that are not live but own blocks in it
-    /// ([`dead_owners`](Model::dead_owners)).
+    /// read). A block a damaged table maps twice counts once, as in a lookup. Notes the inodes
+    /// that are not live but own blocks in the table
+    /// ([`dead_owners`](Model::dead_owners)), and reports those no entry names (the others
+    /// are reported as dead entries).
     fn tabled_runs(&mut self) -> Option<HashMap<u32, Vec<Run>>> {
         let mut by_ino: HashMap<u32, Vec<Run>> = HashMap::new();
-        let mut dead = HashSet::new();
+        let mut dead: HashMap<u32, u64> = HashMap::new();
         let live = &self.model.live;
         let count = self.fs.inodes.count();
         let pass = self
@@ -590,17 +596,27 @@ impl Checker<'_> {
             .visit_all(&mut |ino, r| match u32::try_from(ino) {
                 Ok(ino) if live.contains_key(&ino) => by_ino.entry(ino).or_default().push(r),
                 Ok(ino) if ino != 0 && u64::from(ino) < count => {
-                    dead.insert(ino);
+                    *dead.entry(ino).or_default() += r.len;
                 }
                 _ => {}
             });
         if !matches!(pass, Ok(true)) {
             return None;
         }
-        if matches!(self.fs.stage, crate::parts::Stager::Hash(_)) {
-            self.model.dead_owners = dead.into_iter().collect();
-            self.model.dead_owners.sort_unstable();
+        let mut dead: Vec<(u32, u64)> = dead.into_iter().collect();
+        dead.sort_unstable();
+        let named: HashSet<u32> = self.model.dead_named.iter().copied().collect();
+        for &(ino, blocks) in &dead {
+            if !named.contains(&ino) {
+                self.problem(
+                    ProblemKind::DeadInodeBlocks,
+                    self.inode_at(ino),
+                    Some(ino),
+                    format!("inode {ino} is not live but still maps {blocks} blocks"),
+                );
+            }
         }
+        self.model.dead_owners = dead.into_iter().map(|(ino, _)| ino).collect();
         by_ino.values_mut().for_each(sort_runs);
         Some(by_ino)
     }
@@ -1009,28 +1025,7 @@ pub fn check_dentry_page(page: &[u8], owner: u64, index: u64) -> Result<DentryPa
 /// Applies the fixes for what `examine` found on a mounted volume.
 fn fix(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
     let m = fs.m();
-    // Blocks still mapped to dead inodes: release them first: their numbers may be handed
-    // out again below (for HashFS this is the only way back; for the other kinds the
-    // allocator rebuild at the end covers it too).
-    let mut dead: Vec<u32> = model
-        .dead_named
-        .iter()
-        .chain(&model.dead_owners)
-        .copied()
-        .collect();
-    dead.sort_unstable();
-    dead.dedup();
-    for ino in dead {
-        if fs.inodes.load(m, ino, field::STATE)? & crate::inode::LIVE == 0 {
-            let f = fs.map.open_file(fs.file_id(ino))?;
-            let mut owned = 0u64;
-            fs.map.owned_blocks(&f, &mut |e| owned += e.len)?;
-            if owned > 0 {
-                fs.map.remove_file(&f)?;
-                actions.push(format!("released {owned} blocks of dead inode {ino}"));
-            }
-        }
-    }
+    release_dead(fs, model, actions)?;
     for (dir, name) in &model.bad_entries {
         let d = fs.dir(*dir)?;
         let mut inner = d.inner.write().unwrap_or_else(|e| e.into_inner());
@@ -1107,20 +1102,7 @@ fn fix(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
     }
     if let Some(alloc) = &fs.alloc {
         // From the inodes live now (repair may have created /lost+found).
-        let mut now_live = Vec::new();
-        fs.inodes.scan(m, |ino, r| {
-            if ino != 0 && r.is_live() {
-                now_live.push(ino);
-            }
-            Ok(())
-        })?;
-        let mut used = Vec::new();
-        fs.owned_by(&now_live, &mut |e| used.push(e))?;
-        for ino in now_live {
-            log_blocks(fs, ino, &mut used)?;
-        }
-        used.sort();
-        used.dedup();
+        let used = live_blocks(fs)?;
         let disjoint = used.windows(2).all(|w| w[0].end() <= w[1].start);
         if disjoint {
             alloc.rebuild(&mut used.into_iter())?;
@@ -1128,6 +1110,94 @@ fn fix(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Unmaps the blocks that a table holding every file's (the hashed structures) still maps to
+/// dead inodes, first of all repairs: their inode numbers may be handed out again below, and
+/// the new file would find the blocks mapped. On HashFS, whose table is the allocator too,
+/// this is also the only way they come back. The cuckoo table gives them back to the
+/// allocator, which the mount rebuilt from the live files (a volatile one) or kept (a
+/// persistent one): it may hold them free already, and freeing a free block fails. So it is
+/// rebuilt to hold them for the release, and after it to hold the live files' blocks alone.
+///
+/// The trees hang from the inode's root word, which a new file's record zeroes, so a dead
+/// inode's tree is left alone: its blocks come back with the allocator's rebuild at the end,
+/// and its nodes, which the allocator may have handed out again since the damage, are not
+/// read or written.
+fn release_dead(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
+    let m = fs.m();
+    let mut releasing = Vec::new();
+    for &ino in &model.dead_owners {
+        if fs.inodes.load(m, ino, field::STATE)? & crate::inode::LIVE == 0 {
+            let f = fs.map.open_file(fs.file_id(ino))?;
+            let mut owned = Vec::new();
+            fs.map.owned_blocks(&f, &mut |e| owned.push(e))?;
+            if !owned.is_empty() {
+                releasing.push((ino, f, owned));
+            }
+        }
+    }
+    if releasing.is_empty() {
+        return Ok(());
+    }
+    let live = match &fs.alloc {
+        Some(alloc) => {
+            let live = live_blocks(fs)?;
+            let mut held = live.clone();
+            held.extend(
+                releasing
+                    .iter()
+                    .flat_map(|(_, _, owned)| owned.iter().copied()),
+            );
+            alloc.rebuild(&mut union(held).into_iter())?;
+            Some((alloc, live))
+        }
+        None => None,
+    };
+    for (ino, f, owned) in releasing {
+        fs.map.remove_file(&f)?;
+        let blocks: u64 = owned.iter().map(|e| e.len).sum();
+        actions.push(format!("released {blocks} blocks of dead inode {ino}"));
+    }
+    if let Some((alloc, live)) = live {
+        alloc.rebuild(&mut union(live).into_iter())?;
+    }
+    Ok(())
+}
+
+/// The blocks of every live inode (mappings and logs), sorted, a block that several map
+/// once per mapping.
+fn live_blocks(fs: &Fs) -> Result<Vec<Extent>> {
+    let mut live = Vec::new();
+    fs.inodes.scan(fs.m(), |ino, r| {
+        if ino != 0 && r.is_live() {
+            live.push(ino);
+        }
+        Ok(())
+    })?;
+    let mut used = Vec::new();
+    fs.owned_by(&live, &mut |e| used.push(e))?;
+    for ino in live {
+        log_blocks(fs, ino, &mut used)?;
+    }
+    used.sort();
+    used.dedup();
+    Ok(used)
+}
+
+/// The blocks of `extents` as sorted, disjoint extents (overlapping ones merged).
+fn union(mut extents: Vec<Extent>) -> Vec<Extent> {
+    extents.sort();
+    let mut out: Vec<Extent> = Vec::with_capacity(extents.len());
+    for e in extents {
+        match out.last_mut() {
+            Some(last) if e.start.0 <= last.end().0 => {
+                last.len = last.len.max(e.end().0 - last.start.0);
+            }
+            _ => out.push(e),
+        }
+    }
+    out
 }
 
 /// Adds the blocks of inode `ino`'s log to `out` when the volume's allocator hands them out

@@ -177,6 +177,112 @@ fn wrong_link_count_dead_entry_and_unreachable_inode_are_found_and_repaired() {
     }
 }
 
+/// Creates files on `media` until one gets inode `ino` (its blocks gone with its death), and
+/// checks that it maps nothing: its three blocks past a truncation read as zeros.
+fn a_new_file_given(media: &Arc<dyn Media>, ino: u64) {
+    let vol = remount(media);
+    let path = (0..64)
+        .map(|i| format!("/new-{i}"))
+        .find(|path| {
+            vol.write(path, b"").unwrap();
+            vol.metadata(path).unwrap().ino() == ino
+        })
+        .unwrap_or_else(|| panic!("no new file got inode {ino}"));
+    common::open_rw(&vol, &path).set_len(3 * 4096).unwrap();
+    assert_eq!(vol.read(&path).unwrap(), vec![0u8; 3 * 4096]);
+    vol.close().unwrap();
+    let r = fsck::check(media.clone()).unwrap();
+    assert!(r.is_clean(), "{:#?}", r.problems);
+}
+
+/// A closed volume of the default options with `/victim` (three blocks of 0xaa) and `/keep`;
+/// returns the media, the layout and the victim's inode number.
+fn with_victim(kind: pmfs::MappingKind) -> (Arc<dyn Media>, pmfs::VolumeInfo, u64) {
+    let (vol, media) = fresh(kind);
+    vol.write("/victim", &[0xaa; 3 * 4096]).unwrap();
+    vol.write("/keep", b"k").unwrap();
+    let info = vol.info();
+    let victim = vol.metadata("/victim").unwrap().ino();
+    vol.close().unwrap();
+    (media, info, victim)
+}
+
+/// With the volatile allocators the mount holds a dead inode's blocks free, as no live file
+/// maps them. The repair must not free them twice, and must leave nothing mapped for the
+/// next file given the inode number. A mount before the repair may hand out the blocks and
+/// the inode number again (here to a file written then): the repair must leave that file
+/// alone.
+#[test]
+fn a_dead_entry_is_repaired_with_the_default_allocator() {
+    for kind in KINDS {
+        for written_before_repair in [false, true] {
+            let (media, info, victim) = with_victim(kind);
+            let at = PmOff(info.inode_table_offset + victim * info.inode_size);
+            let state = media.load_u64(at).unwrap();
+            media.store_u64(at, state & !(1 << 63)).unwrap();
+            if written_before_repair {
+                let vol = remount(&media);
+                vol.write("/after", &[0x5a; 64 * 4096]).unwrap();
+                vol.close().unwrap();
+            }
+
+            let r = fsck::check(media.clone()).unwrap();
+            assert!(r.has(ProblemKind::DeadEntry), "{kind:?}: {:#?}", r.problems);
+            let fixed = fsck::repair(media.clone()).unwrap();
+            assert!(
+                fixed.after.is_clean(),
+                "{kind:?}: {:#?}",
+                fixed.after.problems
+            );
+            let did = |action: &str| fixed.actions.iter().any(|a| a.contains(action));
+            assert!(did("dropped entry \"victim\""), "{:?}", fixed.actions);
+            let hashed = matches!(kind, pmfs::MappingKind::Cuckoo | pmfs::MappingKind::HashFs);
+            assert_eq!(
+                did(&format!("blocks of dead inode {victim}")),
+                hashed && !written_before_repair,
+                "{kind:?}: {:?}",
+                fixed.actions
+            );
+            let vol = remount(&media);
+            assert_eq!(vol.read("/keep").unwrap(), b"k");
+            if written_before_repair {
+                assert_eq!(vol.read("/after").unwrap(), vec![0x5a; 64 * 4096]);
+                vol.close().unwrap();
+            } else {
+                vol.close().unwrap();
+                a_new_file_given(&media, victim);
+            }
+        }
+    }
+}
+
+/// A dead inode whose blocks the hashed structures' one table still maps, with no entry
+/// naming it: made by putting back the table as it was before the file's removal.
+#[test]
+fn a_dead_inode_that_still_maps_blocks_is_found_and_released() {
+    for kind in [pmfs::MappingKind::Cuckoo, pmfs::MappingKind::HashFs] {
+        let (media, info, victim) = with_victim(kind);
+        let table = (info.mapping_offset as usize)..(info.data_offset as usize);
+        let before = image(&media)[table.clone()].to_vec();
+        let vol = remount(&media);
+        vol.remove_file("/victim").unwrap();
+        vol.close().unwrap();
+        media.write(PmOff(table.start as u64), &before).unwrap();
+
+        let at = info.inode_table_offset + victim * info.inode_size;
+        let r = fsck::check(media.clone()).unwrap();
+        let p = r
+            .problems
+            .iter()
+            .find(|p| p.kind == ProblemKind::DeadInodeBlocks)
+            .unwrap_or_else(|| panic!("{kind:?}: {:#?}", r.problems));
+        assert_eq!((p.at, p.ino), (at, Some(victim)), "{p}");
+        repairs(&media, &format!("blocks of dead inode {victim}"));
+        a_new_file_given(&media, victim);
+        assert_eq!(remount(&media).read("/keep").unwrap(), b"k");
+    }
+}
+
 #[test]
 fn orphans_and_unclean_state_are_found_and_repaired() {
     for kind in KINDS {
