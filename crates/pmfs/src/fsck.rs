@@ -46,7 +46,7 @@ use crate::dir::page::{PAGE, PageView, Pending};
 use crate::error::{Error, Result};
 use crate::format::{self, SbSource};
 use crate::fs::Fs;
-use crate::inode::{Handle, INODE_VERSION, Kind, field};
+use crate::inode::{GID_WORD, Handle, INODE_VERSION, Kind, field, flag};
 use crate::journal::SlotContent;
 
 /// What kind of invariant a [`Problem`] violates.
@@ -92,6 +92,9 @@ pub enum ProblemKind {
     MappedEnd,
     /// Used plus free blocks differ from the data region: blocks leaked or double-counted.
     FreeSpace,
+    /// A regular file has holes below its size but its inode is not marked as having any
+    /// (its block count then counts them as allocated).
+    HolesFlag,
     /// An inode that is not live still maps blocks in a table that holds every file's (the
     /// hashed mappings), and no entry names it: its blocks leak, and a file given the inode
     /// number next would find them mapped.
@@ -205,6 +208,8 @@ struct Model {
     beyond_eof: Vec<(Handle, u64, u64)>,
     /// Files that map blocks past their `MAPPED_END` word: (file, the end of the last one).
     low_mapped_end: Vec<(Handle, u64)>,
+    /// Files with holes below their size that are not marked as having any.
+    unmarked_holes: Vec<Handle>,
     /// Files whose digest cursor lies beyond their log's tail: (inode, tail LSN).
     cursor_beyond_tail: Vec<(u32, u64)>,
 }
@@ -724,6 +729,29 @@ impl Checker<'_> {
                         self.model.low_mapped_end.push((info.h, upto));
                     }
                 }
+                // A file never marked as having holes maps every block below its size: its
+                // block count and the placement of its writes take that without a lookup.
+                // The mark is durable before an update that makes a hole commits.
+                if info.kind == Some(Kind::File)
+                    && self.clean
+                    && fs.inodes.flags(fs.m(), ino)? & flag::HOLES == 0
+                {
+                    let span = size_blocks.min(crate::fs::MAX_FILE_SIZE / BLOCK_SIZE);
+                    let covered: u64 = mapped(0, span)?.iter().map(|r| r.len).sum();
+                    if covered < span {
+                        self.problem(
+                            ProblemKind::HolesFlag,
+                            fs.inodes.field(ino, GID_WORD),
+                            Some(ino),
+                            format!(
+                                "{} of its {span} blocks are holes, but it is not marked as \
+                                 having any",
+                                span - covered
+                            ),
+                        );
+                        self.model.unmarked_holes.push(info.h);
+                    }
+                }
                 // Up to the largest file size: the log blocks (HashFS) and the
                 // extended-attribute blocks lie past it.
                 let span = data
@@ -1091,6 +1119,13 @@ fn fix(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
                 }
             };
             attach(fs, lf, info, actions)?;
+        }
+    }
+    for h in &model.unmarked_holes {
+        if fs.inodes.load(m, h.ino, field::STATE)? == h.live_state() {
+            fs.inodes.set_flags(m, h.ino, flag::HOLES)?;
+            m.fence();
+            actions.push(format!("marked inode {} as having holes", h.ino));
         }
     }
     for &(h, from, upto) in &model.beyond_eof {

@@ -465,6 +465,41 @@ fn a_mapped_end_below_mapped_blocks_is_found_and_raised() {
     }
 }
 
+/// The flag that says a file may have holes is set before a hole commits and never cleared:
+/// a file without it is counted as mapping every block below its size (`st_blocks`).
+#[test]
+fn a_file_with_holes_not_marked_as_having_any_is_found_and_marked() {
+    for kind in KINDS {
+        let (media, info) = populated(kind);
+        let vol = remount(&media);
+        let f = common::open_rw(&vol, "/d/sparse");
+        f.set_len(4 * 4096).unwrap();
+        f.write_all_at(b"data", 4096).unwrap();
+        drop(f);
+        let ino = vol.metadata("/d/sparse").unwrap().ino();
+        let units = |vol: &Volume| {
+            let d = vol.lookup(vol.root(), b"d").unwrap().ino;
+            vol.lookup(d, b"sparse").unwrap().blocks
+        };
+        assert_eq!(units(&vol), 8);
+        vol.close().unwrap();
+        // Bit 0 of the flags half-word, the top 16 bits of the record's word at 16.
+        let word = PmOff(info.inode_table_offset + ino * info.inode_size + 16);
+        let w = media.load_u64(word).unwrap();
+        assert_ne!(w & (1 << 48), 0);
+        media.store_u64(word, w & !(1 << 48)).unwrap();
+        assert_eq!(units(&remount(&media)), 4 * 8, "counted as dense");
+
+        finds_only(&media, ProblemKind::HolesFlag, word, ino);
+        repairs(&media, &format!("marked inode {ino} as having holes"));
+        let vol = remount(&media);
+        assert_eq!(units(&vol), 8);
+        let mut want = vec![0u8; 4 * 4096];
+        want[4096..4100].copy_from_slice(b"data");
+        assert_eq!(vol.read("/d/sparse").unwrap(), want);
+    }
+}
+
 fn exercise(media: Arc<dyn Media>) {
     let _ = fsck::check(media.clone());
     if let Ok(vol) = Volume::mount(media.clone()) {
