@@ -4,17 +4,20 @@
 //! - so do the calls made after an `open` that recovered from such a crash: the next crash
 //!   neither undoes them nor replays the interrupted call over them;
 //! - `format` and `rebuild` are durable when they return; a crash during `format` leaves a
-//!   region that `open` refuses or opens empty, and one during `rebuild` a bitmap that opens.
+//!   region that `open` refuses or opens empty, and one during `rebuild` a bitmap that opens;
+//! - a `rebuild` after a call that failed past its commit point (the media refused a store)
+//!   drops the intent that call left, which `open` would otherwise replay over the rebuild.
 //!
 //! With `Durability::AtSync` the calls fence nothing, and `sync` makes them all durable at once.
 
 use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pmfs_alloc::FreeExtentAllocator;
 use pmfs_alloc::baseline::{Durability, bitmap_area_size};
 use pmfs_core::Error;
 use pmfs_core::layout::{BlockNo, PmOff};
-use pmfs_core::pm::HeapRegion;
+use pmfs_core::pm::{HeapRegion, Tap, Tapped};
 use pmfs_core::sim::{CrashFailure, CrashPoint, Explorer, SimRegion, Stats};
 use pmfs_core::traits::{AllocHint, AllocKind, BlockAllocator, Extent};
 use rand::rngs::SmallRng;
@@ -409,4 +412,38 @@ fn rebuild_is_durable_on_return() {
         panic!("{f}");
     }
     assert_eq!(a.used_extents(), rebuilt);
+}
+
+/// Refuses every store to a bitmap word while `on` is set; lets the intent record through.
+#[derive(Default)]
+struct RefuseWords {
+    on: AtomicBool,
+}
+
+impl Tap for RefuseWords {
+    fn store(&self, off: PmOff) -> pmfs_core::Result<()> {
+        if self.on.load(Ordering::Relaxed) && off.0 >= AREA.0 + 128 {
+            return Err(Error::Io(std::io::Error::other("store refused")));
+        }
+        Ok(())
+    }
+}
+
+/// A multi-word free whose word stores the media refuses fails after its intent committed,
+/// which stays on the media. The owner's rebuild that follows replaces the whole bitmap, so the
+/// next `open` must not replay that intent over it.
+#[test]
+fn a_rebuild_drops_the_intent_a_failed_call_left() {
+    let region = HeapRegion::new(AREA.0 + bitmap_area_size(COUNT)).expect("heap region");
+    let media = Tapped::new(&region, RefuseWords::default());
+    let a = FreeExtentAllocator::format(&media, AREA, managed()).expect("format");
+    let e = a.alloc(700, growing(None)).expect("alloc");
+    assert!(e.len > 2 * WORD, "{e:?} spans several words");
+    media.tap().on.store(true, Ordering::Relaxed);
+    assert!(a.free(e).is_err());
+    media.tap().on.store(false, Ordering::Relaxed);
+    a.rebuild(&mut std::iter::once(e)).expect("rebuild");
+    drop(a);
+    let reopened = FreeExtentAllocator::open(&region, AREA).expect("open");
+    assert_eq!(reopened.used_extents(), vec![e]);
 }
