@@ -1,11 +1,12 @@
 //! fsck's repair takes any mix of the damage it is meant to repair, on every mapping structure
 //! and every allocator: files and directories whose inodes died under their names, wrong link
 //! counts, wrong parent pointers, live inodes no entry names, files whose holes lost their
-//! mark and mapped ends below their blocks. The repair must succeed and leave the volume
-//! checking clean, and a second repair must find nothing. Every file whose inode was not
-//! killed must read as before under each of its names outside killed directories, or from
-//! `/lost+found` when it has none left; every stray inode must be in `/lost+found`; and new
-//! files (which get the numbers of the killed inodes) must map nothing.
+//! mark, mapped ends below their blocks and sizes below them. The repair must succeed and
+//! leave the volume checking clean, and a second repair must find nothing. Every file whose
+//! inode was not killed must read as before (up to its damaged size) under each of its names
+//! outside killed directories, or from `/lost+found` when it has none left; every stray inode
+//! must be in `/lost+found`; and new files (which get the numbers of the killed inodes) must
+//! map nothing.
 
 mod common;
 
@@ -24,6 +25,7 @@ const BS: usize = 4096;
 const STATE: u64 = 0;
 const FLAGS_WORD: u64 = 16;
 const NLINK: u64 = 24;
+const SIZE_WORD: u64 = 32;
 const PARENT: u64 = 80;
 const MAPPED_END: u64 = 120;
 /// The live bit of the state word, and the holes mark in the flags word.
@@ -101,6 +103,9 @@ enum Damage {
     ClearHoles(usize),
     /// The file's mapped end drops to block 0.
     LowMappedEnd(usize),
+    /// The file's size drops to the given fraction (in 256ths): its blocks past the new end
+    /// are cut off.
+    Shrink(usize, u8),
     /// The directory of [`DIRS`] dies under its name, with its entries.
     KillDir(usize),
     /// The directory's parent pointer names the other directory of [`DIRS`].
@@ -114,6 +119,7 @@ fn damage() -> impl Strategy<Value = Damage> {
         (0u8..4).prop_map(Damage::Stray),
         (0usize..8).prop_map(Damage::ClearHoles),
         (0usize..8).prop_map(Damage::LowMappedEnd),
+        (0usize..8, any::<u8>()).prop_map(|(i, f)| Damage::Shrink(i, f)),
         (0usize..2).prop_map(Damage::KillDir),
         (0usize..2).prop_map(Damage::Parent),
     ]
@@ -130,6 +136,8 @@ struct Done {
     unlinked: BTreeSet<usize>,
     /// Stray inode numbers.
     strays: BTreeSet<u64>,
+    /// The size of each file.
+    sizes: Vec<usize>,
 }
 
 /// Applies `damages` to the volume [`populated`] made, whose files and directories have the
@@ -146,7 +154,10 @@ fn apply(
         let w = word(ino, field);
         media.store_u64(w, f(media.load_u64(w).unwrap())).unwrap();
     };
-    let mut done = Done::default();
+    let mut done = Done {
+        sizes: files().iter().map(|(_, data)| data.len()).collect(),
+        ..Done::default()
+    };
     for d in damages {
         match *d {
             Damage::Kill(i) => {
@@ -175,6 +186,11 @@ fn apply(
             }
             Damage::ClearHoles(i) => update(inos[i % inos.len()], FLAGS_WORD, &|w| w & !HOLES),
             Damage::LowMappedEnd(i) => update(inos[i % inos.len()], MAPPED_END, &|_| 0),
+            Damage::Shrink(i, fraction) => {
+                let i = i % inos.len();
+                done.sizes[i] = done.sizes[i] * usize::from(fraction) / 256;
+                update(inos[i], SIZE_WORD, &|_| done.sizes[i] as u64);
+            }
             Damage::KillDir(j) => {
                 update(dirs[j], STATE, &|w| w & !LIVE);
                 done.killed_dirs.insert(j);
@@ -225,7 +241,7 @@ fn repaired(kind: MappingKind, allocator: AllocatorKind, damages: &[Damage]) -> 
             let dead = done.killed.contains(&i) || in_killed_dir(name) || orphan;
             match (dead, vol.read(name)) {
                 (true, Err(_)) => {}
-                (false, Ok(got)) if got == data => {}
+                (false, Ok(got)) if got == data[..done.sizes[i]] => {}
                 (true, Ok(_)) => return Err(format!("{name}, whose inode died, is still there")),
                 (false, got) => return Err(format!("{name} reads {got:?}")),
             }
