@@ -92,6 +92,9 @@ pub enum ProblemKind {
     MappedEnd,
     /// Used plus free blocks differ from the data region: blocks leaked or double-counted.
     FreeSpace,
+    /// An inode's extended attributes cannot be read: a damaged attribute word, or a block
+    /// that is not mapped, fails its checksum or does not decode.
+    Xattrs,
     /// A regular file has holes below its size but its inode is not marked as having any
     /// (its block count then counts them as allocated).
     HolesFlag,
@@ -208,6 +211,8 @@ struct Model {
     beyond_eof: Vec<(Handle, u64, u64)>,
     /// Files that map blocks past their `MAPPED_END` word: (file, the end of the last one).
     low_mapped_end: Vec<(Handle, u64)>,
+    /// Inodes whose extended attributes cannot be read.
+    bad_xattrs: Vec<Handle>,
     /// Files with holes below their size that are not marked as having any.
     unmarked_holes: Vec<Handle>,
     /// Files whose digest cursor lies beyond their log's tail: (inode, tail LSN).
@@ -303,6 +308,14 @@ impl Checker<'_> {
                     Some(ino),
                     detail,
                 );
+            } else if let Err(e) = fs.xattrs(h) {
+                self.problem(
+                    ProblemKind::Xattrs,
+                    fs.inodes.field(ino, field::XATTR),
+                    Some(ino),
+                    format!("extended attributes unreadable: {e}"),
+                );
+                self.model.bad_xattrs.push(h);
             }
             self.model.live.insert(
                 ino,
@@ -1119,6 +1132,22 @@ fn fix(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
                 }
             };
             attach(fs, lf, info, actions)?;
+        }
+    }
+    // The attributes cannot be had back: the inode loses them. The word goes first, so that
+    // a crash between the steps leaves blocks mapped without attributes, as a removal of the
+    // last attribute can, which the next change of attributes reuses.
+    for h in &model.bad_xattrs {
+        if fs.inodes.load(m, h.ino, field::STATE)? == h.live_state() {
+            fs.inodes.store(m, h.ino, field::XATTR, 0)?;
+            m.fence();
+            let f = fs.map.open_file(fs.file_id(h.ino))?;
+            fs.map
+                .remove(&f, crate::xattr::XATTR_LBLK, crate::xattr::XATTR_BLOCKS)?;
+            actions.push(format!(
+                "dropped the unreadable extended attributes of inode {}",
+                h.ino
+            ));
         }
     }
     for h in &model.unmarked_holes {

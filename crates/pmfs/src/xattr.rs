@@ -86,7 +86,7 @@ fn decode(b: &[u8], at: pmfs_core::layout::PmOff) -> Result<Attrs> {
 
 impl Fs {
     /// The attributes of live inode `h` and its xattr word. Needs the inode lock.
-    fn xattrs(&self, h: Handle) -> Result<(Attrs, u64)> {
+    pub(crate) fn xattrs(&self, h: Handle) -> Result<(Attrs, u64)> {
         let m = self.m();
         let word = self.inodes.load(m, h.ino, field::XATTR)?;
         if word == 0 {

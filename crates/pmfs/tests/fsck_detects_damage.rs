@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use pmfs::fsck::{self, ProblemKind};
-use pmfs::{Error, Volume};
+use pmfs::{Error, Volume, XattrSet};
 use pmfs_core::layout::PmOff;
 use pmfs_core::pm::{HeapRegion, Media};
 use proptest::prelude::*;
@@ -497,6 +497,51 @@ fn a_file_with_holes_not_marked_as_having_any_is_found_and_marked() {
         let mut want = vec![0u8; 4 * 4096];
         want[4096..4100].copy_from_slice(b"data");
         assert_eq!(vol.read("/d/sparse").unwrap(), want);
+    }
+}
+
+/// Extended attributes whose word or block is damaged cannot be read back (`EUCLEAN`): fsck
+/// reports them, and repair drops them, as they cannot be had back.
+#[test]
+fn unreadable_extended_attributes_are_found_and_dropped() {
+    for kind in KINDS {
+        for damage_block in [false, true] {
+            let (media, info) = populated(kind);
+            let file = ino_of(&media, "/d/e/file");
+            let vol = remount(&media);
+            let md = vol.metadata("/d/e/file").unwrap();
+            let ino = pmfs::Ino::from_raw(u64::from(md.generation()) << 32 | md.ino());
+            vol.set_xattr(ino, b"user.k", b"value", XattrSet::Any)
+                .unwrap();
+            vol.close().unwrap();
+            let word = PmOff(info.inode_table_offset + file * info.inode_size + 96);
+            if damage_block {
+                let img = image(&media);
+                let at = find(&img, b"user.kvalue");
+                media.write(PmOff(at as u64), b"U").unwrap();
+            } else {
+                let w = media.load_u64(word).unwrap();
+                media.store_u64(word, w ^ 1 << 40).unwrap();
+            }
+            let vol = remount(&media);
+            let err = vol.get_xattr(ino, b"user.k").unwrap_err();
+            assert_eq!(
+                std::io::Error::from(err).raw_os_error(),
+                Some(libc::EUCLEAN)
+            );
+            vol.close().unwrap();
+
+            finds_only(&media, ProblemKind::Xattrs, word, file);
+            repairs(&media, &format!("extended attributes of inode {file}"));
+            let vol = remount(&media);
+            assert_eq!(vol.list_xattr(ino).unwrap(), Vec::<Vec<u8>>::new());
+            assert_eq!(vol.read("/d/e/file").unwrap(), vec![7u8; 9000]);
+            vol.set_xattr(ino, b"user.k", b"again", XattrSet::Any)
+                .unwrap();
+            assert_eq!(vol.get_xattr(ino, b"user.k").unwrap().unwrap(), b"again");
+            vol.close().unwrap();
+            assert!(fsck::check(media).unwrap().is_clean());
+        }
     }
 }
 

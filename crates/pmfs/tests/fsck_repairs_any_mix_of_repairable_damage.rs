@@ -1,19 +1,19 @@
 //! fsck's repair takes any mix of the damage it is meant to repair, on every mapping structure
 //! and every allocator: files and directories whose inodes died under their names, wrong link
 //! counts, wrong parent pointers, live inodes no entry names, files whose holes lost their
-//! mark, mapped ends below their blocks and sizes below them. The repair must succeed and
-//! leave the volume checking clean, and a second repair must find nothing. Every file whose
-//! inode was not killed must read as before (up to its damaged size) under each of its names
-//! outside killed directories, or from `/lost+found` when it has none left; every stray inode
-//! must be in `/lost+found`; and new files (which get the numbers of the killed inodes) must
-//! map nothing.
+//! mark, mapped ends below their blocks, sizes below them and damaged extended attributes.
+//! The repair must succeed and leave the volume checking clean, and a second repair must find
+//! nothing. Every file whose inode was not killed must read as before (up to its damaged size)
+//! under each of its names outside killed directories, or from `/lost+found` when it has none
+//! left, with its extended attribute unless that was damaged; every stray inode must be in
+//! `/lost+found`; and new files (which get the numbers of the killed inodes) must map nothing.
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use pmfs::{AllocatorKind, MappingKind, Options, Volume, VolumeInfo, fsck};
+use pmfs::{AllocatorKind, Ino, MappingKind, Options, Volume, VolumeInfo, XattrSet, fsck};
 use pmfs_core::layout::PmOff;
 use pmfs_core::pm::{HeapRegion, Media};
 use proptest::prelude::*;
@@ -27,6 +27,7 @@ const FLAGS_WORD: u64 = 16;
 const NLINK: u64 = 24;
 const SIZE_WORD: u64 = 32;
 const PARENT: u64 = 80;
+const XATTR: u64 = 96;
 const MAPPED_END: u64 = 120;
 /// The live bit of the state word, and the holes mark in the flags word.
 const LIVE: u64 = 1 << 63;
@@ -82,7 +83,11 @@ fn populated(
         for other in others {
             vol.hard_link(first, other).unwrap();
         }
-        inos.push(vol.metadata(first).unwrap().ino());
+        let md = vol.metadata(first).unwrap();
+        let ino = Ino::from_raw(u64::from(md.generation()) << 32 | md.ino());
+        vol.set_xattr(ino, b"user.name", first.as_bytes(), XattrSet::Any)
+            .unwrap();
+        inos.push(md.ino());
     }
     let dirs = DIRS.map(|d| vol.metadata(d).unwrap().ino()).to_vec();
     let info = vol.info();
@@ -103,6 +108,8 @@ enum Damage {
     ClearHoles(usize),
     /// The file's mapped end drops to block 0.
     LowMappedEnd(usize),
+    /// The checksum in the file's extended-attribute word no longer matches.
+    Xattrs(usize),
     /// The file's size drops to the given fraction (in 256ths): its blocks past the new end
     /// are cut off.
     Shrink(usize, u8),
@@ -119,6 +126,7 @@ fn damage() -> impl Strategy<Value = Damage> {
         (0u8..4).prop_map(Damage::Stray),
         (0usize..8).prop_map(Damage::ClearHoles),
         (0usize..8).prop_map(Damage::LowMappedEnd),
+        (0usize..8).prop_map(Damage::Xattrs),
         (0usize..8, any::<u8>()).prop_map(|(i, f)| Damage::Shrink(i, f)),
         (0usize..2).prop_map(Damage::KillDir),
         (0usize..2).prop_map(Damage::Parent),
@@ -136,6 +144,8 @@ struct Done {
     unlinked: BTreeSet<usize>,
     /// Stray inode numbers.
     strays: BTreeSet<u64>,
+    /// Indices of the files whose extended attributes were damaged.
+    lost_xattrs: BTreeSet<usize>,
     /// The size of each file.
     sizes: Vec<usize>,
 }
@@ -186,6 +196,14 @@ fn apply(
             }
             Damage::ClearHoles(i) => update(inos[i % inos.len()], FLAGS_WORD, &|w| w & !HOLES),
             Damage::LowMappedEnd(i) => update(inos[i % inos.len()], MAPPED_END, &|_| 0),
+            Damage::Xattrs(i) => {
+                let i = i % inos.len();
+                update(inos[i], XATTR, &|w| w ^ 1 << 40);
+                // A second flip puts the checksum back.
+                if !done.lost_xattrs.insert(i) {
+                    done.lost_xattrs.remove(&i);
+                }
+            }
             Damage::Shrink(i, fraction) => {
                 let i = i % inos.len();
                 done.sizes[i] = done.sizes[i] * usize::from(fraction) / 256;
@@ -227,6 +245,7 @@ fn repaired(kind: MappingKind, allocator: AllocatorKind, damages: &[Damage]) -> 
     };
     for (i, (names, data)) in files().into_iter().enumerate() {
         let lost = format!("/lost+found/#{}", inos[i]);
+        let first = names[0];
         let (gone, kept): (Vec<&str>, Vec<&str>) =
             names.into_iter().partition(|n| in_killed_dir(n));
         // A live file without links or names is an orphan (a file unlinked while open), which
@@ -244,6 +263,17 @@ fn repaired(kind: MappingKind, allocator: AllocatorKind, damages: &[Damage]) -> 
                 (false, Ok(got)) if got == data[..done.sizes[i]] => {}
                 (true, Ok(_)) => return Err(format!("{name}, whose inode died, is still there")),
                 (false, got) => return Err(format!("{name} reads {got:?}")),
+            }
+            if !dead {
+                let md = vol.metadata(name).map_err(|e| e.to_string())?;
+                let ino = Ino::from_raw(u64::from(md.generation()) << 32 | md.ino());
+                let want = (!done.lost_xattrs.contains(&i)).then(|| first.as_bytes().to_vec());
+                let got = vol
+                    .get_xattr(ino, b"user.name")
+                    .map_err(|e| e.to_string())?;
+                if got != want {
+                    return Err(format!("{name} has the attribute {got:?}, not {want:?}"));
+                }
             }
         }
     }
