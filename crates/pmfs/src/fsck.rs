@@ -7,7 +7,8 @@
 //!
 //! - superblock: the primary is valid, the backup equals it; the volume was closed cleanly;
 //! - journal: every slot is idle;
-//! - inodes: every live record has a known type and a consistent size;
+//! - inodes: every live record has a known type and a consistent size, and its extended
+//!   attributes read back (word, block and checksum);
 //! - directories: every page is mapped, has a valid header and a consistent dentry list (no
 //!   half-done insertion or removal, checksums match), names are unique, every entry names a
 //!   live inode of the entry's type and generation, no page lies past the directory's size;
@@ -23,11 +24,15 @@
 //!   region (no leak) where the free count is the allocator's persistent state (the baseline
 //!   bitmap) or the HashFS table, the bitmap only on a cleanly closed volume (it is synced at
 //!   the clean close, and rebuilt by the mount after any other end). A cleanly closed volume
-//!   has every log digested, so the blocks of undigested entries are not counted.
+//!   has every log digested, so the blocks of undigested entries are not counted. A file not
+//!   marked as having holes maps every block below its size; no dead inode that no entry
+//!   names still maps blocks in a table that holds every file's (cuckoo, HashFS).
 //!
 //! [`repair`] mounts the volume (which runs crash recovery when needed), then fixes what can
-//! be fixed without guessing: it restores a damaged superblock copy, drops entries naming
-//! dead inodes, corrects link counts and parent pointers, moves a digest cursor that damage
+//! be fixed without guessing: it restores a damaged superblock copy, releases the blocks the
+//! hashed tables still map to dead inodes, drops entries naming dead inodes, drops extended
+//! attributes that cannot be read, marks files with unmarked holes, corrects link counts and
+//! parent pointers, moves a digest cursor that damage
 //! left beyond its log's tail back to the tail (before mounting: the mount digests every log),
 //! raises a mapped end that mapped blocks lie past (before mounting too), frees orphans, links
 //! unreachable objects into `/lost+found`, trims blocks past end of file and rebuilds the

@@ -302,7 +302,7 @@ fn repaired(kind: MappingKind, allocator: AllocatorKind, damages: &[Damage]) -> 
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(
-        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48)
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64)
     ))]
 
     #[test]
