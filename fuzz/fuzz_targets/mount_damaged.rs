@@ -4,7 +4,8 @@
 //! the other metadata blocks of the data region. Then the checker, a read-only mount, a
 //! read-write mount (recovery) with a few operations and the repair run on it. Each of them
 //! returns `Ok` or an error; none may panic, hang or read out of bounds (the target runs
-//! under AddressSanitizer). A volume that repair reports clean must mount and check clean.
+//! under AddressSanitizer). A volume that repair reports clean must mount, take the same
+//! operations, and check clean after them.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -249,11 +250,15 @@ fuzz_target!(|input: Input| {
         let vol = Volume::mount(media.clone())
             .unwrap_or_else(|e| panic!("repair reported a clean volume that does not mount: {e}"));
         walk(&vol);
+        for &op in input.ops.iter().take(MAX_OPS) {
+            run_op(&vol, op);
+        }
+        walk(&vol);
         vol.close().expect("closing a repaired volume");
         let report = fsck::check(media).expect("checking a repaired volume");
         assert!(
             report.is_clean(),
-            "repair reported a clean volume, the checker finds {:#?}",
+            "repair reported a clean volume, which after the operations checks as {:#?}",
             report.problems
         );
     }
