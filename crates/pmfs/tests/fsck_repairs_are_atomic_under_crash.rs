@@ -1,6 +1,6 @@
 //! fsck's repairs survive their own crashes: on a volume with a wrong link count, an entry
-//! whose inode died, a live inode that no entry names and (with the baseline allocator) a
-//! leaked block, a crash at any fence of `fsck::repair` (images enumerated when a crash point
+//! whose inode died, a live inode that no entry names, attributes that fail their checksum, a
+//! file whose holes lost their mark and (with the baseline allocator) a leaked block, a crash at any fence of `fsck::repair` (images enumerated when a crash point
 //! has at most 8, else sampled), followed by another repair, ends in the namespace that one
 //! uninterrupted repair produces, with fsck clean. Once the repair has returned, the volume
 //! checks clean without another.
@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
-use pmfs::{AllocatorKind, MappingKind, Options, Volume, fsck};
+use pmfs::{AllocatorKind, Ino, MappingKind, Options, Volume, XattrSet, fsck};
 use pmfs_core::layout::PmOff;
 use pmfs_core::pm::{HeapRegion, Media};
 use pmfs_core::sim::SimRegion;
@@ -26,7 +26,7 @@ fn heap(image: &[u8]) -> Result<Arc<dyn Media>, String> {
     ))
 }
 
-/// A closed, durable volume with the damage. The dead inode's block leaks (a fourth problem)
+/// A closed, durable volume with the damage. The dead inode's block leaks (a sixth problem)
 /// where free space is kept on media: in the baseline allocator's persistent bitmap, or in the
 /// table of HashFS. The mount rebuilds the volatile allocators from the live files, which
 /// leaves the block free.
@@ -42,9 +42,17 @@ fn damaged(kind: MappingKind, allocator: AllocatorKind) -> Arc<SimRegion> {
     vol.write("/d/victim-entry", b"v").unwrap();
     vol.write("/d/e/file", &[7u8; 9000]).unwrap();
     vol.hard_link("/d/e/file", "/d/link").unwrap();
+    let sparse = vol.create_file("/d/sparse").unwrap();
+    sparse.set_len(5 * 4096).unwrap();
+    sparse.write_all_at(b"s", 4 * 4096).unwrap();
+    drop(sparse);
+    let md = vol.metadata("/d/e/file").unwrap();
+    let handle = Ino::from_raw(u64::from(md.generation()) << 32 | md.ino());
+    vol.set_xattr(handle, b"user.k", b"v", XattrSet::Any)
+        .unwrap();
     let info = vol.info();
     let ino = |path| vol.symlink_metadata(path).unwrap().ino();
-    let (file, victim) = (ino("/d/e/file"), ino("/d/victim-entry"));
+    let (file, victim, holey) = (ino("/d/e/file"), ino("/d/victim-entry"), ino("/d/sparse"));
     vol.close().unwrap();
 
     let inode = |ino: u64| PmOff(info.inode_table_offset + ino * info.inode_size);
@@ -57,6 +65,13 @@ fn damaged(kind: MappingKind, allocator: AllocatorKind) -> Arc<SimRegion> {
     rec[20..22].copy_from_slice(&1u16.to_le_bytes());
     rec[24..32].copy_from_slice(&1u64.to_le_bytes());
     media.write(inode(STRAY), &rec).unwrap();
+    // The attributes' checksum, and the holes mark.
+    let xattr = media.load_u64(inode(file) + 96).unwrap();
+    media.store_u64(inode(file) + 96, xattr ^ 1 << 40).unwrap();
+    let flags = media.load_u64(inode(holey) + 16).unwrap();
+    media
+        .store_u64(inode(holey) + 16, flags & !(1 << 48))
+        .unwrap();
     region.persist_all();
     region
 }
@@ -99,7 +114,7 @@ fn a_repair_cut_short_by_a_crash_is_finished_by_the_next() {
         let leaks = allocator == AllocatorKind::Baseline || kind == MappingKind::HashFs;
         assert_eq!(
             found.problems.len(),
-            3 + usize::from(leaks),
+            5 + usize::from(leaks),
             "{kind:?}, {allocator:?}: {:#?}",
             found.problems
         );
