@@ -1245,7 +1245,7 @@ fn live_blocks(fs: &Fs) -> Result<Vec<Extent>> {
         Ok(())
     })?;
     let mut used = Vec::new();
-    fs.owned_by(&live, &mut |e| used.push(e))?;
+    fs.owned_by(&live, &mut |e| used.push(e), &mut |_| {})?;
     for ino in live {
         log_blocks(fs, ino, &mut used)?;
     }

@@ -132,6 +132,10 @@ pub struct MountReport {
     /// HashFS log blocks that no file's log named any more, freed: a compaction retired them
     /// in a process that was killed before it freed them.
     pub log_blocks_freed: u64,
+    /// Dead inodes that the cuckoo table still maps blocks to, which only damage leaves: their
+    /// numbers are kept out of use, as a new file given one would find those blocks mapped,
+    /// until `fsck` releases them.
+    pub dead_inodes_withheld: u32,
 }
 
 impl MountReport {
@@ -168,6 +172,10 @@ impl MountReport {
             (u64::from(self.orphans_freed), "orphan inodes freed"),
             (self.tombstones_purged, "hash tombstones purged"),
             (self.log_blocks_freed, "unlinked log blocks freed"),
+            (
+                u64::from(self.dead_inodes_withheld),
+                "dead inodes that still map blocks kept out of use (fsck --repair releases them)",
+            ),
         ]
         .into_iter()
     }
@@ -592,6 +600,8 @@ impl Fs {
             v
         };
 
+        // Dead inodes the table still maps blocks to (see `MountReport::dead_inodes_withheld`).
+        let mut withheld = HashSet::new();
         // The allocator: rebuild unless it is persistent and was closed cleanly.
         if let Some(alloc) = &fs.alloc
             && (!clean || !parts::alloc_is_persistent(geo.allocator))
@@ -621,11 +631,21 @@ impl Fs {
             // An entry whose digest was under way at the crash names blocks the mapping
             // reports too: the set takes them twice.
             let mut marked = Ok(());
-            fs.owned_by(&owners, &mut |e| {
-                if marked.is_ok() {
-                    marked = used.mark(e);
-                }
-            })?;
+            fs.owned_by(
+                &owners,
+                &mut |e| {
+                    if marked.is_ok() {
+                        marked = used.mark(e);
+                    }
+                },
+                &mut |ino| {
+                    if let Ok(ino) = u32::try_from(ino)
+                        && ino != 0
+                    {
+                        withheld.insert(ino);
+                    }
+                },
+            )?;
             marked?;
             alloc.rebuild(&mut used.extents())?;
         }
@@ -659,7 +679,8 @@ impl Fs {
         if !read_only && collect {
             fs.free_orphans(&live, &mut report)?;
         }
-        fs.rebuild_free_list()?;
+        report.dead_inodes_withheld = withheld.len() as u32;
+        fs.rebuild_free_list(&withheld)?;
         fs.report = report;
         Ok(fs)
     }
@@ -851,10 +872,11 @@ impl Fs {
         self.release_deferred()
     }
 
-    fn rebuild_free_list(&self) -> Result<()> {
+    /// Makes every dead inode but those of `withheld` free for new files.
+    fn rebuild_free_list(&self, withheld: &HashSet<u32>) -> Result<()> {
         let mut free = Vec::new();
         self.inodes.scan(self.m(), |ino, r| {
-            if ino > ROOT_INO && !r.is_live() {
+            if ino > ROOT_INO && !r.is_live() && !withheld.contains(&ino) {
                 free.push(ino);
             }
             Ok(())
@@ -1384,12 +1406,20 @@ impl Fs {
     /// Calls `visit` with the blocks the mappings of inodes `inos` own: in one pass over the
     /// table on the structures that keep all files in one
     /// ([`visit_all`](pmfs_core::traits::FileMapping::visit_all)), by a walk of each file's
-    /// structure on the others. For exclusive use (mount, fsck).
-    pub(crate) fn owned_by(&self, inos: &[u32], visit: &mut dyn FnMut(Extent)) -> Result<()> {
+    /// structure on the others. The pass also shows `others` each inode number not in `inos`
+    /// that the table maps blocks to, once per run. For exclusive use (mount, fsck).
+    pub(crate) fn owned_by(
+        &self,
+        inos: &[u32],
+        visit: &mut dyn FnMut(Extent),
+        others: &mut dyn FnMut(u64),
+    ) -> Result<()> {
         let wanted: HashSet<u64> = inos.iter().map(|&i| u64::from(i)).collect();
         let global = self.map.visit_all(&mut |ino, r| {
             if wanted.contains(&ino) {
                 visit(r.extent());
+            } else {
+                others(ino);
             }
         })?;
         if !global {
