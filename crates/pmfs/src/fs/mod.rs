@@ -602,6 +602,7 @@ impl Fs {
 
         // Dead inodes the table still maps blocks to (see `MountReport::dead_inodes_withheld`).
         let mut withheld = HashSet::new();
+        let inode_count = fs.inodes.count();
         // The allocator: rebuild unless it is persistent and was closed cleanly.
         if let Some(alloc) = &fs.alloc
             && (!clean || !parts::alloc_is_persistent(geo.allocator))
@@ -641,6 +642,7 @@ impl Fs {
                 &mut |ino| {
                     if let Ok(ino) = u32::try_from(ino)
                         && ino != 0
+                        && u64::from(ino) < inode_count
                     {
                         withheld.insert(ino);
                     }
