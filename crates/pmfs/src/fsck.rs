@@ -51,6 +51,7 @@ use crate::dir::page::{PAGE, PageView, Pending};
 use crate::error::{Error, Result};
 use crate::format::{self, SbSource};
 use crate::fs::Fs;
+use crate::fs::used::UsedBlocks;
 use crate::inode::{GID_WORD, Handle, INODE_VERSION, Kind, field, flag};
 use crate::journal::SlotContent;
 
@@ -1211,14 +1212,15 @@ fn release_dead(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()>
     }
     let live = match &fs.alloc {
         Some(alloc) => {
-            let live = live_blocks(fs)?;
+            let mut live = UsedBlocks::new(fs.geo.data_extent());
+            for e in live_blocks(fs)? {
+                live.mark(e)?;
+            }
             let mut held = live.clone();
-            held.extend(
-                releasing
-                    .iter()
-                    .flat_map(|(_, _, owned)| owned.iter().copied()),
-            );
-            alloc.rebuild(&mut union(held).into_iter())?;
+            for &e in releasing.iter().flat_map(|(_, _, owned)| owned) {
+                held.mark(e)?;
+            }
+            alloc.rebuild(&mut held.extents())?;
             Some((alloc, live))
         }
         None => None,
@@ -1229,7 +1231,7 @@ fn release_dead(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()>
         actions.push(format!("released {blocks} blocks of dead inode {ino}"));
     }
     if let Some((alloc, live)) = live {
-        alloc.rebuild(&mut union(live).into_iter())?;
+        alloc.rebuild(&mut live.extents())?;
     }
     Ok(())
 }
@@ -1252,21 +1254,6 @@ fn live_blocks(fs: &Fs) -> Result<Vec<Extent>> {
     used.sort();
     used.dedup();
     Ok(used)
-}
-
-/// The blocks of `extents` as sorted, disjoint extents (overlapping ones merged).
-fn union(mut extents: Vec<Extent>) -> Vec<Extent> {
-    extents.sort();
-    let mut out: Vec<Extent> = Vec::with_capacity(extents.len());
-    for e in extents {
-        match out.last_mut() {
-            Some(last) if e.start.0 <= last.end().0 => {
-                last.len = last.len.max(e.end().0 - last.start.0);
-            }
-            _ => out.push(e),
-        }
-    }
-    out
 }
 
 /// Adds the blocks of inode `ino`'s log to `out` when the volume's allocator hands them out

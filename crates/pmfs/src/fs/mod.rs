@@ -46,7 +46,7 @@
 pub(crate) mod data;
 pub(crate) mod ns;
 pub(crate) mod path;
-mod used;
+pub(crate) mod used;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};

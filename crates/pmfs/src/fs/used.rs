@@ -1,8 +1,8 @@
-//! The blocks found in use while an allocator is rebuilt at mount: a bitmap over the data
-//! region, one bit per block, so that the blocks of a volume-wide table visited in table
-//! order (one block at a time on the cuckoo hash) cost a bit each rather than an extent each,
-//! and blocks named twice (by a log entry and by the mapping it was being applied to) are
-//! simply marked twice.
+//! The blocks found in use while an allocator is rebuilt (at mount, and around fsck's release
+//! of dead inodes' blocks): a bitmap over the data region, one bit per block, so that the
+//! blocks of a volume-wide table visited in table order (one block at a time on the cuckoo
+//! hash) cost a bit each rather than an extent each, and blocks named twice (by a log entry
+//! and by the mapping it was being applied to) are simply marked twice.
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::traits::Extent;
@@ -10,6 +10,7 @@ use pmfs_core::traits::Extent;
 use crate::error::{Error, Result};
 
 /// A set of blocks of the data region.
+#[derive(Clone)]
 pub(crate) struct UsedBlocks {
     data: Extent,
     words: Vec<u64>,
