@@ -209,9 +209,9 @@ fn with_victim(kind: pmfs::MappingKind) -> (Arc<dyn Media>, pmfs::VolumeInfo, u6
 
 /// With the volatile allocators the mount holds a dead inode's blocks free, as no live file
 /// maps them. The repair must not free them twice, and must leave nothing mapped for the
-/// next file given the inode number. A mount before the repair may hand out the blocks again, and
-/// the inode number too but on the cuckoo table (here to a file written then): the repair
-/// must leave that file alone.
+/// next file given the inode number. A mount before the repair may hand out the blocks again
+/// on the trees (here to a file written then), but not the inode number on the hashed tables:
+/// the repair must leave that file alone.
 #[test]
 fn a_dead_entry_is_repaired_with_the_default_allocator() {
     for kind in KINDS {
@@ -236,13 +236,7 @@ fn a_dead_entry_is_repaired_with_the_default_allocator() {
             );
             let did = |action: &str| fixed.actions.iter().any(|a| a.contains(action));
             assert!(did("dropped entry \"victim\""), "{:?}", fixed.actions);
-            // Unless the mount before the repair gave the inode number to the new file, which
-            // the cuckoo table's mount does not.
-            let released = match kind {
-                pmfs::MappingKind::Cuckoo => true,
-                pmfs::MappingKind::HashFs => !written_before_repair,
-                _ => false,
-            };
+            let released = matches!(kind, pmfs::MappingKind::Cuckoo | pmfs::MappingKind::HashFs);
             assert_eq!(
                 did(&format!("blocks of dead inode {victim}")),
                 released,
@@ -274,19 +268,17 @@ fn a_dead_inode_that_still_maps_blocks_is_found_and_released() {
         vol.remove_file("/victim").unwrap();
         vol.close().unwrap();
         media.write(PmOff(table.start as u64), &before).unwrap();
-        if kind == pmfs::MappingKind::Cuckoo {
-            // The mount's allocator rebuild passes over the table and keeps the number out
-            // of use (HashFS's mount makes no such pass).
-            let vol = remount(&media);
-            assert_eq!(vol.mount_report().dead_inodes_withheld, 1);
-            for i in 0..4 {
-                let path = format!("/before-repair-{i}");
-                vol.write(&path, b"").unwrap();
-                assert_ne!(vol.metadata(&path).unwrap().ino(), victim);
-                vol.remove_file(&path).unwrap();
-            }
-            vol.close().unwrap();
+        // The mount's pass over the table (the allocator rebuild on the cuckoo table, the
+        // tombstone purge on HashFS) keeps the number out of use.
+        let vol = remount(&media);
+        assert_eq!(vol.mount_report().dead_inodes_withheld, 1);
+        for i in 0..4 {
+            let path = format!("/before-repair-{i}");
+            vol.write(&path, b"").unwrap();
+            assert_ne!(vol.metadata(&path).unwrap().ino(), victim);
+            vol.remove_file(&path).unwrap();
         }
+        vol.close().unwrap();
 
         let at = info.inode_table_offset + victim * info.inode_size;
         let r = fsck::check(media.clone()).unwrap();

@@ -1655,14 +1655,16 @@ impl<M: Media> HashFs<M> {
     /// (mount or fsck time, see [`HashFs::purge_exclusive`]). Crash-safe at every point: an
     /// emptied slot lies on no live entry's walk, so no lookup stops early at it.
     pub fn purge_tombstones(&mut self) -> Result<u64> {
-        self.purge_exclusive()
+        self.purge_exclusive(&mut |_| {})
     }
 
     /// [`HashFs::purge_tombstones`] through a shared reference, for the owner of a pool at
-    /// mount, before it lets any other thread or process use the table.
-    pub fn purge_exclusive(&self) -> Result<u64> {
+    /// mount, before it lets any other thread or process use the table. The first pass also
+    /// shows `owners` the inode number of every committed entry, once per slot: the mount
+    /// learns from it which inodes map blocks without a second pass over the table.
+    pub fn purge_exclusive(&self, owners: &mut dyn FnMut(u64)) -> Result<u64> {
         let mut purged = 0;
-        self.tombstones_by_need(&mut |i, s, needed| {
+        self.tombstones_by_need(owners, &mut |i, s, needed| {
             let off = self.slot_off(i);
             if !needed {
                 self.media.store_u64(off, EMPTY)?;
@@ -1687,7 +1689,7 @@ impl<M: Media> HashFs<M> {
     /// scan walks the whole table. Returns how many slots it emptied.
     pub fn reclaim_all(&self) -> Result<u64> {
         let mut emptied = 0;
-        self.tombstones_by_need(&mut |i, s, needed| {
+        self.tombstones_by_need(&mut |_| {}, &mut |i, s, needed| {
             if !needed && s == Slot::Tombstone && self.try_empty(i)? {
                 emptied += 1;
             }
@@ -1699,11 +1701,13 @@ impl<M: Media> HashFs<M> {
     /// Calls `visit(slot, word, needed)` for every tombstone and purging slot, from the last
     /// slot down to the first, where `needed` tells whether a live entry's walk passes it.
     /// Two passes and no memory: the first finds the entries whose walk wraps past the end
-    /// of the table, the second walks backwards keeping the smallest home among the entries
-    /// after the slot, up to the next empty slot. Beside concurrent users the answer is a
-    /// hint (the table changes under the scan).
+    /// of the table (and shows `owners` the inode of each committed one), the second walks
+    /// backwards keeping the smallest home among the entries after the slot, up to the next
+    /// empty slot. Beside concurrent users the answer is a hint (the table changes under the
+    /// scan).
     fn tombstones_by_need(
         &self,
+        owners: &mut dyn FnMut(u64),
         visit: &mut dyn FnMut(u64, Slot, bool) -> Result<()>,
     ) -> Result<()> {
         let n = self.slots;
@@ -1715,7 +1719,12 @@ impl<M: Media> HashFs<M> {
         };
         // An entry whose home lies after it wrapped: it needs [home, n) and [0, slot).
         let (mut wrap_from, mut wrap_to) = (n, 0);
-        self.for_each_slot(false, |i, _, s| {
+        self.for_each_slot(false, |i, w, s| {
+            if let Slot::Committed(k) = s
+                && w == k.committed()
+            {
+                owners(k.ino);
+            }
             if let Some(h) = home(s)
                 && h > i
             {
@@ -2542,6 +2551,22 @@ mod tests {
         t.remove_file(&g).unwrap();
         assert_eq!(t.occupancy().unwrap().empty, 32);
         assert_eq!(t.purge_tombstones().unwrap(), 0);
+    }
+
+    /// The purge's pass names the owner of every committed slot, and of nothing else.
+    #[test]
+    fn the_purge_shows_the_owner_of_each_committed_slot() {
+        let t = table(32);
+        let mut out = Vec::new();
+        let (f, g) = (file(&t, 1), file(&t, 5));
+        t.insert(&f, 0, 6, &mut out).unwrap();
+        t.insert(&g, 0, 3, &mut out).unwrap();
+        t.remove(&g, 1, 2).unwrap();
+        t.remove(&f, 4, 1).unwrap();
+        let mut owners = std::collections::BTreeMap::new();
+        t.purge_exclusive(&mut |ino| *owners.entry(ino).or_insert(0) += 1)
+            .unwrap();
+        assert_eq!(owners.into_iter().collect::<Vec<_>>(), [(1, 5), (5, 1)]);
     }
 
     /// After writes and removals fill a table to the last slot (no empty slot left, where

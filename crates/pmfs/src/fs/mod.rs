@@ -68,7 +68,7 @@ use crate::journal::{Cleanup, Journal};
 use crate::mapping::{MapFile, Mapper};
 use crate::parts::{self, FreeCount, Opening, Pm, Stager};
 
-use self::used::UsedBlocks;
+use self::used::{InodeSet, UsedBlocks};
 
 /// Largest file size: 2^32 blocks (the logical-block limit of the global tables) less the
 /// top of a file's logical space, where HashFS keeps the file's log blocks
@@ -132,9 +132,10 @@ pub struct MountReport {
     /// HashFS log blocks that no file's log named any more, freed: a compaction retired them
     /// in a process that was killed before it freed them.
     pub log_blocks_freed: u64,
-    /// Dead inodes that the cuckoo table still maps blocks to, which only damage leaves: their
-    /// numbers are kept out of use, as a new file given one would find those blocks mapped,
-    /// until `fsck` releases them.
+    /// Dead inodes that the cuckoo or HashFS table still maps blocks to, which only damage
+    /// leaves: their numbers are kept out of use, as a new file given one would find those
+    /// blocks mapped, until `fsck` releases them. The trees hang from the inode's root word,
+    /// which a new file's record zeroes, so they have none.
     pub dead_inodes_withheld: u32,
 }
 
@@ -488,6 +489,7 @@ impl Fs {
         }
         let inodes = InodeTable::new(geo);
         let journal = Journal::new(&geo);
+        let mut hash_owners = None;
         let recovered = if clean {
             if let Some(at) = journal.first_busy(m)? {
                 return Err(Error::Corrupt {
@@ -518,8 +520,11 @@ impl Fs {
             // The owner is alone with the table until this returns (its lock keeps other
             // owners out, and clients attach through it later): empty the tombstones no walk
             // needs, before the log digest below walks for blocks that have no version yet.
+            // The pass notes which inodes own blocks.
             if let Stager::Hash(t) = &parts.stage {
-                report.tombstones_purged = t.purge_exclusive()?;
+                let mut owning = InodeSet::new(geo.inode_count);
+                report.tombstones_purged = t.purge_exclusive(&mut |ino| owning.insert(ino))?;
+                hash_owners = Some(owning);
             }
         }
 
@@ -600,8 +605,26 @@ impl Fs {
             v
         };
 
-        // Dead inodes the table still maps blocks to (see `MountReport::dead_inodes_withheld`).
+        // Dead inodes the table still maps blocks to (see `MountReport::dead_inodes_withheld`),
+        // but for those whose release was under way at the crash: recovery finishes it.
+        let releasing: Vec<u32> = recovered
+            .cleanups
+            .iter()
+            .filter_map(|c| match *c {
+                Cleanup::ReleaseIfDead { inode } => Some(inode.ino),
+                _ => None,
+            })
+            .collect();
         let mut withheld = HashSet::new();
+        if let Some(mut owning) = hash_owners {
+            for l in &live {
+                owning.remove(u64::from(l.h.ino));
+            }
+            for &ino in &releasing {
+                owning.remove(u64::from(ino));
+            }
+            withheld.extend(owning.iter().filter(|&ino| ino != 0));
+        }
         let inode_count = fs.inodes.count();
         // The allocator: rebuild unless it is persistent and was closed cleanly.
         if let Some(alloc) = &fs.alloc
@@ -623,10 +646,7 @@ impl Fs {
             }
             // The live inodes, and those whose release was under way at the crash.
             let mut owners: Vec<u32> = live.iter().map(|l| l.h.ino).collect();
-            owners.extend(recovered.cleanups.iter().filter_map(|c| match *c {
-                Cleanup::ReleaseIfDead { inode } => Some(inode.ino),
-                _ => None,
-            }));
+            owners.extend(releasing.iter().copied());
             owners.sort_unstable();
             owners.dedup();
             // An entry whose digest was under way at the crash names blocks the mapping

@@ -2,7 +2,8 @@
 //! of dead inodes' blocks): a bitmap over the data region, one bit per block, so that the
 //! blocks of a volume-wide table visited in table order (one block at a time on the cuckoo
 //! hash) cost a bit each rather than an extent each, and blocks named twice (by a log entry
-//! and by the mapping it was being applied to) are simply marked twice.
+//! and by the mapping it was being applied to) are simply marked twice. And the inodes found
+//! owning blocks while the mount passes over the HashFS table, one bit per inode number.
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::traits::Extent;
@@ -78,6 +79,51 @@ impl UsedBlocks {
     }
 }
 
+/// A set of inode numbers below a bound, one bit each: the table's entries name an owner per
+/// block, so an insertion is a bit set, whatever the number of files.
+pub(crate) struct InodeSet {
+    words: Vec<u64>,
+    count: u64,
+}
+
+impl InodeSet {
+    /// An empty set of numbers below `count`.
+    pub(crate) fn new(count: u64) -> Self {
+        InodeSet {
+            words: vec![0; count.div_ceil(64) as usize],
+            count,
+        }
+    }
+
+    /// Adds `ino`; numbers at or past the bound are not inodes and are left out.
+    pub(crate) fn insert(&mut self, ino: u64) {
+        if ino < self.count {
+            self.words[(ino / 64) as usize] |= 1 << (ino % 64);
+        }
+    }
+
+    /// Removes `ino`, if present.
+    pub(crate) fn remove(&mut self, ino: u64) {
+        if ino < self.count {
+            self.words[(ino / 64) as usize] &= !(1 << (ino % 64));
+        }
+    }
+
+    /// The numbers in the set, in ascending order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.words.iter().enumerate().flat_map(|(w, &word)| {
+            let mut word = word;
+            std::iter::from_fn(move || {
+                (word != 0).then(|| {
+                    let bit = word.trailing_zeros();
+                    word &= word - 1;
+                    w as u32 * 64 + bit
+                })
+            })
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,5 +171,16 @@ mod tests {
             assert!(matches!(e, Err(Error::Corrupt { .. })), "{s}+{l}: {e:?}");
         }
         assert!(extents(&set).is_empty());
+    }
+
+    #[test]
+    fn inode_sets_keep_numbers_below_their_bound() {
+        let mut set = InodeSet::new(130);
+        for ino in [0, 1, 63, 64, 65, 127, 129, 130, 191, u64::MAX] {
+            set.insert(ino);
+        }
+        set.remove(1);
+        set.remove(200);
+        assert_eq!(set.iter().collect::<Vec<_>>(), [0, 63, 64, 65, 127, 129]);
     }
 }
