@@ -26,7 +26,9 @@
 //!   the clean close, and rebuilt by the mount after any other end). A cleanly closed volume
 //!   has every log digested, so the blocks of undigested entries are not counted. A file not
 //!   marked as having holes maps every block below its size; no dead inode that no entry
-//!   names still maps blocks in a table that holds every file's (cuckoo, HashFS).
+//!   names still maps blocks in a table that holds every file's (cuckoo, HashFS); every
+//!   symbolic link but an orphan maps its target block, which holds the target without a NUL
+//!   byte and zeros after it.
 //!
 //! [`repair`] mounts the volume (which runs crash recovery when needed), then fixes what can
 //! be fixed without guessing: it restores a damaged superblock copy, releases the blocks the
@@ -37,7 +39,7 @@
 //! raises a mapped end that mapped blocks lie past (before mounting too), frees orphans, links
 //! unreachable objects into `/lost+found`, trims blocks past end of file and rebuilds the
 //! allocator. It reports what it found before, what it did and what remains (damaged pages,
-//! blocks owned twice).
+//! blocks owned twice, damaged symbolic-link targets, which it cannot know).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -110,6 +112,9 @@ pub enum ProblemKind {
     DeadInodeBlocks,
     /// A regular file's log chain is damaged.
     FileLog,
+    /// A symbolic link's target block is not mapped, or holds a NUL byte in the target or
+    /// anything but zeros past it (a create writes the whole block, and nothing changes it).
+    SymlinkTarget,
 }
 
 /// One violated invariant.
@@ -717,6 +722,13 @@ impl Checker<'_> {
             // a file zeroes its MAPPED_END first, so one that a crash cut short can map
             // blocks past both its end and the word.
             if info.kind != Some(Kind::Dir) && !orphans.contains(&u64::from(ino)) {
+                if info.kind == Some(Kind::Symlink)
+                    && (1..BLOCK_SIZE).contains(&info.size)
+                    && let Some((at, detail)) =
+                        symlink_target_damage(fs, ino, mapped(0, 1)?.first(), info.size)
+                {
+                    self.problem(ProblemKind::SymlinkTarget, at, Some(ino), detail);
+                }
                 // Regular files may map blocks past their end up to MAPPED_END (fallocate
                 // with KEEP_SIZE); MAPPED_END bounds every mapped block.
                 let mapped_end = match info.kind {
@@ -1265,6 +1277,36 @@ fn log_blocks(fs: &Fs, ino: u32, out: &mut Vec<Extent>) -> Result<()> {
     }
     pmfs_core::log::owned_blocks(fs.m(), root, &mut |b| out.push(Extent::new(b, 1)))?;
     Ok(())
+}
+
+/// What is wrong with the target block of symbolic link `ino`, which maps `block` at
+/// logical block 0 and whose record gives the target `len` bytes (fewer than a block), and
+/// where, if anything.
+fn symlink_target_damage(
+    fs: &Fs,
+    ino: u32,
+    block: Option<&Run>,
+    len: u64,
+) -> Option<(PmOff, String)> {
+    let Some(run) = block else {
+        return Some((fs.inodes.field(ino, 0), "target block not mapped".into()));
+    };
+    let at = run.pblk.offset();
+    let mut block = vec![0u8; BLOCK_SIZE as usize];
+    if let Err(e) = fs.m().read(at, &mut block) {
+        return Some((at, format!("target block unreadable: {e}")));
+    }
+    let (target, rest) = block.split_at(len as usize);
+    if let Some(i) = target.iter().position(|&b| b == 0) {
+        return Some((at, format!("NUL at byte {i} of the {len}-byte target")));
+    }
+    if let Some(i) = rest.iter().position(|&b| b != 0) {
+        return Some((
+            at,
+            format!("byte {} past the target is not zero", len as usize + i),
+        ));
+    }
+    None
 }
 
 /// The handle of `/lost+found`, created when missing.

@@ -380,6 +380,64 @@ fn finds_only(media: &Arc<dyn Media>, kind: ProblemKind, at: PmOff, ino: u64) {
     assert_eq!((p.kind, p.at, p.ino), (kind, at.0, Some(ino)));
 }
 
+/// A symbolic link's block holds its target and zeros: a NUL in the target or a stray byte
+/// past it is found where it lies (fsck cannot know the target, so it leaves the link), and
+/// reading a target with a NUL fails rather than return a shorter one.
+#[test]
+fn damaged_symbolic_link_targets_are_found() {
+    for kind in KINDS {
+        for (offset, byte) in [(1, 0), (4, b'x'), (4095, 1)] {
+            let (media, _) = populated(kind);
+            let sym = ino_of(&media, "/d/sym");
+            let img = image(&media);
+            let block = (0..img.len())
+                .step_by(4096)
+                .find(|&o| {
+                    img[o..o + 4096].starts_with(b"/d/e") && img[o + 4..o + 4096] == [0; 4092]
+                })
+                .expect("the link's target block");
+            media
+                .write(PmOff((block + offset) as u64), &[byte])
+                .unwrap();
+            finds_only(&media, ProblemKind::SymlinkTarget, PmOff(block as u64), sym);
+            let vol = Volume::mount_read_only(media.clone()).unwrap();
+            let read = vol.read_link("/d/sym");
+            if byte == 0 {
+                assert!(
+                    matches!(read, Err(Error::Corrupt { .. })),
+                    "{kind:?}: {read:?}"
+                );
+            } else {
+                assert_eq!(read.unwrap(), std::path::Path::new("/d/e"));
+            }
+        }
+    }
+}
+
+/// A symbolic link whose target block the table lost (made by putting back the table of the
+/// hashed structures as it was before the link's create) is found, and reading it fails.
+#[test]
+fn a_symbolic_link_without_its_target_block_is_found() {
+    for kind in [pmfs::MappingKind::Cuckoo, pmfs::MappingKind::HashFs] {
+        let (vol, media) = fresh(kind);
+        vol.write("/keep", b"k").unwrap();
+        let info = vol.info();
+        let table = (info.mapping_offset as usize)..(info.data_offset as usize);
+        let before = image(&media)[table.clone()].to_vec();
+        vol.symlink("/keep", "/sym").unwrap();
+        let sym = vol.symlink_metadata("/sym").unwrap().ino();
+        vol.close().unwrap();
+        media.write(PmOff(table.start as u64), &before).unwrap();
+        let at = PmOff(info.inode_table_offset + sym * info.inode_size);
+        finds_only(&media, ProblemKind::SymlinkTarget, at, sym);
+        let read = remount(&media).read_link("/sym");
+        assert!(
+            matches!(read, Err(Error::Corrupt { .. })),
+            "{kind:?}: {read:?}"
+        );
+    }
+}
+
 /// Repairs `media`, checks that the repair leaves it clean and that one of its actions
 /// mentions `action`.
 fn repairs(media: &Arc<dyn Media>, action: &str) {

@@ -829,6 +829,14 @@ impl Fs {
         })?;
         let mut buf = vec![0u8; len as usize];
         m.read(run.pblk.offset(), &mut buf)?;
+        if buf.contains(&0) {
+            // A create refuses such a target: damage, which a caller must not take for a
+            // shorter one.
+            return Err(Error::Corrupt {
+                what: "NUL byte in a symbolic link's target",
+                at: run.pblk.offset(),
+            });
+        }
         Ok(buf)
     }
 }
