@@ -228,6 +228,8 @@ struct Model {
     unmarked_holes: Vec<Handle>,
     /// Files whose digest cursor lies beyond their log's tail: (inode, tail LSN).
     cursor_beyond_tail: Vec<(u32, u64)>,
+    /// Inodes whose own mapping structure (a tree) cannot be read.
+    unreadable_maps: Vec<Info>,
 }
 
 struct Checker<'a> {
@@ -684,6 +686,7 @@ impl Checker<'_> {
                     Some(ino),
                     format!("mapping unreadable: {e}"),
                 );
+                self.model.unreadable_maps.push(info);
                 continue;
             }
             if info.kind == Some(Kind::File)
@@ -958,6 +961,40 @@ fn relink_named(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()>
     Ok(())
 }
 
+/// Gives every inode whose mapping cannot be read (a damaged tree node, or a pointer outside
+/// the data region, which the trees refuse) an empty one: a file keeps its size and reads as
+/// zeros, a directory is emptied (the repair after the mount links what it held into
+/// `/lost+found`), a symbolic link loses its target. The tree's blocks come back with the
+/// allocator's rebuild. The first step of each makes the second safe to find undone: a file
+/// is marked as having holes and a directory's size goes to zero before the root word does.
+fn drop_unreadable_maps(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Result<()> {
+    let m = fs.m();
+    for info in &model.unreadable_maps {
+        let h = info.h;
+        if fs.inodes.load(m, h.ino, field::STATE)? != h.live_state() {
+            continue;
+        }
+        match info.kind {
+            Some(Kind::File) => fs.inodes.set_flags(m, h.ino, flag::HOLES)?,
+            Some(Kind::Dir) => fs.inodes.store(m, h.ino, field::SIZE, 0)?,
+            _ => {}
+        }
+        m.fence();
+        fs.inodes.store(m, h.ino, field::ROOT, 0)?;
+        m.fence();
+        let lost = match info.kind {
+            Some(Kind::File) => "its data reads as zeros",
+            Some(Kind::Dir) => "its entries are gone",
+            _ => "its contents are gone",
+        };
+        actions.push(format!(
+            "dropped the damaged mapping of inode {}: {lost}",
+            h.ino
+        ));
+    }
+    Ok(())
+}
+
 /// Repairs the volume on `media` (see the module documentation).
 pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
     let mut actions = Vec::new();
@@ -1004,6 +1041,9 @@ pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
                 ));
             }
         }
+        // And before the mount, which reads every mapping to rebuild a volatile allocator and
+        // fails on one it cannot read.
+        drop_unreadable_maps(&fs, &model, &mut actions)?;
         checked.unwrap_or(as_left)
     };
     if before.is_clean() && before.orphans.is_empty() && before.staged_blocks == 0 {

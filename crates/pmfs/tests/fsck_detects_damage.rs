@@ -438,6 +438,80 @@ fn a_symbolic_link_without_its_target_block_is_found() {
     }
 }
 
+/// Points the first entry of the one-node tree of inode `ino` (extent tree or radix tree) at
+/// a block past the data region.
+fn point_outside(
+    media: &Arc<dyn Media>,
+    info: &pmfs::VolumeInfo,
+    kind: pmfs::MappingKind,
+    ino: u64,
+) {
+    const LOW: u64 = (1 << 48) - 1;
+    let root = media
+        .load_u64(PmOff(info.inode_table_offset + ino * info.inode_size + 72))
+        .unwrap();
+    let node = (root & LOW) * 4096;
+    let outside = (info.data_offset + info.data_size) / 4096 + 5;
+    let (at, keep) = match kind {
+        // Leaf entry 0: its second word holds the block below bit 48.
+        pmfs::MappingKind::Extent => (node + 72, !LOW),
+        // Entry 0: the block below bit 48, the present bit.
+        _ => (node, 1 << 63),
+    };
+    let word = media.load_u64(PmOff(at)).unwrap();
+    media.store_u64(PmOff(at), (word & keep) | outside).unwrap();
+}
+
+/// A tree that maps a block outside the data region made the mount fail wherever it rebuilds
+/// the allocator from the files (the default allocator), and the repair, which mounts, with
+/// it. The repair now gives such an inode an empty mapping first: a file reads as zeros, and
+/// what a directory held goes to `/lost+found`.
+#[test]
+fn a_tree_that_maps_blocks_outside_the_data_region_is_dropped() {
+    for kind in [pmfs::MappingKind::Extent, pmfs::MappingKind::Radix] {
+        for allocator in [pmfs::AllocatorKind::Cffs, pmfs::AllocatorKind::Baseline] {
+            for victim in ["/d/f", "/d"] {
+                let what = format!("{kind:?}, {allocator:?}, {victim}");
+                let media: Arc<dyn Media> = Arc::new(HeapRegion::new(SIZE).unwrap());
+                let opts = pmfs::Options {
+                    allocator,
+                    ..options(kind)
+                };
+                let vol = Volume::format(media.clone(), &opts).unwrap();
+                vol.create_dir("/d").unwrap();
+                vol.write("/d/f", &[7; 8192]).unwrap();
+                vol.write("/keep", b"k").unwrap();
+                let info = vol.info();
+                let ino = vol.metadata(victim).unwrap().ino();
+                let file = vol.metadata("/d/f").unwrap().ino();
+                vol.close().unwrap();
+                point_outside(&media, &info, kind, ino);
+
+                let r = fsck::check(media.clone()).unwrap();
+                assert!(
+                    r.has(ProblemKind::BlockOutsideData),
+                    "{what}: {:#?}",
+                    r.problems
+                );
+                repairs(
+                    &media,
+                    &format!("dropped the damaged mapping of inode {ino}"),
+                );
+                let vol = remount(&media);
+                assert_eq!(vol.read("/keep").unwrap(), b"k", "{what}");
+                if victim == "/d/f" {
+                    assert_eq!(vol.read("/d/f").unwrap(), vec![0; 8192], "{what}");
+                } else {
+                    assert_eq!(vol.read_dir("/d").unwrap().count(), 0, "{what}");
+                    let found = format!("/lost+found/#{file}");
+                    assert_eq!(vol.read(&found).unwrap(), vec![7; 8192], "{what}");
+                }
+                vol.close().unwrap();
+            }
+        }
+    }
+}
+
 /// Repairs `media`, checks that the repair leaves it clean and that one of its actions
 /// mentions `action`.
 fn repairs(media: &Arc<dyn Media>, action: &str) {

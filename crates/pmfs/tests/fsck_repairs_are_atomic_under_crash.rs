@@ -1,9 +1,10 @@
 //! fsck's repairs survive their own crashes: on a volume with a wrong link count, an entry
 //! whose inode died, a live inode that no entry names, attributes that fail their checksum, a
-//! file whose holes lost their mark and (with the baseline allocator) a leaked block, a crash at any fence of `fsck::repair` (images enumerated when a crash point
-//! has at most 8, else sampled), followed by another repair, ends in the namespace that one
-//! uninterrupted repair produces, with fsck clean. Once the repair has returned, the volume
-//! checks clean without another.
+//! file whose holes lost their mark, (on the trees) a file whose tree points past the data
+//! region and (with the baseline allocator) a leaked block, a crash at any fence of
+//! `fsck::repair` (images enumerated when a crash point has at most 8, else sampled),
+//! followed by another repair, ends in the namespace that one uninterrupted repair produces,
+//! with fsck clean. Once the repair has returned, the volume checks clean without another.
 
 mod common;
 
@@ -50,9 +51,14 @@ fn damaged(kind: MappingKind, allocator: AllocatorKind) -> Arc<SimRegion> {
     let handle = Ino::from_raw(u64::from(md.generation()) << 32 | md.ino());
     vol.set_xattr(handle, b"user.k", b"v", XattrSet::Any)
         .unwrap();
+    let tree = matches!(kind, MappingKind::Extent | MappingKind::Radix);
+    if tree {
+        vol.write("/d/tree", &[9u8; 8192]).unwrap();
+    }
     let info = vol.info();
     let ino = |path| vol.symlink_metadata(path).unwrap().ino();
     let (file, victim, holey) = (ino("/d/e/file"), ino("/d/victim-entry"), ino("/d/sparse"));
+    let tree_victim = tree.then(|| ino("/d/tree"));
     vol.close().unwrap();
 
     let inode = |ino: u64| PmOff(info.inode_table_offset + ino * info.inode_size);
@@ -72,6 +78,18 @@ fn damaged(kind: MappingKind, allocator: AllocatorKind) -> Arc<SimRegion> {
     media
         .store_u64(inode(holey) + 16, flags & !(1 << 48))
         .unwrap();
+    // A tree that points at a block past the data region (its only node's first entry).
+    if let Some(t) = tree_victim {
+        const LOW: u64 = (1 << 48) - 1;
+        let node = (media.load_u64(inode(t) + 72).unwrap() & LOW) * 4096;
+        let (at, keep) = match kind {
+            MappingKind::Extent => (node + 72, !LOW),
+            _ => (node, 1 << 63),
+        };
+        let outside = (info.data_offset + info.data_size) / 4096 + 5;
+        let word = media.load_u64(PmOff(at)).unwrap();
+        media.store_u64(PmOff(at), (word & keep) | outside).unwrap();
+    }
     region.persist_all();
     region
 }
@@ -112,9 +130,10 @@ fn a_repair_cut_short_by_a_crash_is_finished_by_the_next() {
         let copy = heap(&region.image()).unwrap();
         let found = fsck::check(copy.clone()).unwrap();
         let leaks = allocator == AllocatorKind::Baseline || kind == MappingKind::HashFs;
+        let tree = matches!(kind, MappingKind::Extent | MappingKind::Radix);
         assert_eq!(
             found.problems.len(),
-            5 + usize::from(leaks),
+            5 + usize::from(leaks) + usize::from(tree),
             "{kind:?}, {allocator:?}: {:#?}",
             found.problems
         );
@@ -122,6 +141,9 @@ fn a_repair_cut_short_by_a_crash_is_finished_by_the_next() {
         let vol = remount(&copy);
         assert_eq!(vol.metadata("/d/link").unwrap().nlink(), 2);
         assert!(!vol.exists("/d/victim-entry").unwrap());
+        if tree {
+            assert_eq!(vol.read("/d/tree").unwrap(), vec![0; 8192]);
+        }
         assert!(
             vol.metadata(&format!("/lost+found/#{STRAY}"))
                 .unwrap()
