@@ -34,12 +34,13 @@
 //! be fixed without guessing: it restores a damaged superblock copy, releases the blocks the
 //! hashed tables still map to dead inodes, drops entries naming dead inodes, drops extended
 //! attributes that cannot be read, marks files with unmarked holes, corrects link counts and
-//! parent pointers, moves a digest cursor that damage
-//! left beyond its log's tail back to the tail (before mounting: the mount digests every log),
-//! raises a mapped end that mapped blocks lie past (before mounting too), frees orphans, links
-//! unreachable objects into `/lost+found`, trims blocks past end of file and rebuilds the
-//! allocator. It reports what it found before, what it did and what remains (damaged pages,
-//! blocks owned twice, damaged symbolic-link targets, which it cannot know).
+//! parent pointers, moves a digest cursor that damage left beyond its log's tail back to the
+//! tail (before mounting: the mount digests every log), raises a mapped end that mapped blocks
+//! lie past (before mounting too), gives an inode whose tree cannot be read an empty one
+//! (before mounting, which reads every tree), frees orphans, links unreachable objects into
+//! `/lost+found`, trims blocks past end of file and rebuilds the allocator. It reports what it
+//! found before, what it did and what remains (damaged pages, blocks owned twice, damaged
+//! symbolic-link targets, which it cannot know).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -922,19 +923,24 @@ const AS_LEFT: &str = "volume was not closed cleanly; mounting will recover it";
 /// [`ProblemKind::NotClean`] problem, whose detail says what recovery did. Where recovery fails,
 /// the volume is examined as the crash left it.
 pub fn check(media: Arc<dyn Media>) -> Result<Report> {
+    check_recovering(media).map(|(r, _)| r)
+}
+
+/// [`check`], and whether the volume was clean or its recovery worked.
+fn check_recovering(media: Arc<dyn Media>) -> Result<(Report, bool)> {
     let (fs, src, clean) = Fs::open_for_check(media.clone())?;
     if clean {
-        return examine(&fs, src, true, None).map(|(r, _)| r);
+        return examine(&fs, src, true, None).map(|(r, _)| (r, true));
     }
     match Fs::recover_in_memory(media, false) {
         Ok((shadow, r)) => {
             let (shadow_fs, _, _) = Fs::open_for_check(shadow)?;
             let detail = format!("{AS_LEFT} ({r}; checked as recovered)");
-            examine(&shadow_fs, src, true, Some(detail)).map(|(r, _)| r)
+            examine(&shadow_fs, src, true, Some(detail)).map(|(r, _)| (r, true))
         }
         Err(e) => {
             let detail = format!("{AS_LEFT}, but recovery fails ({e}); checked as left");
-            examine(&fs, src, false, Some(detail)).map(|(r, _)| r)
+            examine(&fs, src, false, Some(detail)).map(|(r, _)| (r, false))
         }
     }
 }
@@ -1002,10 +1008,11 @@ pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
         let (fs, src, clean) = Fs::open_for_check(media.clone())?;
         // What a check reports, before anything changes: of a crashed volume, what survives
         // its recovery. The fixes before mounting below work from the volume as it is.
-        let checked = if clean {
-            None
+        let (checked, recovers) = if clean {
+            (None, true)
         } else {
-            Some(check(media.clone())?)
+            let (r, recovers) = check_recovering(media.clone())?;
+            (Some(r), recovers)
         };
         let (as_left, model) = examine(&fs, src, clean, (!clean).then(|| AS_LEFT.into()))?;
         // Before mounting, which digests every log: a cursor beyond its log's tail (damage
@@ -1042,8 +1049,13 @@ pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
             }
         }
         // And before the mount, which reads every mapping to rebuild a volatile allocator and
-        // fails on one it cannot read.
-        drop_unreadable_maps(&fs, &model, &mut actions)?;
+        // fails on one it cannot read. Only where that is damage: as a crash left it, a tree
+        // may be caught in an update that the mount's recovery finishes, and unless that
+        // recovery fails the tree is left to it (a repair of the recovered volume finds it
+        // if it is still damaged).
+        if clean || !recovers {
+            drop_unreadable_maps(&fs, &model, &mut actions)?;
+        }
         checked.unwrap_or(as_left)
     };
     if before.is_clean() && before.orphans.is_empty() && before.staged_blocks == 0 {

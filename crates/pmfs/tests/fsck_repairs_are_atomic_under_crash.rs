@@ -1,10 +1,11 @@
 //! fsck's repairs survive their own crashes: on a volume with a wrong link count, an entry
 //! whose inode died, a live inode that no entry names, attributes that fail their checksum, a
-//! file whose holes lost their mark, (on the trees) a file whose tree points past the data
-//! region and (with the baseline allocator) a leaked block, a crash at any fence of
-//! `fsck::repair` (images enumerated when a crash point has at most 8, else sampled),
-//! followed by another repair, ends in the namespace that one uninterrupted repair produces,
-//! with fsck clean. Once the repair has returned, the volume checks clean without another.
+//! file whose holes lost their mark, (on the trees) a file and a directory whose trees point
+//! past the data region and (with the baseline allocator) a leaked block, a crash at any
+//! fence of `fsck::repair` (images enumerated when a crash point has at most 8, else
+//! sampled), followed by another repair, ends in the namespace that one uninterrupted repair
+//! produces, with fsck clean. Once the repair has returned, the volume checks clean without
+//! another.
 
 mod common;
 
@@ -54,11 +55,17 @@ fn damaged(kind: MappingKind, allocator: AllocatorKind) -> Arc<SimRegion> {
     let tree = matches!(kind, MappingKind::Extent | MappingKind::Radix);
     if tree {
         vol.write("/d/tree", &[9u8; 8192]).unwrap();
+        vol.create_dir("/t").unwrap();
+        vol.write("/t/x", b"x").unwrap();
     }
     let info = vol.info();
     let ino = |path| vol.symlink_metadata(path).unwrap().ino();
     let (file, victim, holey) = (ino("/d/e/file"), ino("/d/victim-entry"), ino("/d/sparse"));
-    let tree_victim = tree.then(|| ino("/d/tree"));
+    let tree_victims = if tree {
+        vec![ino("/d/tree"), ino("/t")]
+    } else {
+        Vec::new()
+    };
     vol.close().unwrap();
 
     let inode = |ino: u64| PmOff(info.inode_table_offset + ino * info.inode_size);
@@ -78,8 +85,9 @@ fn damaged(kind: MappingKind, allocator: AllocatorKind) -> Arc<SimRegion> {
     media
         .store_u64(inode(holey) + 16, flags & !(1 << 48))
         .unwrap();
-    // A tree that points at a block past the data region (its only node's first entry).
-    if let Some(t) = tree_victim {
+    // A file's and a directory's tree that point at a block past the data region (their only
+    // node's first entry).
+    for t in tree_victims {
         const LOW: u64 = (1 << 48) - 1;
         let node = (media.load_u64(inode(t) + 72).unwrap() & LOW) * 4096;
         let (at, keep) = match kind {
@@ -133,7 +141,9 @@ fn a_repair_cut_short_by_a_crash_is_finished_by_the_next() {
         let tree = matches!(kind, MappingKind::Extent | MappingKind::Radix);
         assert_eq!(
             found.problems.len(),
-            5 + usize::from(leaks) + usize::from(tree),
+            // On the trees: the file's unreadable tree; the directory's, its page and its
+            // file, unreachable.
+            5 + usize::from(leaks) + 4 * usize::from(tree),
             "{kind:?}, {allocator:?}: {:#?}",
             found.problems
         );
@@ -143,6 +153,9 @@ fn a_repair_cut_short_by_a_crash_is_finished_by_the_next() {
         assert!(!vol.exists("/d/victim-entry").unwrap());
         if tree {
             assert_eq!(vol.read("/d/tree").unwrap(), vec![0; 8192]);
+            assert_eq!(vol.read_dir("/t").unwrap().count(), 0);
+            let found = vol.read_dir("/lost+found").unwrap().count();
+            assert_eq!(found, 2, "the stray inode and /t/x");
         }
         assert!(
             vol.metadata(&format!("/lost+found/#{STRAY}"))
