@@ -48,7 +48,8 @@ use std::sync::Arc;
 
 use pmfs_core::layout::{BLOCK_SIZE, PmOff};
 use pmfs_core::pm::Media;
-use pmfs_core::traits::{Extent, Run};
+use pmfs_core::traits::{Extent, MappingKind, Run};
+use pmfs_mapping::hashfs;
 
 use crate::dir::page::{PAGE, PageView, Pending};
 use crate::error::{Error, Result};
@@ -231,6 +232,8 @@ struct Model {
     cursor_beyond_tail: Vec<(u32, u64)>,
     /// Inodes whose own mapping structure (a tree) cannot be read.
     unreadable_maps: Vec<Info>,
+    /// Files whose log cannot be read.
+    unreadable_logs: Vec<Info>,
 }
 
 struct Checker<'a> {
@@ -699,6 +702,22 @@ impl Checker<'_> {
                     Some(ino),
                     format!("log unreadable: {e}"),
                 );
+                self.model.unreadable_logs.push(info);
+            }
+            // HashFS keeps a file's log blocks in the file's own logical space, and they go
+            // with the log (a read-write mount frees those of files without one).
+            if let Some(runs) = &runs
+                && info.kind == Some(Kind::File)
+                && fs.map.kind() == MappingKind::HashFs
+                && fs.inodes.load(fs.m(), ino, field::LOG)? == 0
+                && !clip(runs, hashfs::LOG_LBLK_FIRST, hashfs::LOG_LBLK_END).is_empty()
+            {
+                self.problem(
+                    ProblemKind::FileLog,
+                    fs.inodes.field(ino, field::LOG),
+                    Some(ino),
+                    "log blocks mapped without a log".into(),
+                );
             }
             for e in owned {
                 for b in e.start.0..e.start.0.saturating_add(e.len) {
@@ -1001,6 +1020,41 @@ fn drop_unreadable_maps(fs: &Fs, model: &Model, actions: &mut Vec<String>) -> Re
     Ok(())
 }
 
+/// Drops every log that cannot be read, which the mount would fail on: the digest cursor goes
+/// to zero first, then the log word (a cursor left behind alone would lie beyond the next log's
+/// tail). On a cleanly closed volume every entry is applied already and nothing is lost;
+/// after a crash the writes not yet applied are. The log's blocks come back with the
+/// allocator's rebuild, or on HashFS, where they stay mapped in the file's own space, with
+/// the mount, which frees the log blocks of files without a log.
+fn drop_unreadable_logs(
+    fs: &Fs,
+    model: &Model,
+    clean: bool,
+    actions: &mut Vec<String>,
+) -> Result<()> {
+    let m = fs.m();
+    for info in &model.unreadable_logs {
+        let h = info.h;
+        if fs.inodes.load(m, h.ino, field::STATE)? != h.live_state() {
+            continue;
+        }
+        fs.inodes.store(m, h.ino, field::DIGEST, 0)?;
+        m.fence();
+        fs.inodes.store(m, h.ino, field::LOG, 0)?;
+        m.fence();
+        actions.push(format!(
+            "dropped the damaged log of inode {}: {}",
+            h.ino,
+            if clean {
+                "every entry of it was applied"
+            } else {
+                "writes it had not applied are lost"
+            }
+        ));
+    }
+    Ok(())
+}
+
 /// Repairs the volume on `media` (see the module documentation).
 pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
     let mut actions = Vec::new();
@@ -1055,6 +1109,7 @@ pub fn repair(media: Arc<dyn Media>) -> Result<Repair> {
         // if it is still damaged).
         if clean || !recovers {
             drop_unreadable_maps(&fs, &model, &mut actions)?;
+            drop_unreadable_logs(&fs, &model, clean, &mut actions)?;
         }
         checked.unwrap_or(as_left)
     };

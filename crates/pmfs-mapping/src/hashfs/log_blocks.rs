@@ -1,7 +1,7 @@
 //! A file's log blocks as a [`BlockAllocator`]: single blocks claimed in the HashFS table by
 //! CAS, keyed `(ino, lblk)` with `lblk` in a reserved range of the file's logical space.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,16 +67,14 @@ impl<M: Media> HashFs<M> {
 }
 
 impl<M: Media> HashFs<M> {
-    /// Frees every log block of the files `named` maps to the blocks their logs still use
-    /// (their chains and segment blocks) that is not among those: blocks that a compaction
-    /// retired in a process that was killed before it could free them or hand them on. Files
-    /// not in `named` are left alone. One scan of the whole table; exclusive use (mount
-    /// time). Returns how many blocks were freed.
-    pub fn free_unnamed_log_blocks(&self, named: &HashMap<u64, HashSet<BlockNo>>) -> Result<u64> {
+    /// Frees every log block `b` of a file `ino` for which `unnamed(ino, b)` holds: for the
+    /// caller, a block that the file's log no longer uses (its chain and segment blocks), such
+    /// as one a compaction retired in a process that was killed before it could free it or
+    /// hand it on. One scan of the whole table; exclusive use (mount time). Returns how many
+    /// blocks were freed.
+    pub fn free_unnamed_log_blocks(&self, unnamed: &dyn Fn(u64, BlockNo) -> bool) -> Result<u64> {
         self.tombstone_where(|i, s| match s {
-            Slot::Committed(k) if in_log_range(k.lblk) => named
-                .get(&k.ino)
-                .is_some_and(|used| !used.contains(&(self.data.start + i))),
+            Slot::Committed(k) if in_log_range(k.lblk) => unnamed(k.ino, self.data.start + i),
             _ => false,
         })
     }
@@ -329,8 +327,12 @@ mod tests {
         reported.sort();
         assert_eq!(reported, mine);
         assert_eq!(b.outstanding().unwrap().unwrap(), vec![theirs]);
-        let named = HashMap::from([(5, HashSet::from([mine[0], mine[3]]))]);
-        assert_eq!(t.free_unnamed_log_blocks(&named).unwrap(), 3);
+        let kept = HashSet::from([mine[0], mine[3]]);
+        assert_eq!(
+            t.free_unnamed_log_blocks(&|ino, b| ino == 5 && !kept.contains(&b))
+                .unwrap(),
+            3
+        );
         let mut left = a.outstanding().unwrap().unwrap();
         left.sort();
         assert_eq!(left, vec![mine[0], mine[3]]);

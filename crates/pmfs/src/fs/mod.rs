@@ -130,7 +130,8 @@ pub struct MountReport {
     /// HashFS slots that were tombstones on no entry's walk and became empty.
     pub tombstones_purged: u64,
     /// HashFS log blocks that no file's log named any more, freed: a compaction retired them
-    /// in a process that was killed before it freed them.
+    /// in a process that was killed before it freed them, or a file's first log was being
+    /// made when its process was killed.
     pub log_blocks_freed: u64,
     /// Dead inodes that the cuckoo or HashFS table still maps blocks to, which only damage
     /// leaves: their numbers are kept out of use, as a new file given one would find those
@@ -684,7 +685,8 @@ impl Fs {
                 t.sweep_staged()?;
             }
             // Log blocks that no log names: retired by a compaction whose process was killed
-            // before it freed them or handed them on (see `pmfs_core::log`).
+            // before it freed them or handed them on (see `pmfs_core::log`), or taken for a
+            // file's first log by a process killed before it published the log.
             let mut named: HashMap<u64, HashSet<BlockNo>> = HashMap::new();
             for &ino in &logged {
                 let used = named.entry(u64::from(ino)).or_default();
@@ -693,7 +695,17 @@ impl Fs {
                     used.insert(b);
                 })?;
             }
-            report.log_blocks_freed = t.free_unnamed_log_blocks(&named)?;
+            let mut logless = InodeSet::new(geo.inode_count);
+            for l in live.iter().filter(|l| l.kind == Kind::File) {
+                if !named.contains_key(&u64::from(l.h.ino)) {
+                    logless.insert(u64::from(l.h.ino));
+                }
+            }
+            report.log_blocks_freed =
+                t.free_unnamed_log_blocks(&|ino, b| match named.get(&ino) {
+                    Some(used) => !used.contains(&b),
+                    None => logless.contains(ino),
+                })?;
         }
         if !clean {
             fs.recover(&live, &recovered.cleanups, &mut report)?;

@@ -2,8 +2,9 @@
 //! of dead inodes' blocks): a bitmap over the data region, one bit per block, so that the
 //! blocks of a volume-wide table visited in table order (one block at a time on the cuckoo
 //! hash) cost a bit each rather than an extent each, and blocks named twice (by a log entry
-//! and by the mapping it was being applied to) are simply marked twice. And the inodes found
-//! owning blocks while the mount passes over the HashFS table, one bit per inode number.
+//! and by the mapping it was being applied to) are simply marked twice. And sets of inode
+//! numbers, a bit each, for the mount's passes over the HashFS table: the inodes found owning
+//! blocks, the files without a log.
 
 use pmfs_core::layout::{BLOCK_SIZE, BlockNo, PmOff};
 use pmfs_core::traits::Extent;
@@ -102,6 +103,11 @@ impl InodeSet {
         }
     }
 
+    /// Whether `ino` is in the set.
+    pub(crate) fn contains(&self, ino: u64) -> bool {
+        ino < self.count && self.words[(ino / 64) as usize] & (1 << (ino % 64)) != 0
+    }
+
     /// Removes `ino`, if present.
     pub(crate) fn remove(&mut self, ino: u64) {
         if ino < self.count {
@@ -182,5 +188,6 @@ mod tests {
         set.remove(1);
         set.remove(200);
         assert_eq!(set.iter().collect::<Vec<_>>(), [0, 63, 64, 65, 127, 129]);
+        assert!(set.contains(64) && !set.contains(1) && !set.contains(130));
     }
 }
