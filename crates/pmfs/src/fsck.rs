@@ -36,11 +36,11 @@
 //! attributes that cannot be read, marks files with unmarked holes, corrects link counts and
 //! parent pointers, moves a digest cursor that damage left beyond its log's tail back to the
 //! tail (before mounting: the mount digests every log), raises a mapped end that mapped blocks
-//! lie past (before mounting too), gives an inode whose tree cannot be read an empty one
-//! (before mounting, which reads every tree), frees orphans, links unreachable objects into
-//! `/lost+found`, trims blocks past end of file and rebuilds the allocator. It reports what it
-//! found before, what it did and what remains (damaged pages, blocks owned twice, damaged
-//! symbolic-link targets, which it cannot know).
+//! lie past (before mounting too), gives an inode whose tree cannot be read an empty one and
+//! drops a log that cannot be read (before mounting, which reads every tree and log), frees
+//! orphans, links unreachable objects into `/lost+found`, trims blocks past end of file and
+//! rebuilds the allocator. It reports what it found before, what it did and what remains
+//! (damaged pages, blocks owned twice, damaged symbolic-link targets, which it cannot know).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;

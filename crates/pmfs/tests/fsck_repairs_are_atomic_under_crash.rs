@@ -1,11 +1,11 @@
 //! fsck's repairs survive their own crashes: on a volume with a wrong link count, an entry
 //! whose inode died, a live inode that no entry names, attributes that fail their checksum, a
-//! file whose holes lost their mark, (on the trees) a file and a directory whose trees point
-//! past the data region and (with the baseline allocator) a leaked block, a crash at any
-//! fence of `fsck::repair` (images enumerated when a crash point has at most 8, else
-//! sampled), followed by another repair, ends in the namespace that one uninterrupted repair
-//! produces, with fsck clean. Once the repair has returned, the volume checks clean without
-//! another.
+//! file whose holes lost their mark, a damaged log, (on the trees) a file and a directory
+//! whose trees point past the data region and (with the baseline allocator) a leaked block, a
+//! crash at any fence of `fsck::repair` (images enumerated when a crash point has at most 8,
+//! else sampled), followed by another repair, ends in the namespace that one uninterrupted
+//! repair produces, with fsck clean. Once the repair has returned, the volume checks clean
+//! without another.
 
 mod common;
 
@@ -52,6 +52,7 @@ fn damaged(kind: MappingKind, allocator: AllocatorKind) -> Arc<SimRegion> {
     let handle = Ino::from_raw(u64::from(md.generation()) << 32 | md.ino());
     vol.set_xattr(handle, b"user.k", b"v", XattrSet::Any)
         .unwrap();
+    vol.write("/d/logged", &[5u8; 6000]).unwrap();
     let tree = matches!(kind, MappingKind::Extent | MappingKind::Radix);
     if tree {
         vol.write("/d/tree", &[9u8; 8192]).unwrap();
@@ -61,6 +62,7 @@ fn damaged(kind: MappingKind, allocator: AllocatorKind) -> Arc<SimRegion> {
     let info = vol.info();
     let ino = |path| vol.symlink_metadata(path).unwrap().ino();
     let (file, victim, holey) = (ino("/d/e/file"), ino("/d/victim-entry"), ino("/d/sparse"));
+    let logged = ino("/d/logged");
     let tree_victims = if tree {
         vec![ino("/d/tree"), ino("/t")]
     } else {
@@ -85,6 +87,10 @@ fn damaged(kind: MappingKind, allocator: AllocatorKind) -> Arc<SimRegion> {
     media
         .store_u64(inode(holey) + 16, flags & !(1 << 48))
         .unwrap();
+    // A log block's magic.
+    let log_block = (media.load_u64(inode(logged) + 104).unwrap() & ((1 << 48) - 1)) * 4096;
+    let magic = media.load_u64(PmOff(log_block)).unwrap();
+    media.store_u64(PmOff(log_block), magic ^ 0xff).unwrap();
     // A file's and a directory's tree that point at a block past the data region (their only
     // node's first entry).
     for t in tree_victims {
@@ -143,7 +149,7 @@ fn a_repair_cut_short_by_a_crash_is_finished_by_the_next() {
             found.problems.len(),
             // On the trees: the file's unreadable tree; the directory's, its page and its
             // file, unreachable.
-            5 + usize::from(leaks) + 4 * usize::from(tree),
+            6 + usize::from(leaks) + 4 * usize::from(tree),
             "{kind:?}, {allocator:?}: {:#?}",
             found.problems
         );
@@ -151,6 +157,7 @@ fn a_repair_cut_short_by_a_crash_is_finished_by_the_next() {
         let vol = remount(&copy);
         assert_eq!(vol.metadata("/d/link").unwrap().nlink(), 2);
         assert!(!vol.exists("/d/victim-entry").unwrap());
+        assert_eq!(vol.read("/d/logged").unwrap(), vec![5u8; 6000]);
         if tree {
             assert_eq!(vol.read("/d/tree").unwrap(), vec![0; 8192]);
             assert_eq!(vol.read_dir("/t").unwrap().count(), 0);
