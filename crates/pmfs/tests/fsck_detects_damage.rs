@@ -438,30 +438,6 @@ fn a_symbolic_link_without_its_target_block_is_found() {
     }
 }
 
-/// Points the first entry of the one-node tree of inode `ino` (extent tree or radix tree) at
-/// a block past the data region.
-fn point_outside(
-    media: &Arc<dyn Media>,
-    info: &pmfs::VolumeInfo,
-    kind: pmfs::MappingKind,
-    ino: u64,
-) {
-    const LOW: u64 = (1 << 48) - 1;
-    let root = media
-        .load_u64(PmOff(info.inode_table_offset + ino * info.inode_size + 72))
-        .unwrap();
-    let node = (root & LOW) * 4096;
-    let outside = (info.data_offset + info.data_size) / 4096 + 5;
-    let (at, keep) = match kind {
-        // Leaf entry 0: its second word holds the block below bit 48.
-        pmfs::MappingKind::Extent => (node + 72, !LOW),
-        // Entry 0: the block below bit 48, the present bit.
-        _ => (node, 1 << 63),
-    };
-    let word = media.load_u64(PmOff(at)).unwrap();
-    media.store_u64(PmOff(at), (word & keep) | outside).unwrap();
-}
-
 /// A tree that maps a block outside the data region made the mount fail wherever it rebuilds
 /// the allocator from the files (the default allocator), and the repair, which mounts, with
 /// it. The repair now gives such an inode an empty mapping first: a file reads as zeros, and
@@ -485,7 +461,7 @@ fn a_tree_that_maps_blocks_outside_the_data_region_is_dropped() {
                 let ino = vol.metadata(victim).unwrap().ino();
                 let file = vol.metadata("/d/f").unwrap().ino();
                 vol.close().unwrap();
-                point_outside(&media, &info, kind, ino);
+                common::point_tree_outside(&media, &info, kind, ino);
 
                 let r = fsck::check(media.clone()).unwrap();
                 assert!(

@@ -94,15 +94,7 @@ fn damaged(kind: MappingKind, allocator: AllocatorKind) -> Arc<SimRegion> {
     // A file's and a directory's tree that point at a block past the data region (their only
     // node's first entry).
     for t in tree_victims {
-        const LOW: u64 = (1 << 48) - 1;
-        let node = (media.load_u64(inode(t) + 72).unwrap() & LOW) * 4096;
-        let (at, keep) = match kind {
-            MappingKind::Extent => (node + 72, !LOW),
-            _ => (node, 1 << 63),
-        };
-        let outside = (info.data_offset + info.data_size) / 4096 + 5;
-        let word = media.load_u64(PmOff(at)).unwrap();
-        media.store_u64(PmOff(at), (word & keep) | outside).unwrap();
+        common::point_tree_outside(&media, &info, kind, t);
     }
     region.persist_all();
     region

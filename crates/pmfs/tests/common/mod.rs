@@ -145,3 +145,29 @@ pub fn snapshot(vol: &Volume) -> Snapshot {
     links.sort();
     Snapshot { objects, links }
 }
+
+/// Points the first entry of the one-node tree of inode `ino` (extent tree or radix tree) at a
+/// block past the data region of the volume `info` describes (damage for fsck's tests).
+pub fn point_tree_outside(
+    media: &Arc<dyn Media>,
+    info: &pmfs::VolumeInfo,
+    kind: MappingKind,
+    ino: u64,
+) {
+    use pmfs_core::layout::PmOff;
+    const LOW: u64 = (1 << 48) - 1;
+    let root = media
+        .load_u64(PmOff(info.inode_table_offset + ino * info.inode_size + 72))
+        .unwrap();
+    let node = (root & LOW) * 4096;
+    let outside = (info.data_offset + info.data_size) / 4096 + 5;
+    let (at, keep) = match kind {
+        // Leaf entry 0: its second word holds the block below bit 48.
+        MappingKind::Extent => (node + 72, !LOW),
+        // Entry 0: the block below bit 48, the present bit.
+        MappingKind::Radix => (node, 1 << 63),
+        _ => panic!("{kind:?} has no per-file tree"),
+    };
+    let word = media.load_u64(PmOff(at)).unwrap();
+    media.store_u64(PmOff(at), (word & keep) | outside).unwrap();
+}
